@@ -1,0 +1,841 @@
+"""Shared machinery for the five algorithm scripts (SPEC section 1).
+
+Data: datasets are loaded once into tensors on the training device; a client is
+a pair of index tensors (train, test) into those tensors; a batch is an index
+slice. Models: the papers' networks. Training: plain minibatch SGD over index
+batches. Evaluation: batched, with one host sync per evaluation. Run: the run
+folder (config, partition, metrics, summary, checkpoint), progress lines and
+`--resume`.
+
+Nothing here is specific to one algorithm; each script keeps its own method.
+"""
+import argparse
+import csv
+import gzip
+import json
+import math
+import os
+import pickle
+import platform
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import data_partition as dp
+
+
+# ----------------------------------------------------------------------------- errors and CLI
+
+class UserError(Exception):
+    """Bad input: reported as one line and exit status 2."""
+
+
+class DivergedError(Exception):
+    """A loss became NaN/inf: reported with round and client, exit status 1."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not argparse's usage block
+        raise UserError(message)
+
+
+def run_main(main, argv=None):
+    """Run a script's ``main``; bad input ends with one line and exit status 2."""
+    try:
+        main(argv)
+    except (UserError, dp.PartitionError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except DivergedError as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+def base_parser(description, **defaults):
+    """The flags every script shares (SPEC 1.6); ``defaults`` are the script's paper setting."""
+    p = _Parser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    a = p.add_argument
+    a("--dataset", default="cifar10", help="mnist, fmnist, emnist, cifar10, cifar100, tinyimagenet, agnews, "
+      "synthetic, or path/to/file.npz with x, y (optional x_test, y_test)")
+    a("--data-dir", default="./data", help="where datasets are downloaded and read")
+    a("--partition", default="dir", choices=["iid", "pat", "dir", "pfedla1", "pfedla2"])
+    a("--beta", type=float, default=0.1, help="Dirichlet concentration for --partition dir")
+    a("--classes-per-client", type=int, default=None,
+      help="pat: classes per client (default 2, 10 for 100 classes, 20 for 200); "
+      "pfedla1: 4 (12 for 100 classes); pfedla2: dominant classes 2 (6 for 100 classes)")
+    a("--balance", action="store_true", help="pat: equal shares of each class")
+    a("--num-clients", type=int, default=20)
+    a("--join-ratio", type=float, default=1.0, help="fraction of clients sampled each round")
+    a("--rounds", type=int, default=2000)
+    a("--local-epochs", type=int, default=1)
+    a("--batch-size", type=int, default=10)
+    a("--lr", type=float, default=0.005)
+    a("--momentum", type=float, default=0.0)
+    a("--weight-decay", type=float, default=0.0)
+    a("--model", default="auto", help="auto, cnn, lenet, simplecnn, resnet18, resnet34, mlp, fasttext")
+    a("--test-split", default="client", choices=["client", "global"],
+      help="client: merge train+test and split each client's data; global: official test set (SPEC 1.2)")
+    a("--train-ratio", type=float, default=0.75)
+    a("--eval-every", type=int, default=1)
+    a("--checkpoint-every", type=int, default=50)
+    a("--seed", type=int, default=0)
+    a("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    a("--out", default="runs", help="folder under which the run folder is created")
+    a("--resume", default=None, metavar="RUN_DIR", help="continue a stopped run from its last checkpoint")
+    a("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: exit after round N as if killed
+    p.set_defaults(**defaults)
+    return p
+
+
+def parse_args(parser, argv=None, resolve=None):
+    """Parse and validate; ``resolve(args)`` fills dataset-dependent defaults. With ``--resume``
+    the run's saved settings replace the command line."""
+    args = parser.parse_args(argv)
+    if resolve and not args.resume:
+        resolve(args)
+    if args.resume:
+        path = os.path.join(args.resume, "config.json")
+        try:
+            with open(path) as f:
+                saved = json.load(f)["args"]
+        except (OSError, ValueError, KeyError) as e:
+            raise UserError(f"cannot resume: {path} is missing or unreadable ({e.__class__.__name__})")
+        stop_after, resume = args.stop_after, args.resume
+        args = argparse.Namespace(**saved)
+        args.resume, args.stop_after = resume, stop_after
+    checks = [
+        (args.beta > 0, f"--beta must be > 0, got {args.beta}"),
+        (0 < args.join_ratio <= 1, f"--join-ratio must be in (0, 1], got {args.join_ratio}"),
+        (args.num_clients >= 1, f"--num-clients must be >= 1, got {args.num_clients}"),
+        (args.rounds >= 1, f"--rounds must be >= 1, got {args.rounds}"),
+        (args.local_epochs >= 1, f"--local-epochs must be >= 1, got {args.local_epochs}"),
+        (args.batch_size >= 1, f"--batch-size must be >= 1, got {args.batch_size}"),
+        (args.lr > 0, f"--lr must be > 0, got {args.lr}"),
+        (0 < args.train_ratio < 1, f"--train-ratio must be in (0, 1), got {args.train_ratio}"),
+        (args.eval_every >= 1 and args.checkpoint_every >= 1, "--eval-every and --checkpoint-every must be >= 1"),
+        (args.classes_per_client is None or args.classes_per_client >= 1, "--classes-per-client must be >= 1"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise UserError(message)
+    return args
+
+
+# ----------------------------------------------------------------------------- datasets (SPEC 1.1)
+
+def _fetch(what, folder, expected, download):
+    """Run a torchvision download; if it fails, say which file to put where."""
+    old = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(20)
+    try:
+        download()
+    except Exception as e:
+        raise UserError(f"{what} not found and could not be downloaded ({e.__class__.__name__}); "
+                        f"put {expected} in {folder}")
+    finally:
+        socket.setdefaulttimeout(old)
+
+
+def _read_idx(path):
+    """An MNIST-format idx file (optionally .gz) as a numpy array."""
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+        if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+            raise ValueError("bad magic number")
+        ndim = raw[3]
+        shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+        data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+        if data.size != int(np.prod(shape)):
+            raise ValueError("truncated")
+        return data.reshape(shape)
+    except (OSError, ValueError, EOFError) as e:
+        raise UserError(f"{path} is corrupt or truncated ({e}); delete it and run again to re-download")
+
+
+_IDX = {  # name: (torchvision class, raw folder, file prefix)
+    "mnist": ("MNIST", "MNIST", ""),
+    "fmnist": ("FashionMNIST", "FashionMNIST", ""),
+    "emnist": ("EMNIST", "EMNIST", "emnist-digits-"),
+}
+
+
+def _load_idx_dataset(name, data_dir):
+    cls_name, folder, prefix = _IDX[name]
+    raw = os.path.join(data_dir, folder, "raw")
+    stems = [f"{prefix}{s}" for s in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                                      "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")]
+
+    def find(stem):
+        for ext in ("", ".gz"):
+            if os.path.exists(os.path.join(raw, stem + ext)):
+                return os.path.join(raw, stem + ext)
+
+    if not all(find(s) for s in stems):
+        import torchvision
+        kwargs = {"split": "digits"} if name == "emnist" else {}
+        _fetch(name, raw, f"{stems[0]}(.gz) and the other three idx files",
+               lambda: getattr(torchvision.datasets, cls_name)(data_dir, train=True, download=True, **kwargs))
+    xtr, ytr, xte, yte = (_read_idx(find(s)) for s in stems)
+    if name == "emnist":  # EMNIST stores images transposed
+        xtr, xte = xtr.transpose(0, 2, 1), xte.transpose(0, 2, 1)
+    return xtr[:, None], ytr.astype(np.int64), xte[:, None], yte.astype(np.int64)
+
+
+def _load_cifar(name, data_dir):
+    import torchvision
+    if name == "cifar10":
+        folder, train_files, label_key, cls_name = "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], \
+            "labels", "CIFAR10"
+    else:
+        folder, train_files, label_key, cls_name = "cifar-100-python", ["train"], "fine_labels", "CIFAR100"
+    root = os.path.join(data_dir, folder)
+    files = train_files + (["test_batch"] if name == "cifar10" else ["test"])
+    if not all(os.path.exists(os.path.join(root, f)) for f in files):
+        archive = "cifar-10-python.tar.gz" if name == "cifar10" else "cifar-100-python.tar.gz"
+        _fetch(name, data_dir, f"{archive} (or its extracted folder {folder}/)",
+               lambda: getattr(torchvision.datasets, cls_name)(data_dir, train=True, download=True))
+
+    def read(fname):
+        path = os.path.join(root, fname)
+        try:
+            with open(path, "rb") as f:
+                d = pickle.load(f, encoding="latin1")
+            x = np.asarray(d["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+            y = np.asarray(d[label_key], dtype=np.int64)
+            if len(x) != len(y):
+                raise ValueError("image and label counts differ")
+            return x, y
+        except (OSError, ValueError, KeyError, EOFError, pickle.UnpicklingError) as e:
+            raise UserError(f"{path} is corrupt or truncated ({e.__class__.__name__}: {e}); delete it and run again")
+
+    train = [read(f) for f in train_files]
+    xte, yte = read(files[-1])
+    return np.concatenate([t[0] for t in train]), np.concatenate([t[1] for t in train]), xte, yte
+
+
+def _load_npz(path):
+    try:
+        d = np.load(path, allow_pickle=False)
+        arrays = {k: d[k] for k in d.files}
+    except (OSError, ValueError, EOFError) as e:
+        raise UserError(f"cannot read {path} ({e.__class__.__name__}); it must be an .npz with arrays x, y")
+    for key in ("x", "y"):
+        if key not in arrays:
+            raise UserError(f"{path} has no array '{key}'; it needs x and y (optionally x_test and y_test)")
+    if ("x_test" in arrays) != ("y_test" in arrays):
+        raise UserError(f"{path} must hold both x_test and y_test, or neither")
+
+    def prep(x, y, what):
+        if len(x) != len(y):
+            raise UserError(f"{path}: {what} x has {len(x)} rows but y has {len(y)}")
+        if not np.issubdtype(y.dtype, np.integer) or (len(y) and y.min() < 0):
+            raise UserError(f"{path}: {what} labels y must be non-negative integers")
+        if x.ndim == 3:
+            x = x[:, None]
+        elif x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
+            x = x.transpose(0, 3, 1, 2)  # NHWC -> NCHW
+        return np.ascontiguousarray(x), y.astype(np.int64)
+
+    xtr, ytr = prep(arrays["x"], arrays["y"], "train")
+    if "x_test" in arrays:
+        xte, yte = prep(arrays["x_test"], arrays["y_test"], "test")
+    else:
+        xte, yte = xtr[:0], ytr[:0]
+    return xtr, ytr, xte, yte
+
+
+SYNTHETIC_ALPHA, SYNTHETIC_BETA, SYNTHETIC_DIM, SYNTHETIC_CLASSES = 1.0, 1.0, 60, 10
+
+
+def synthetic_clients(num_clients, rng, alpha=SYNTHETIC_ALPHA, beta=SYNTHETIC_BETA):
+    """FedProx Synthetic(alpha, beta) (Li et al. 2020, Sec. 5.1), one (x, y) per client.
+
+    u_k ~ N(0, alpha), B_k ~ N(0, beta); W_k, b_k ~ N(u_k, 1); v_k ~ N(B_k, 1);
+    x ~ N(v_k, Sigma), Sigma_jj = j^-1.2; y = argmax softmax(W_k x + b_k).
+    Sample counts: lognormal(4, 2) + 50 as in the FedProx generator, capped at 1000
+    so that the quick start stays fast.
+    """
+    d, c = SYNTHETIC_DIM, SYNTHETIC_CLASSES
+    sizes = np.minimum(rng.lognormal(4, 2, num_clients).astype(int) + 50, 1000)
+    sigma = np.arange(1, d + 1) ** -1.2
+    out = []
+    for k in range(num_clients):
+        u, big_b = rng.normal(0, math.sqrt(alpha)), rng.normal(0, math.sqrt(beta))
+        w, b = rng.normal(u, 1, (c, d)), rng.normal(u, 1, c)
+        v = rng.normal(big_b, 1, d)
+        x = rng.normal(v, np.sqrt(sigma), (sizes[k], d)).astype(np.float32)
+        y = np.argmax(x @ w.T + b, axis=1).astype(np.int64)
+        out.append((x, y))
+    return out
+
+
+def load_arrays(name, data_dir):
+    """(x_train, y_train, x_test, y_test) as numpy arrays for a named dataset or .npz file."""
+    if name in _IDX:
+        return _load_idx_dataset(name, data_dir)
+    if name in ("cifar10", "cifar100"):
+        return _load_cifar(name, data_dir)
+    if name in EXTRA_DATASETS:
+        return EXTRA_DATASETS[name](data_dir)
+    if name.endswith(".npz"):
+        if not os.path.exists(name):
+            raise UserError(f"no such file: {name}")
+        return _load_npz(name)
+    raise UserError(f"unknown dataset '{name}'; choose mnist, fmnist, emnist, cifar10, cifar100, "
+                    f"{', '.join(EXTRA_DATASETS)}{', ' if EXTRA_DATASETS else ''}synthetic or a .npz file")
+
+
+EXTRA_DATASETS = {}  # name -> loader(data_dir) returning (x_train, y_train, x_test, y_test)
+
+
+def to_tensor(x, reference=None):
+    """uint8 images -> float32 normalised per channel with the statistics of ``reference``."""
+    if x.dtype == np.uint8 and x.ndim == 4:
+        ref = (reference if reference is not None else x).astype(np.float32) / 255
+        mean = ref.mean(axis=(0, 2, 3), keepdims=True)
+        std = ref.std(axis=(0, 2, 3), keepdims=True) + 1e-8
+        return torch.from_numpy((x.astype(np.float32) / 255 - mean) / std)
+    if np.issubdtype(x.dtype, np.integer):
+        return torch.from_numpy(x.astype(np.int64))  # token ids
+    return torch.from_numpy(x.astype(np.float32))
+
+
+@dataclass
+class FedData:
+    """All samples in ``x``/``y`` on one device; clients are index tensors into them."""
+    x: torch.Tensor
+    y: torch.Tensor
+    num_classes: int
+    train_idx: list
+    test_idx: list
+    global_test_idx: torch.Tensor = None  # --test-split global: the uniform official test set
+    train_counts: np.ndarray = None  # (clients, classes)
+    test_counts: np.ndarray = None
+    vocab_size: int = 0
+    info: dict = field(default_factory=dict)
+
+    @property
+    def num_clients(self):
+        return len(self.train_idx)
+
+    def train_sizes(self):
+        return np.array([len(i) for i in self.train_idx])
+
+
+def default_classes_per_client(partition, num_classes):
+    if partition == "pat":
+        return {100: 10, 200: 20}.get(num_classes, 2)
+    if partition == "pfedla1":
+        return 12 if num_classes >= 100 else 4
+    return 6 if num_classes >= 100 else 2  # pfedla2: dominant classes
+
+
+def partition(labels, args, rng, num_classes, min_size):
+    cpc = args.classes_per_client or default_classes_per_client(args.partition, num_classes)
+    if args.partition in ("pat", "pfedla1") and cpc > num_classes:
+        raise UserError(f"--classes-per-client {cpc} is more than the {num_classes} classes of {args.dataset}")
+    if args.partition == "iid":
+        return dp.iid(labels, args.num_clients, rng)
+    if args.partition == "pat":
+        return dp.pathological(labels, args.num_clients, rng, cpc, balance=args.balance)
+    if args.partition == "dir":
+        return dp.dirichlet(labels, args.num_clients, rng, args.beta, min_size=min_size)
+    if args.partition == "pfedla1":
+        return dp.pfedla1(labels, args.num_clients, rng, cpc)
+    return dp.pfedla2(labels, args.num_clients, rng, dominant_classes=min(cpc, num_classes - 1))
+
+
+def load_federated_data(args, device):
+    """Load the dataset, partition it over clients (SPEC 1.2-1.3) and move it to ``device`` once."""
+    rng = np.random.default_rng([args.seed, 0])  # data and partition: independent of training randomness
+    if args.dataset == "synthetic":
+        clients = synthetic_clients(args.num_clients, rng)
+        x = np.concatenate([c[0] for c in clients])
+        y = np.concatenate([c[1] for c in clients])
+        starts = np.cumsum([0] + [len(c[1]) for c in clients])
+        client_idx = [np.arange(starts[k], starts[k + 1]) for k in range(args.num_clients)]
+        train, test = dp.train_test_split(client_idx, rng, args.train_ratio)
+        num_classes = SYNTHETIC_CLASSES
+        # no official test set: under 'global' the union of the clients' test data stands in for it
+        global_test = np.concatenate(test) if args.test_split == "global" else None
+    else:
+        xtr, ytr, xte, yte = load_arrays(args.dataset, args.data_dir)
+        num_classes = int(max(ytr.max(), yte.max() if len(yte) else 0)) + 1
+        x = np.concatenate([xtr, xte]) if len(xte) else xtr
+        y = np.concatenate([ytr, yte])
+        if args.test_split == "client":
+            if args.num_clients > len(y):
+                raise UserError(f"{args.num_clients} clients but only {len(y)} samples; use fewer --num-clients")
+            min_size = math.ceil(args.batch_size / args.train_ratio) + 1
+            train, test = dp.train_test_split(partition(y, args, rng, num_classes, min_size), rng, args.train_ratio)
+            global_test = None
+        else:
+            if not len(yte):
+                raise UserError(f"--test-split global needs a test set; {args.dataset} has none (add x_test, y_test)")
+            train = partition(ytr, args, rng, num_classes, args.batch_size)
+            test = [t + len(ytr) for t in dp.proportional_test_sets([ytr[i] for i in train], yte, rng, num_classes)]
+            global_test = np.arange(len(ytr), len(y))
+        x = to_tensor(x, reference=xtr if args.dataset != "synthetic" else None)
+    if args.dataset == "synthetic":
+        x = to_tensor(x)
+    if min(len(t) for t in train) == 0:
+        raise UserError("a client received no training data; use fewer --num-clients or another partition")
+    on = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64)).to(device)
+    data = FedData(
+        x=x.to(device), y=torch.from_numpy(y).to(device), num_classes=num_classes,
+        train_idx=[on(t) for t in train], test_idx=[on(t) for t in test],
+        global_test_idx=None if global_test is None else on(global_test),
+        train_counts=dp.class_counts(y, train, num_classes), test_counts=dp.class_counts(y, test, num_classes),
+        vocab_size=int(x.max()) + 1 if not x.is_floating_point() else 0)
+    return data
+
+
+# ----------------------------------------------------------------------------- models (SPEC 1.4)
+
+def _pooled_side(size, convs=2):
+    for _ in range(convs):
+        size = (size - 4) // 2  # conv5x5 (no padding) then maxpool 2
+    return size
+
+
+class CNN(nn.Module):
+    """FedAvg's 4-layer CNN (McMahan et al. 2017) as used by FedALA / PFLlib."""
+
+    def __init__(self, in_channels, num_classes, image_size):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 32, 5)
+        self.conv2 = nn.Conv2d(32, 64, 5)
+        self.fc1 = nn.Linear(64 * _pooled_side(image_size) ** 2, 512)  # 1024 / 1600 / 10816 for 28 / 32 / 64
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc(F.relu(self.fc1(x.flatten(1))))
+
+
+class LeNet(nn.Module):
+    """LeNet-5 of pFedLA; BatchNorm after each conv for colour inputs only."""
+
+    def __init__(self, in_channels, num_classes, image_size):
+        super().__init__()
+        bn = in_channels == 3
+        self.conv1 = nn.Conv2d(in_channels, 6, 5)
+        self.bn1 = nn.BatchNorm2d(6) if bn else nn.Identity()
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.bn2 = nn.BatchNorm2d(16) if bn else nn.Identity()
+        self.fc1 = nn.Linear(16 * _pooled_side(image_size) ** 2, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, num_classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x.flatten(1))))))
+
+
+class SimpleCNN(nn.Module):
+    """The "simple CNN" of FedRoD / FedNH used by FedACD."""
+
+    def __init__(self, in_channels, num_classes, image_size):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 64, 5)
+        self.conv2 = nn.Conv2d(64, 64, 5)
+        self.fc1 = nn.Linear(64 * _pooled_side(image_size) ** 2, 384)
+        self.fc2 = nn.Linear(384, 192)
+        self.fc3 = nn.Linear(192, num_classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x.flatten(1))))))
+
+
+class MLP(nn.Module):
+    """fc(d, 64) ReLU fc(64, classes), for vector data (synthetic, user npz of vectors)."""
+
+    def __init__(self, in_features, num_classes, hidden=64):
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, hidden)
+        self.fc = nn.Linear(hidden, num_classes)
+
+    def forward(self, x):
+        return self.fc(F.relu(self.fc1(x.flatten(1))))
+
+
+class FastText(nn.Module):
+    """Embedding(vocab, 32), mean over the non-padding tokens (id 0 pads), fc(32, 32), fc(32, classes)."""
+
+    def __init__(self, vocab_size, num_classes, embed_dim=32, hidden=32):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=0)
+        self.fc1 = nn.Linear(embed_dim, hidden)
+        self.fc = nn.Linear(hidden, num_classes)
+
+    def forward(self, tokens):
+        mask = (tokens != 0).unsqueeze(-1).float()
+        mean = (self.embedding(tokens) * mask).sum(1) / mask.sum(1).clamp_min(1)
+        return self.fc(self.fc1(mean))
+
+
+MODELS = ["cnn", "lenet", "simplecnn", "resnet18", "resnet34", "mlp", "fasttext"]
+
+
+def build_model(name, data, auto_image="cnn"):
+    """The model ``name`` for ``data``; ``auto`` picks ``auto_image`` for images, mlp for vectors,
+    fasttext for token ids."""
+    x = data.x
+    if name == "auto":
+        name = "fasttext" if not x.is_floating_point() else ("mlp" if x.dim() == 2 else auto_image)
+    if name not in MODELS:
+        raise UserError(f"unknown model '{name}'; choose auto, {', '.join(MODELS)}")
+    k = data.num_classes
+    if name == "mlp":
+        return MLP(int(np.prod(x.shape[1:])), k)
+    if name == "fasttext":
+        if x.is_floating_point():
+            raise UserError("--model fasttext needs token-id data (e.g. --dataset agnews)")
+        return FastText(data.vocab_size, k)
+    if x.dim() != 4:
+        raise UserError(f"--model {name} needs image data (N, C, H, W); {data.info.get('name', 'this dataset')} "
+                        f"has shape {tuple(x.shape[1:])}; use --model mlp")
+    channels, size = x.shape[1], x.shape[2]
+    if name in ("cnn", "lenet", "simplecnn") and _pooled_side(size) < 1:
+        raise UserError(f"--model {name} needs images of at least 16x16, got {size}x{size}")
+    if name == "cnn":
+        return CNN(channels, k, size)
+    if name == "lenet":
+        return LeNet(channels, k, size)
+    if name == "simplecnn":
+        return SimpleCNN(channels, k, size)
+    import torchvision
+    model = getattr(torchvision.models, name)(weights=None, num_classes=k)
+    if channels != 3:
+        model.conv1 = nn.Conv2d(channels, 64, 7, 2, 3, bias=False)
+    return model
+
+
+def layers(model):
+    """Modules that own parameters, in registration (= forward) order: "layers" of SPEC 1.5."""
+    return [(n, m) for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))]
+
+
+def layer_state_keys(model):
+    """For each layer, the state_dict keys of its own parameters and buffers (weight and bias
+    move together; BatchNorm's running statistics travel with their layer)."""
+    out = []
+    for name, m in layers(model):
+        prefix = f"{name}." if name else ""
+        own = [k for k, _ in m.named_parameters(recurse=False)] + [k for k, _ in m.named_buffers(recurse=False)]
+        out.append([prefix + k for k in own])
+    return out
+
+
+# ----------------------------------------------------------------------------- flat model state
+
+def float_state(model):
+    """The model's floating-point parameters and buffers, in state_dict order (views, not copies)."""
+    return [v for v in model.state_dict().values() if v.is_floating_point()]
+
+
+def flatten_state(model, out=None):
+    """All floating-point parameters and buffers as one vector (written into ``out`` if given)."""
+    return torch.cat([v.reshape(-1) for v in float_state(model)], out=out)
+
+
+def load_flat_state(model, flat):
+    """Inverse of ``flatten_state``: copy ``flat`` into the model in place. Integer buffers
+    (BatchNorm's num_batches_tracked) are left as they are: they are not averaged."""
+    offset = 0
+    with torch.no_grad():
+        for v in float_state(model):
+            v.copy_(flat[offset: offset + v.numel()].view_as(v))
+            offset += v.numel()
+
+
+def weighted_average(stacked, weights):
+    """FedAvg's aggregation: sum_k w_k theta_k / sum_k w_k over rows of ``stacked`` (K x D)."""
+    weights = torch.as_tensor(weights, dtype=stacked.dtype, device=stacked.device)
+    return (weights / weights.sum()) @ stacked
+
+
+def state_bytes(model):
+    return sum(v.numel() * v.element_size() for v in model.state_dict().values())
+
+
+# ----------------------------------------------------------------------------- training and evaluation (SPEC 1.5)
+
+def client_seed(seed, round_, client, tag=0):
+    """A seed for one client in one round, independent across (round, client, tag)."""
+    return int(np.random.SeedSequence([seed, round_, client, tag]).generate_state(1)[0])
+
+
+def epoch_batches(idx, batch_size, epochs, seed):
+    """Index batches: ``epochs`` passes over ``idx``, reshuffled each epoch, last partial batch kept."""
+    g = torch.Generator().manual_seed(seed)
+    n = len(idx)
+    for _ in range(epochs):
+        perm = idx[torch.randperm(n, generator=g).to(idx.device, non_blocking=True)]
+        for start in range(0, n, batch_size):
+            yield perm[start: start + batch_size]
+
+
+def make_optimizer(model, args):
+    return torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+
+
+def local_train(model, data, idx, args, seed, epochs=None):
+    """Minibatch SGD with cross-entropy on the client's train indices. Returns the mean training
+    loss as a 0-dim tensor (no host sync inside the loop)."""
+    model.train()
+    optimizer = make_optimizer(model, args)
+    total = torch.zeros((), device=data.x.device)
+    steps = 0
+    for batch in epoch_batches(idx, args.batch_size, epochs or args.local_epochs, seed):
+        loss = F.cross_entropy(model(data.x[batch]), data.y[batch])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        total += loss.detach()
+        steps += 1
+    return total / max(steps, 1)
+
+
+def check_finite(loss, round_, client):
+    """One host sync per client: stop the run when training diverged."""
+    value = float(loss)
+    if not math.isfinite(value):
+        raise DivergedError(f"training loss became {value} in round {round_} on client {client}; "
+                            "lower --lr (metrics so far are in the run folder)")
+    return value
+
+
+@torch.no_grad()
+def evaluate(model, data, idx_list, batch_size=2048):
+    """Per-client (correct, count, summed loss) of ``model`` on each index tensor in ``idx_list``,
+    as tensors on the data's device; all clients go through the model in large batches."""
+    was_training = model.training
+    model.eval()
+    device = data.x.device
+    sizes = torch.tensor([len(i) for i in idx_list], device=device)
+    owner = torch.repeat_interleave(torch.arange(len(idx_list), device=device), sizes)
+    all_idx = torch.cat(list(idx_list)) if len(idx_list) else torch.zeros(0, dtype=torch.long, device=device)
+    correct = torch.zeros(len(all_idx), device=device)
+    losses = torch.zeros(len(all_idx), device=device)
+    for start in range(0, len(all_idx), batch_size):
+        batch = all_idx[start: start + batch_size]
+        logits = model(data.x[batch])
+        correct[start: start + len(batch)] = (logits.argmax(1) == data.y[batch]).float()
+        losses[start: start + len(batch)] = F.cross_entropy(logits, data.y[batch], reduction="none")
+    model.train(was_training)
+    zeros = torch.zeros(len(idx_list), device=device)
+    return zeros.index_add(0, owner, correct), sizes.float(), zeros.index_add(0, owner, losses)
+
+
+def accuracy_metrics(correct, count, loss_sum, prefix="test"):
+    """Pooled accuracy (sum correct / sum samples, the PFLlib number), the unweighted mean and
+    std of per-client accuracies (clients with test data), and the mean test loss; in percent."""
+    correct, count, loss_sum = (t.detach().double().cpu().numpy() for t in (correct, count, loss_sum))
+    has = count > 0
+    per_client = correct[has] / count[has]
+    return {f"{prefix}_acc": 100 * correct.sum() / max(count.sum(), 1),
+            f"{prefix}_acc_mean": 100 * per_client.mean() if has.any() else float("nan"),
+            f"{prefix}_acc_std": 100 * per_client.std() if has.any() else float("nan"),
+            f"{prefix}_loss": loss_sum.sum() / max(count.sum(), 1)}
+
+
+# ----------------------------------------------------------------------------- run folder, logging, checkpoints (SPEC 1.6)
+
+def atomic_write(path, text_or_bytes):
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+    with os.fdopen(fd, "wb") as f:
+        f.write(text_or_bytes.encode() if isinstance(text_or_bytes, str) else text_or_bytes)
+    os.replace(tmp, path)
+
+
+def _json(obj):
+    return json.dumps(obj, indent=1, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
+
+
+def resolve_device(name):
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"unknown --device '{name}'; use auto, cpu or cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda asked for, but no CUDA GPU is available; use --device cpu")
+    return device
+
+
+def sample_clients(rng, num_clients, join_ratio):
+    """round(join_ratio * N) clients (at least 1), without replacement, in increasing order."""
+    k = max(1, int(round(join_ratio * num_clients)))
+    return sorted(int(c) for c in rng.choice(num_clients, k, replace=False))
+
+
+def _fmt_time(seconds):
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+class Run:
+    """The run folder and the bookkeeping around the training loop (not the algorithm).
+
+    Creates ``--out/<algo>-<dataset>-s<seed>-<time>/`` (or reuses ``--resume RUN_DIR``),
+    seeds everything, loads the federated data, writes config.json and partition.json,
+    and then logs evaluations, writes checkpoints and the summary.
+    """
+
+    def __init__(self, algo, args, headline):
+        self.algo, self.args, self.headline = algo, args, headline
+        self.device = resolve_device(args.device)
+        torch.manual_seed(args.seed)
+        self.rng = np.random.default_rng([args.seed, 1])  # client sampling and algorithm randomness
+        self.data = load_federated_data(args, self.device)
+        self.rows, self.bytes_down, self.bytes_up, self.elapsed = [], 0, 0, 0.0
+        self.dir = args.resume or self._new_dir()
+        os.makedirs(self.dir, exist_ok=True)
+        if not args.resume:
+            atomic_write(os.path.join(self.dir, "config.json"), _json(self._config()))
+        self._write_partition()
+        self._t_last = time.perf_counter()
+        self._last_round = 0
+
+    def _new_dir(self):
+        name = os.path.basename(self.args.dataset).replace(".npz", "")
+        base = os.path.join(self.args.out, f"{self.algo}-{name}-s{self.args.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
+        path, n = base, 1
+        while os.path.exists(path):  # never overwrite an earlier run
+            path, n = f"{base}-{n}", n + 1
+        return path
+
+    def _config(self):
+        import torchvision
+        return {"algorithm": self.algo, "args": vars(self.args), "command": sys.argv,
+                "device": str(self.device),
+                "device_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else platform.processor() or platform.machine(),
+                "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                             "torchvision": torchvision.__version__, "numpy": np.__version__},
+                "num_classes": self.data.num_classes, "input_shape": list(self.data.x.shape[1:])}
+
+    def _write_partition(self):
+        d = self.data
+        atomic_write(os.path.join(self.dir, "partition.json"), _json({
+            "train_class_counts": d.train_counts, "test_class_counts": d.test_counts,
+            "train_sizes": d.train_counts.sum(1), "test_sizes": d.test_counts.sum(1),
+            "global_test_size": 0 if d.global_test_idx is None else len(d.global_test_idx)}))
+        n = d.num_clients
+        print(f"[{self.algo}] {self.args.dataset}: {n} clients, {d.num_classes} classes, "
+              f"input {tuple(d.x.shape[1:])}, device {self.device}, run folder {self.dir}")
+        for i in range(min(n, 20)):
+            nz = {c: int(v) for c, v in enumerate(d.train_counts[i]) if v}
+            classes = nz if len(nz) <= 12 else f"{len(nz)} classes (see partition.json)"
+            print(f"  client {i:3d}: train {int(d.train_counts[i].sum()):6d} test {int(d.test_counts[i].sum()):6d}"
+                  f"  {classes}")
+        if n > 20:
+            print(f"  ... {n - 20} more clients in partition.json")
+
+    def add_bytes(self, down, up):
+        self.bytes_down += int(down)
+        self.bytes_up += int(up)
+
+    def log(self, round_, metrics):
+        """Record one evaluation: a row in metrics.csv (rewritten atomically) and a progress line."""
+        now = time.perf_counter()
+        self.elapsed += now - self._t_last
+        per_round = (now - self._t_last) / max(round_ - self._last_round, 1)
+        self._t_last, self._last_round = now, round_
+        row = {"round": round_, **{k: (round(float(v), 6) if isinstance(v, (float, np.floating)) else v)
+                                   for k, v in metrics.items()},
+               "seconds": round(self.elapsed, 3), "sec_per_round": round(per_round, 4),
+               "mb_down": round(self.bytes_down / 2 ** 20, 3), "mb_up": round(self.bytes_up / 2 ** 20, 3)}
+        self.rows.append(row)
+        self._write_metrics()
+        eta = per_round * (self.args.rounds - round_)
+        extra = f" (client mean {metrics['test_acc_mean']:.2f} ± {metrics['test_acc_std']:.2f})" \
+            if "test_acc_mean" in metrics else ""
+        loss = f" | train loss {metrics['train_loss']:.4f}" if "train_loss" in metrics else ""
+        print(f"[{self.algo}] round {round_}/{self.args.rounds} | test acc {metrics.get('test_acc', float('nan')):.2f}%"
+              f"{extra}{loss} | {per_round:.3f} s/round | ETA {_fmt_time(eta)}", flush=True)
+
+    def _write_metrics(self):
+        keys = list(dict.fromkeys(k for r in self.rows for k in r))
+        lines = [",".join(keys)] + [",".join(str(r.get(k, "")) for k in keys) for r in self.rows]
+        atomic_write(os.path.join(self.dir, "metrics.csv"), "\n".join(lines) + "\n")
+
+    def should_eval(self, round_):
+        return round_ % self.args.eval_every == 0 or round_ == self.args.rounds
+
+    # -- checkpoints
+
+    def checkpoint(self, round_, state):
+        """Every ``--checkpoint-every`` rounds (and at the end): algorithm ``state`` (modules are
+        saved by state_dict), all RNG states and the metrics so far. Then honour ``--stop-after``."""
+        if round_ % self.args.checkpoint_every == 0 or round_ == self.args.rounds:
+            blob = {"round": round_, "rows": self.rows, "bytes": (self.bytes_down, self.bytes_up),
+                    "elapsed": self.elapsed + time.perf_counter() - self._t_last,
+                    "state": {k: (v.state_dict() if hasattr(v, "state_dict") else v) for k, v in state.items()},
+                    "rng": self.rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+            tmp = os.path.join(self.dir, "checkpoint.pt.tmp")
+            torch.save(blob, tmp)
+            os.replace(tmp, os.path.join(self.dir, "checkpoint.pt"))
+        if self.args.stop_after is not None and round_ >= self.args.stop_after:
+            print(f"[{self.algo}] stopping after round {round_} (--stop-after)")
+            sys.exit(0)
+
+    def resume(self, state):
+        """With ``--resume``: load the checkpoint into ``state`` (modules in place, other entries
+        replaced) and return the first round to run; else return 1."""
+        if not self.args.resume:
+            return 1
+        path = os.path.join(self.dir, "checkpoint.pt")
+        try:
+            blob = torch.load(path, map_location=self.device, weights_only=False)
+            for k, v in blob["state"].items():
+                if hasattr(state.get(k), "load_state_dict"):
+                    state[k].load_state_dict(v)
+                else:
+                    state[k] = v
+        except Exception as e:
+            raise UserError(f"cannot resume from {path}: unreadable checkpoint ({e.__class__.__name__})")
+        self.rows, (self.bytes_down, self.bytes_up), self.elapsed = blob["rows"], blob["bytes"], blob["elapsed"]
+        self.rng.bit_generator.state = blob["rng"]
+        torch.set_rng_state(blob["torch_rng"].cpu())
+        if blob["cuda_rng"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([s.cpu() for s in blob["cuda_rng"]])
+        self._write_metrics()  # drop rows logged after the checkpoint: they will be recomputed
+        self._last_round = blob["round"]
+        print(f"[{self.algo}] resumed {self.dir} after round {blob['round']}")
+        return blob["round"] + 1
+
+    def finish(self, extra=None):
+        """summary.json: best, final and mean of the last 10 evaluations of every accuracy column,
+        and which of them the paper reports."""
+        summary = {"algorithm": self.algo, "rounds": self.args.rounds, "paper_reports": self.headline,
+                   "seconds": round(self.elapsed, 2), "mb_down": self.bytes_down / 2 ** 20,
+                   "mb_up": self.bytes_up / 2 ** 20, **(extra or {})}
+        for key in [k for k in self.rows[0] if "acc" in k and not k.endswith("_std")] if self.rows else []:
+            values = np.array([float(r[key]) for r in self.rows if r.get(key, "") != ""])
+            summary[key] = {"best": float(values.max()), "final": float(values[-1]),
+                            "last10_mean": float(values[-10:].mean())}
+        atomic_write(os.path.join(self.dir, "summary.json"), _json(summary))
+        print(f"[{self.algo}] summary ({self.headline} is what the paper reports):")
+        for key, v in summary.items():
+            if isinstance(v, dict):
+                print(f"  {key:>22s}: best {v['best']:.2f}  final {v['final']:.2f}  last-10 mean {v['last10_mean']:.2f}")
+        print(f"  {self.elapsed:.1f} s, {summary['mb_down']:.1f} MB down, {summary['mb_up']:.1f} MB up; "
+              f"files in {self.dir}")
+        return summary

@@ -1,0 +1,81 @@
+"""FedAvg (McMahan et al., AISTATS 2017), the common baseline of the other four scripts.
+
+Each round (SPEC section 2):
+  1. the server samples round(join_ratio * N) clients and sends them the global model;
+  2. each client runs --local-epochs epochs of minibatch SGD on its own train data;
+  3. the server sets the global model to the average of the returned models weighted
+     by the clients' numbers of train samples (parameters and float buffers).
+The global model is evaluated on every client's test data (pooled accuracy, and the
+mean and std over clients), and on the uniform test set under --test-split global.
+
+Defaults follow FedALA's setup (20 clients, join ratio 1, batch 10, lr 0.005 or 0.1 on
+MNIST, 1 local epoch, 2000 rounds, 4-layer CNN, Dir(0.1)).
+
+    python fedavg.py --dataset synthetic --rounds 20        # offline quick start
+    python fedavg.py --dataset cifar10 --beta 0.1           # the paper-scale run
+"""
+import torch
+
+import common
+
+
+def parse_args(argv=None):
+    def resolve(args):
+        if args.lr is None:
+            args.lr = 0.1 if args.dataset == "mnist" else 0.005
+
+    parser = common.base_parser(__doc__.splitlines()[0], lr=None)
+    return common.parse_args(parser, argv, resolve)
+
+
+def fedavg_round(global_model, worker, data, clients, args, round_, client_stack):
+    """One FedAvg round: local SGD from the global model on each client, then the
+    sample-weighted average of the returned models. ``worker`` is one reusable model and
+    ``client_stack`` a preallocated (clients x parameters) buffer: no per-client copies of
+    the model are created. Returns the mean training loss over the clients."""
+    global_flat = common.flatten_state(global_model)
+    losses = []
+    for slot, client in enumerate(clients):
+        common.load_flat_state(worker, global_flat)  # Server sends the global model
+        loss = common.local_train(worker, data, data.train_idx[client], args, common.client_seed(args.seed, round_, client))
+        losses.append(common.check_finite(loss, round_, client))
+        common.flatten_state(worker, out=client_stack[slot])
+    sizes = [len(data.train_idx[c]) for c in clients]
+    common.load_flat_state(global_model, common.weighted_average(client_stack[:len(clients)], sizes))
+    return sum(losses) / len(losses)
+
+
+def evaluate_global(model, data):
+    """The global model on every client's test data, and on the uniform test set if there is one."""
+    metrics = common.accuracy_metrics(*common.evaluate(model, data, data.test_idx))
+    if data.global_test_idx is not None:
+        metrics.update(common.accuracy_metrics(*common.evaluate(model, data, [data.global_test_idx]), prefix="global"))
+    return metrics
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    run = common.Run("fedavg", args, headline="best test_acc (FedALA Table 2 reports FedAvg's best)")
+    data = run.data
+    global_model = common.build_model(args.model, data, auto_image="cnn").to(run.device)
+    state = {"global_model": global_model}
+    start = run.resume(state)
+    worker = common.build_model(args.model, data, auto_image="cnn").to(run.device)
+    num_params = sum(v.numel() for v in common.float_state(global_model))
+    clients_per_round = max(1, round(args.join_ratio * args.num_clients))
+    client_stack = torch.empty(clients_per_round, num_params, device=run.device)
+    model_bytes = common.state_bytes(global_model)
+    print(f"[fedavg] model {global_model.__class__.__name__}: {num_params} parameters, {model_bytes / 2**20:.2f} MB")
+
+    for round_ in range(start, args.rounds + 1):
+        clients = common.sample_clients(run.rng, args.num_clients, args.join_ratio)
+        train_loss = fedavg_round(global_model, worker, data, clients, args, round_, client_stack)
+        run.add_bytes(down=model_bytes * len(clients), up=model_bytes * len(clients))
+        if run.should_eval(round_):
+            run.log(round_, {**evaluate_global(global_model, data), "train_loss": train_loss})
+        run.checkpoint(round_, state)
+    run.finish()
+
+
+if __name__ == "__main__":
+    common.run_main(main)

@@ -1,0 +1,27 @@
+"""Shared test helpers: the repository root on sys.path, and running a script as a user would."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def run_script(script, *args, timeout=120, env=None):
+    """Run ``python <script> <args>`` from the repository root; returns the CompletedProcess."""
+    return subprocess.run([sys.executable, os.path.join(ROOT, script), *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONHASHSEED": "0", **(env or {})})
+
+
+def run_dir(out):
+    """The single run folder created under ``out``."""
+    (name,) = [d for d in os.listdir(out) if not d.startswith(".")]
+    return os.path.join(out, name)
+
+
+@pytest.fixture
+def script():
+    return run_script

@@ -1,0 +1,318 @@
+"""FedACD (fedacd.py): losses Eq. (7)-(9), P^m, score Eq. (10), aggregation Eq. (11), the
+evaluation protocol (Tables 1-3) and the command line."""
+import csv
+import json
+import math
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import common
+import fedacd
+from conftest import run_dir
+
+CPU = torch.device("cpu")
+
+
+def log_probs(*rows):
+    return torch.tensor(rows, dtype=torch.float64).log()
+
+
+# ----------------------------------------------------------------------------- 1. L1, Eq. (7)
+
+def test_l1_zero_when_misclassification_is_flat_positive_otherwise():
+    flat = fedacd.flattening_loss(log_probs([0.6, 0.2, 0.2], [0.1, 0.45, 0.45]), torch.tensor([0, 0]))
+    assert flat[0].abs() < 1e-12 and flat[1] > 0  # second row: label 0, wrong mass 0.45/0.45 is flat
+    assert fedacd.flattening_loss(log_probs([0.1, 0.45, 0.45]), torch.tensor([1]))[0] > 0
+    assert fedacd.flattening_loss(log_probs([0.1, 0.45, 0.45]), torch.tensor([0]))[0].abs() < 1e-12
+
+
+def test_l1_hand_computation_three_classes():
+    # p = (0.7, 0.2, 0.1), y = 0: q = (0.7, 0.15, 0.15)
+    expected = 0.2 * math.log(0.2 / 0.15) + 0.1 * math.log(0.1 / 0.15)
+    got = fedacd.flattening_loss(log_probs([0.7, 0.2, 0.1]), torch.tensor([0]))
+    assert got.item() == pytest.approx(expected, abs=1e-12)
+    # label 2: q = (0.45, 0.45, 0.1)
+    expected = 0.7 * math.log(0.7 / 0.45) + 0.2 * math.log(0.2 / 0.45)
+    assert fedacd.flattening_loss(log_probs([0.7, 0.2, 0.1]), torch.tensor([2])).item() == pytest.approx(expected)
+
+
+def test_l1_gradient_matches_undetached_q_and_is_finite_for_tiny_probabilities():
+    logits = torch.tensor([[1.0, -0.5, 0.3, 2.0], [0.2, 0.1, -1.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([3, 1])
+    fedacd.flattening_loss(logits, y).sum().backward()
+    ours = logits.grad.clone()
+    logits.grad = None
+    p = logits.softmax(1)  # naive KL(p || q) with q built from p (q is not detached)
+    p_y = p.gather(1, y[:, None])
+    q = torch.where(F.one_hot(y, 4).bool(), p_y, (1 - p_y) / 3)
+    (p * (p / q).log()).sum().backward()
+    assert torch.allclose(ours, logits.grad, atol=1e-12)
+
+    extreme = torch.tensor([[60.0, -60.0, 0.0], [0.0, 90.0, -90.0], [300.0, 0.0, 0.0]], requires_grad=True)
+    loss = fedacd.flattening_loss(extreme, torch.tensor([0, 0, 0])).sum()
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(extreme.grad).all()
+
+
+# ----------------------------------------------------------------------------- 2. L2, Eq. (8)
+
+def test_l2_with_unit_deltas_is_cross_entropy_and_matches_eq8():
+    g = torch.Generator().manual_seed(0)
+    logits, y = torch.randn(6, 4, generator=g, dtype=torch.float64), torch.tensor([0, 1, 2, 3, 1, 0])
+    ones = torch.ones(4, 4, dtype=torch.float64)
+    assert torch.allclose(fedacd.adjusted_margin_loss(logits, y, ones), F.cross_entropy(logits, y, reduction="none"))
+    delta = torch.rand(4, 4, generator=g, dtype=torch.float64) + 0.2
+    direct = torch.stack([torch.log(1 + sum(torch.exp(logits[n, i] - logits[n, y[n]]) * delta[y[n], i]
+                                            for i in range(4) if i != y[n])) for n in range(6)])
+    assert torch.allclose(fedacd.adjusted_margin_loss(logits, y, delta), direct)
+
+
+def test_l2_delta_below_one_lowers_and_above_one_raises_the_term_for_that_class():
+    logits, y = torch.tensor([[0.5, 0.2, -0.3]]), torch.tensor([0])
+    base = fedacd.adjusted_margin_loss(logits, y, torch.ones(3, 3))
+    for value, relation in ((0.5, "lower"), (2.0, "higher")):
+        delta = torch.ones(3, 3)
+        delta[0, 2] = value  # Delta_{y=0, i=2}
+        changed = fedacd.adjusted_margin_loss(logits, y, delta)
+        assert (changed < base).all() if relation == "lower" else (changed > base).all()
+        other = torch.ones(3, 3)
+        other[1, 2] = value  # a row for another label leaves this sample's loss alone
+        assert torch.allclose(fedacd.adjusted_margin_loss(logits, y, other), base)
+
+
+def test_margin_deltas_ratio_and_missing_classes():
+    P = torch.tensor([[0.6, 0.3, 0.1, 0.0], [0.2, 0.7, 0.1, 0.0], [0.0, 0.0, 0.0, 0.0], [0.1, 0.1, 0.2, 0.6]])
+    present = torch.tensor([True, True, False, True])
+    delta = fedacd.margin_deltas(P, present, missing_delta=0.01)
+    assert delta[0, 1] == pytest.approx(0.3 / 0.2) and delta[1, 0] == pytest.approx(0.2 / 0.3)
+    assert delta[3, 0] == pytest.approx(0.1 / 1e-8, rel=1e-5)  # P_30 / P_03 with P_03 = 0 clamped to 1e-8
+    assert delta[0, 3] == pytest.approx(1e-8)  # P_03 / P_30 = 0, clamped away from 0
+    assert torch.allclose(delta[:, 2][present], torch.full((3,), 0.01))  # class 2 absent: --missing-delta
+    assert torch.allclose(delta.diagonal(), torch.ones(4))
+
+
+def test_fedacd_loss_is_l1_plus_lambda_l2():
+    logits, y, delta = torch.randn(5, 3), torch.tensor([0, 1, 2, 1, 0]), torch.rand(3, 3) + 0.5
+    want = fedacd.flattening_loss(logits, y) + 1.5 * fedacd.adjusted_margin_loss(logits, y, delta)
+    assert torch.allclose(fedacd.fedacd_loss(logits, y, delta, 1.5), want)
+
+
+# ----------------------------------------------------------------------------- 3. probability matrix P^m
+
+def test_probability_matrix_is_the_per_class_mean_softmax():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 4))
+    x, y = torch.randn(30, 5), torch.tensor([0, 1, 3] * 10)
+    idx = torch.arange(2, 29)
+    P = fedacd.probability_matrix(model, x, y, idx, 4, batch_size=7)
+    with torch.no_grad():
+        probs = model(x).softmax(1)
+    for c in range(4):
+        members = [int(i) for i in idx if y[i] == c]
+        want = probs[members].mean(0) if members else torch.zeros(4)
+        assert torch.allclose(P[c], want, atol=1e-6)
+    assert (P[2] == 0).all()  # no samples of class 2
+
+
+def test_mixup_accumulation_uses_the_mixing_weights():
+    sums = torch.zeros(3, 3)
+    p = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.8, 0.1]])
+    fedacd.accumulate_probabilities(sums, p, torch.tensor([0, 1]), torch.tensor([1, 2]), 0.25)
+    want = torch.zeros(3, 3)
+    want[0] += 0.25 * p[0]
+    want[1] += 0.75 * p[0] + 0.25 * p[1]
+    want[2] += 0.75 * p[1]
+    assert torch.allclose(sums, want)
+    P = fedacd.rows_to_matrix(sums, torch.full((3, 3), -1.0))
+    assert torch.allclose(P[1], (0.75 * p[0] + 0.25 * p[1]) / 1.0)
+    assert torch.allclose(P[0], p[0]) and torch.allclose(P[2], p[1])  # weights 0.25 and 0.75 normalised away
+
+
+def _tiny_data(num_clients=3, seed=0):
+    args = fedacd.parse_args(["--dataset", "synthetic", "--num-clients", str(num_clients), "--seed", str(seed),
+                              "--device", "cpu"])
+    return args, common.load_federated_data(args, CPU)
+
+
+@pytest.mark.parametrize("mixup", [True, False])
+def test_local_training_accumulates_p_with_mixup_weights(mixup):
+    args, data = _tiny_data()
+    args.local_epochs, args.lr, args.momentum, args.weight_decay, args.mixup = 1, 0.0, 0.0, 0.0, mixup  # frozen model
+    torch.manual_seed(1)
+    model = common.build_model("auto", data)
+    idx, present = data.train_idx[0], torch.as_tensor(data.train_counts[0] > 0)
+    _, P = fedacd.local_train(model, data, idx, present, args, batch_seed=5, mixup_seed=7)
+    sums, g = torch.zeros(10, 10), torch.Generator().manual_seed(7)  # the same epoch, recomputed by hand
+    with torch.no_grad():
+        for batch in common.epoch_batches(idx, args.batch_size, 1, 5):
+            xb, yb = data.x[batch], data.y[batch]
+            if mixup:
+                mix = float(torch.rand((), generator=g))
+                perm = torch.randperm(len(batch), generator=g)
+                probs = model(mix * xb + (1 - mix) * xb[perm]).softmax(1)
+                for n in range(len(batch)):
+                    sums[yb[n]] += mix * probs[n]
+                    sums[yb[perm[n]]] += (1 - mix) * probs[n]
+            else:
+                probs = model(xb).softmax(1)
+                for n in range(len(batch)):
+                    sums[yb[n]] += probs[n]
+    rows = sums.sum(1) > 0
+    assert torch.allclose(P[rows], sums[rows] / sums[rows].sum(1, keepdim=True), atol=1e-5)
+    if not mixup:  # frozen model, no mixup: the epoch's P^m is the no-grad estimate
+        assert torch.allclose(P, fedacd.probability_matrix(model, data.x, data.y, idx, 10), atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- 4. score Eq. (10), aggregation Eq. (11)
+
+def test_score_hand_example_and_absent_rows_left_out():
+    P = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.8, 0.1], [0.2, 0.2, 0.6]])
+    tau = 0.99999
+    off = (1 - tau) / 2
+    kl = sum(P[i, j].item() * math.log(P[i, j].item() / (tau if i == j else off)) for i in range(3) for j in range(3))
+    V, got_kl = fedacd.aggregation_score(P, torch.ones(3, dtype=torch.bool), tau)
+    assert got_kl.item() == pytest.approx(kl, rel=1e-6)
+    assert V.item() == pytest.approx(1 / (1 + math.exp(-1 / kl)), rel=1e-9)
+    Q = fedacd.template_matrix(3, tau)
+    assert torch.allclose(Q.sum(1), torch.ones(3, dtype=torch.float64)) and Q[0, 0] == tau
+
+    present = torch.tensor([True, False, True])
+    kl_present = sum(P[i, j].item() * math.log(P[i, j].item() / (tau if i == j else off))
+                     for i in (0, 2) for j in range(3))
+    V1, kl1 = fedacd.aggregation_score(P, present, tau)
+    garbage = P.clone()
+    garbage[1] = torch.tensor([0.0, 0.0, 1.0])
+    V2, _ = fedacd.aggregation_score(garbage, present, tau)
+    assert kl1.item() == pytest.approx(kl_present, rel=1e-6) and V1 == V2
+    _, kl_mean = fedacd.aggregation_score(P, present, tau, reduction="mean")
+    assert kl_mean.item() == pytest.approx(kl_present / 2, rel=1e-6)
+
+
+def test_aggregation_weights():
+    V = torch.tensor([0.6, 0.9, 0.75], dtype=torch.float64)
+    assert torch.allclose(fedacd.aggregation_weights(V), V / V.sum())
+    assert torch.allclose(fedacd.aggregation_weights(V, uniform=True), torch.full((3,), 1 / 3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("uniform", [False, True])
+def test_round_aggregates_with_scores_of_the_trained_models(uniform):
+    args, data = _tiny_data(num_clients=4)
+    args.local_epochs, args.uniform_agg = 1, uniform
+    torch.manual_seed(0)
+    global_model, worker, check = (common.build_model("auto", data) for _ in range(3))
+    clients = [0, 2, 3]
+    D = sum(v.numel() for v in common.float_state(global_model))
+    stack = torch.empty(len(clients), D)
+    present = torch.as_tensor(data.train_counts > 0)
+    fedacd.fedacd_round(global_model, worker, data, clients, args, 1, stack, present)
+    scores = []
+    for slot, c in enumerate(clients):  # V_m recomputed from each uploaded model
+        common.load_flat_state(check, stack[slot])
+        P = fedacd.probability_matrix(check, data.x, data.y, data.train_idx[c], 10)
+        scores.append(fedacd.aggregation_score(P, present[c], args.tau)[0].item())
+    w = torch.ones(3) / 3 if uniform else torch.tensor(scores) / sum(scores)
+    want = (w[:, None] * stack).sum(0)
+    assert torch.allclose(common.flatten_state(global_model), want, atol=1e-6)
+    if uniform:
+        assert torch.allclose(common.flatten_state(global_model), stack.mean(0), atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- 5. evaluation protocol
+
+@pytest.fixture
+def npz_dataset(tmp_path):
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(4), [300, 200, 150, 50])
+    y_test = np.repeat(np.arange(4), 100)
+    path = tmp_path / "fabricated.npz"
+    np.savez(path, x=(rng.normal(size=(700, 6)) + y[:, None]).astype(np.float32), y=y,
+             x_test=(rng.normal(size=(400, 6)) + y_test[:, None]).astype(np.float32), y_test=y_test)
+    return str(path)
+
+
+def test_per_client_test_sets_follow_client_label_proportions(npz_dataset):
+    args = fedacd.parse_args(["--dataset", npz_dataset, "--num-clients", "4", "--batch-size", "8", "--beta", "0.3",
+                              "--device", "cpu"])
+    assert args.test_split == "global"  # the FedACD default (SPEC 1.2)
+    data = common.load_federated_data(args, CPU)
+    assert torch.equal(data.global_test_idx, torch.arange(700, 1100))  # the whole, uniform official test set
+    assert np.bincount(data.y[data.global_test_idx].numpy(), minlength=4).tolist() == [100] * 4
+    for n in range(4):
+        test = data.test_idx[n]
+        assert len(test) > 0 and (test >= 700).all()  # drawn from the official test set only
+        prior = data.train_counts[n] / data.train_counts[n].sum()
+        counts = np.bincount(data.y[test].numpy(), minlength=4)
+        assert np.all(np.abs(counts - prior * len(test)) <= 1.0)
+        assert np.all(counts[prior == 0] == 0)
+        assert counts.tolist() == data.test_counts[n].tolist()
+
+
+def test_average_risk_matches_independent_computation(npz_dataset):
+    args = fedacd.parse_args(["--dataset", npz_dataset, "--num-clients", "4", "--batch-size", "8", "--beta", "0.3",
+                              "--device", "cpu"])
+    data = common.load_federated_data(args, CPU)
+    torch.manual_seed(3)
+    model = common.build_model("auto", data)
+    test = data.global_test_idx
+    class_idx = [test[data.y[test] == c] for c in range(4)]
+    counts = torch.as_tensor(data.train_counts, dtype=torch.float64)
+    risk = fedacd.average_risk(fedacd.per_class_errors(model, data, class_idx), counts / counts.sum(1, keepdim=True))
+    with torch.no_grad():
+        pred = model(data.x[test]).argmax(1).numpy()
+    labels = data.y[test].numpy()
+    eps = np.array([np.mean(pred[labels == c] != c) for c in range(4)])
+    pis = data.train_counts / data.train_counts.sum(1, keepdims=True)
+    want = sum(float(eps @ pis[n]) for n in range(4)) / 4  # Eq. (3)
+    assert risk.item() == pytest.approx(want, abs=1e-9)
+
+
+# ----------------------------------------------------------------------------- 6. command line
+
+def _rows(folder):
+    with open(os.path.join(folder, "metrics.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+def test_default_synthetic_run_is_fast_and_logs_all_three_tables(script, tmp_path):
+    start = time.time()
+    result = script("fedacd.py", "--dataset", "synthetic", "--rounds", "10", "--device", "cpu", "--out", tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert time.time() - start < 60
+    folder = run_dir(tmp_path)
+    rows = _rows(folder)
+    assert len(rows) == 10
+    for key in ("global_acc", "test_acc", "test_acc_mean", "local_risk", "local_kl", "train_loss"):
+        assert all(r[key] != "" and math.isfinite(float(r[key])) for r in rows), key
+    assert all(0 <= float(r["local_risk"]) <= 1 for r in rows)
+    summary = json.load(open(os.path.join(folder, "summary.json")))
+    assert "global_acc" in summary["paper_reports"] and summary["local_risk"]["best"] == min(
+        float(r["local_risk"]) for r in rows)
+    config = json.load(open(os.path.join(folder, "config.json")))["args"]
+    assert (config["num_clients"], config["join_ratio"], config["local_epochs"], config["batch_size"], config["lr"],
+            config["momentum"], config["weight_decay"], config["mixup"]) == (20, 0.4, 5, 64, 0.01, 0.9, 1e-5, True)
+
+
+def test_resume_gives_the_uninterrupted_result(script, tmp_path):
+    common_args = ["--dataset", "synthetic", "--num-clients", "5", "--rounds", "4", "--local-epochs", "1",
+                   "--checkpoint-every", "2", "--device", "cpu"]
+    full = script("fedacd.py", *common_args, "--out", tmp_path / "full")
+    part = script("fedacd.py", *common_args, "--out", tmp_path / "part", "--stop-after", "2")
+    assert full.returncode == 0 and part.returncode == 0, full.stderr + part.stderr
+    folder = run_dir(tmp_path / "part")
+    assert len(_rows(folder)) == 2
+    resumed = script("fedacd.py", "--resume", folder)
+    assert resumed.returncode == 0, resumed.stderr
+    timing = {"seconds", "sec_per_round"}
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in timing} for r in rows]
+    assert strip(_rows(folder)) == strip(_rows(run_dir(tmp_path / "full")))
+
+
+def test_bad_tau_is_one_line_exit_2(script):
+    result = script("fedacd.py", "--dataset", "synthetic", "--tau", "1.5")
+    assert result.returncode == 2 and "--tau" in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -1,0 +1,350 @@
+"""Foundation: models, FedAvg aggregation, real loaders on fabricated files, CLI behaviour."""
+import copy
+import csv
+import gzip
+import json
+import os
+import pickle
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import common
+import fedavg
+from conftest import run_dir, run_script
+
+
+def fake_data(shape, classes=10):
+    return SimpleNamespace(x=torch.zeros(2, *shape), num_classes=classes, vocab_size=0, info={})
+
+
+# ----------------------------------------------------------------------------- models (item 7)
+
+@pytest.mark.parametrize("shape,flat", [((1, 28, 28), 1024), ((3, 32, 32), 1600), ((3, 64, 64), 10816)])
+def test_cnn_flatten_size(shape, flat):
+    model = common.build_model("cnn", fake_data(shape))
+    assert model.fc1.in_features == flat
+    assert model(torch.randn(2, *shape)).shape == (2, 10)
+    assert [n for n, _ in common.layers(model)] == ["conv1", "conv2", "fc1", "fc"]
+
+
+def test_lenet_and_simplecnn_match_spec():
+    colour = common.build_model("lenet", fake_data((3, 32, 32)))
+    grey = common.build_model("lenet", fake_data((1, 28, 28)))
+    shapes = lambda m: [tuple(p.shape) for p in m.parameters()]
+    assert shapes(colour) == [(6, 3, 5, 5), (6,), (6,), (6,), (16, 6, 5, 5), (16,), (16,), (16,),
+                              (120, 400), (120,), (84, 120), (84,), (10, 84), (10,)]
+    assert shapes(grey) == [(6, 1, 5, 5), (6,), (16, 6, 5, 5), (16,), (120, 256), (120,), (84, 120), (84,),
+                            (10, 84), (10,)]  # no BatchNorm for grey-scale data
+    simple = common.build_model("simplecnn", fake_data((3, 32, 32), 100))
+    assert shapes(simple) == [(64, 3, 5, 5), (64,), (64, 64, 5, 5), (64,), (384, 1600), (384,), (192, 384), (192,),
+                              (100, 192), (100,)]
+
+
+def test_resnets_take_num_classes_and_channels():
+    r18 = common.build_model("resnet18", fake_data((3, 32, 32), 100))
+    assert r18.fc.out_features == 100 and r18(torch.randn(2, 3, 32, 32)).shape == (2, 100)
+    r34 = common.build_model("resnet34", fake_data((1, 28, 28), 10))
+    assert r34(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+    assert sum(p.numel() for p in r18.parameters()) == 11_227_812
+
+
+def test_auto_model_for_vectors_is_mlp():
+    data = SimpleNamespace(x=torch.zeros(2, 60), num_classes=10, vocab_size=0, info={})
+    model = common.build_model("auto", data)
+    assert isinstance(model, common.MLP) and model.fc1.in_features == 60
+
+
+def test_layer_keys_keep_weight_bias_and_bn_buffers_together():
+    keys = common.layer_state_keys(common.build_model("lenet", fake_data((3, 32, 32))))
+    assert keys[1] == ["bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var", "bn1.num_batches_tracked"]
+    assert keys[-1] == ["fc3.weight", "fc3.bias"]
+
+
+# ----------------------------------------------------------------------------- aggregation (item 8)
+
+def perturbed_bn_models(k=3):
+    torch.manual_seed(0)
+    base = common.build_model("lenet", fake_data((3, 32, 32)))
+    models = []
+    for i in range(k):
+        m = copy.deepcopy(base)
+        with torch.no_grad():
+            for v in m.state_dict().values():
+                if v.is_floating_point():
+                    v.add_(torch.randn_like(v) * (i + 1))
+        m.bn1.num_batches_tracked.fill_(7 * (i + 1))
+        models.append(m)
+    return base, models
+
+
+def test_weighted_average_matches_independent_computation_with_bn():
+    base, models = perturbed_bn_models()
+    sizes = [10, 30, 60]
+    stacked = torch.stack([common.flatten_state(m) for m in models])
+    target = copy.deepcopy(base)
+    common.load_flat_state(target, common.weighted_average(stacked, sizes))
+    states = [m.state_dict() for m in models]
+    for key, value in target.state_dict().items():
+        if value.is_floating_point():
+            expected = sum(s[key] * n for s, n in zip(states, sizes)) / sum(sizes)
+            torch.testing.assert_close(value, expected, rtol=1e-5, atol=1e-5)
+        else:  # integer buffers are not averaged
+            assert torch.equal(value, base.state_dict()[key])
+    assert "bn1.running_mean" in target.state_dict()
+
+
+def test_fedavg_round_equals_hand_computation():
+    args = common.base_parser("t").parse_args(["--dataset", "synthetic", "--num-clients", "4", "--batch-size", "8"])
+    args.lr = 0.05
+    data = common.load_federated_data(args, torch.device("cpu"))
+    torch.manual_seed(0)
+    global_model = common.build_model("mlp", data)
+    start = copy.deepcopy(global_model)
+    worker = copy.deepcopy(global_model)
+    clients = [0, 2, 3]
+    stack = torch.empty(3, sum(v.numel() for v in common.float_state(global_model)))
+    fedavg.fedavg_round(global_model, worker, data, clients, args, 5, stack)
+    trained = []
+    for c in clients:  # the straightforward way: a fresh copy per client
+        m = copy.deepcopy(start)
+        common.local_train(m, data, data.train_idx[c], args, common.client_seed(args.seed, 5, c))
+        trained.append(m.state_dict())
+    sizes = [len(data.train_idx[c]) for c in clients]
+    for key, value in global_model.state_dict().items():
+        expected = sum(s[key] * n for s, n in zip(trained, sizes)) / sum(sizes)
+        torch.testing.assert_close(value, expected, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(global_model.fc.weight, start.fc.weight)
+
+
+def test_local_train_keeps_last_partial_batch():
+    batches = list(common.epoch_batches(torch.arange(23), 10, 2, seed=1))
+    assert [len(b) for b in batches] == [10, 10, 3, 10, 10, 3]
+    assert sorted(torch.cat(batches[:3]).tolist()) == list(range(23))
+    assert not torch.equal(torch.cat(batches[:3]), torch.cat(batches[3:]))  # reshuffled every epoch
+
+
+# ----------------------------------------------------------------------------- real loaders on fabricated files (item 6)
+
+def write_cifar(root, classes, n_per_file=12):
+    rng = np.random.default_rng(0)
+    if classes == 10:
+        folder, names, key = os.path.join(root, "cifar-10-batches-py"), [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"], "labels"
+    else:
+        folder, names, key = os.path.join(root, "cifar-100-python"), ["train", "test"], "fine_labels"
+    os.makedirs(folder)
+    written = {}
+    for name in names:
+        data = rng.integers(0, 256, (n_per_file, 3072), dtype=np.uint8)
+        labels = list(rng.integers(0, classes, n_per_file))
+        with open(os.path.join(folder, name), "wb") as f:
+            pickle.dump({"batch_label": name, key: labels, "data": data, "filenames": [f"{i}.png" for i in range(n_per_file)]}, f)
+        written[name] = (data, labels)
+    return written
+
+
+def write_idx(path, array, gz=False):
+    header = bytes([0, 0, 8, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    with (gzip.open if gz else open)(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+def write_mnist(root, folder="MNIST", prefix="", gz=False, n=40):
+    raw = os.path.join(root, folder, "raw")
+    os.makedirs(raw)
+    rng = np.random.default_rng(1)
+    arrays = {}
+    for split, count in (("train", n), ("t10k", n // 2)):
+        x = rng.integers(0, 256, (count, 28, 28), dtype=np.uint8)
+        y = rng.integers(0, 10, count).astype(np.uint8)
+        ext = ".gz" if gz else ""
+        write_idx(os.path.join(raw, f"{prefix}{split}-images-idx3-ubyte{ext}"), x, gz)
+        write_idx(os.path.join(raw, f"{prefix}{split}-labels-idx1-ubyte{ext}"), y, gz)
+        arrays[split] = (x, y)
+    return arrays
+
+
+def test_cifar10_pickles_load_through_user_path(tmp_path):
+    written = write_cifar(str(tmp_path), 10)
+    xtr, ytr, xte, yte = common.load_arrays("cifar10", str(tmp_path))
+    assert xtr.shape == (60, 3, 32, 32) and xte.shape == (12, 3, 32, 32)
+    assert np.array_equal(xtr[:12].reshape(12, -1), written["data_batch_1"][0])
+    assert ytr[12:24].tolist() == written["data_batch_2"][1] and yte.tolist() == written["test_batch"][1]
+
+
+def test_cifar100_pickles_use_fine_labels(tmp_path):
+    written = write_cifar(str(tmp_path), 100, n_per_file=30)
+    xtr, ytr, xte, yte = common.load_arrays("cifar100", str(tmp_path))
+    assert xtr.shape == (30, 3, 32, 32) and ytr.tolist() == written["train"][1]
+
+
+def test_mnist_idx_files_plain_and_gz(tmp_path):
+    plain = write_mnist(str(tmp_path))
+    xtr, ytr, xte, yte = common.load_arrays("mnist", str(tmp_path))
+    assert xtr.shape == (40, 1, 28, 28) and np.array_equal(xtr[:, 0], plain["train"][0])
+    assert np.array_equal(yte, plain["t10k"][1])
+    gz = write_mnist(str(tmp_path), folder="FashionMNIST", gz=True)
+    xtr, ytr, _, _ = common.load_arrays("fmnist", str(tmp_path))
+    assert np.array_equal(ytr, gz["train"][1])
+    em = write_mnist(str(tmp_path), folder="EMNIST", prefix="emnist-digits-")
+    xtr, _, _, _ = common.load_arrays("emnist", str(tmp_path))
+    assert np.array_equal(xtr[:, 0], em["train"][0].transpose(0, 2, 1))  # EMNIST is stored transposed
+
+
+def test_truncated_idx_file_is_one_clear_error(tmp_path):
+    write_mnist(str(tmp_path))
+    path = os.path.join(tmp_path, "MNIST", "raw", "train-images-idx3-ubyte")
+    with open(path, "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(common.UserError, match="corrupt or truncated"):
+        common.load_arrays("mnist", str(tmp_path))
+
+
+def test_cifar10_end_to_end_run(tmp_path):
+    write_cifar(str(tmp_path / "data"), 10)
+    out = tmp_path / "runs"
+    r = run_script("fedavg.py", "--dataset", "cifar10", "--data-dir", tmp_path / "data", "--rounds", "2",
+                   "--num-clients", "2", "--partition", "iid", "--out", out)
+    assert r.returncode == 0, r.stderr
+    config = json.load(open(os.path.join(run_dir(out), "config.json")))
+    assert config["input_shape"] == [3, 32, 32] and config["num_classes"] == 10
+
+
+@pytest.mark.parametrize("dataset,expected", [("cifar10", "cifar-10-python.tar.gz"), ("mnist", "train-images-idx3-ubyte"),
+                                              ("cifar100", "cifar-100-python.tar.gz")])
+def test_missing_files_without_network_is_one_line(tmp_path, dataset, expected):
+    start = time.perf_counter()
+    r = run_script("fedavg.py", "--dataset", dataset, "--data-dir", tmp_path / "nothing", "--out", tmp_path / "runs")
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0] and str(tmp_path / "nothing") in lines[0]
+    assert "Traceback" not in r.stdout + r.stderr
+    assert time.perf_counter() - start < 60
+
+
+# ----------------------------------------------------------------------------- the command line (items 2, 3, 4, 9, 10)
+
+def read_metrics(folder, columns=("round", "test_acc", "test_acc_mean", "test_acc_std", "test_loss", "train_loss")):
+    with open(os.path.join(folder, "metrics.csv")) as f:
+        return [[row[c] for c in columns] for row in csv.DictReader(f)]
+
+
+def test_quick_start_under_a_minute(tmp_path):
+    start = time.perf_counter()
+    r = run_script("fedavg.py", "--dataset", "synthetic", "--rounds", "20", "--out", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert time.perf_counter() - start < 60
+    progress = [l for l in r.stdout.splitlines() if "round " in l and "s/round" in l]
+    assert len(progress) == 20 and "round 20/20" in progress[-1] and "ETA" in progress[-1]
+    assert "summary" in r.stdout and "last-10 mean" in r.stdout
+    folder = run_dir(tmp_path)
+    assert {"config.json", "partition.json", "metrics.csv", "summary.json"} <= set(os.listdir(folder))
+    assert len(read_metrics(folder)) == 20
+    summary = json.load(open(os.path.join(folder, "summary.json")))
+    assert set(summary["test_acc"]) == {"best", "final", "last10_mean"}
+    partition = json.load(open(os.path.join(folder, "partition.json")))
+    assert len(partition["train_class_counts"]) == 20 and len(partition["train_class_counts"][0]) == 10
+
+
+def test_same_seed_same_metrics_other_seed_other_partition(tmp_path):
+    args = ["--dataset", "synthetic", "--rounds", "3", "--num-clients", "6"]
+    outs = [tmp_path / n for n in "abc"]
+    for out, seed in zip(outs, (1, 1, 2)):
+        assert run_script("fedavg.py", *args, "--seed", seed, "--out", out).returncode == 0
+    a, b, c = (run_dir(o) for o in outs)
+    assert read_metrics(a) == read_metrics(b)
+    part = lambda d: json.load(open(os.path.join(d, "partition.json")))
+    assert part(a) == part(b) and part(a) != part(c)
+
+
+def test_resume_ends_with_uninterrupted_metrics(tmp_path):
+    args = ["--dataset", "synthetic", "--rounds", "6", "--num-clients", "5", "--join-ratio", "0.6",
+            "--checkpoint-every", "2"]
+    assert run_script("fedavg.py", *args, "--out", tmp_path / "full").returncode == 0
+    r = run_script("fedavg.py", *args, "--out", tmp_path / "cut", "--stop-after", "3")
+    assert r.returncode == 0 and "stopping after round 3" in r.stdout
+    cut = run_dir(tmp_path / "cut")
+    assert len(read_metrics(cut)) == 3  # round 3 was logged after the last checkpoint (round 2)
+    r = run_script("fedavg.py", "--resume", cut)
+    assert r.returncode == 0, r.stderr
+    assert "resumed" in r.stdout
+    assert read_metrics(cut) == read_metrics(run_dir(tmp_path / "full"))
+
+
+def write_npz(path, n=60, classes=10, **extra):
+    rng = np.random.default_rng(0)
+    arrays = {"x": rng.normal(size=(n, 8)).astype(np.float32), "y": np.arange(n) % classes, **extra}
+    np.savez(path, **arrays)
+    return str(path)
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--dataset", "nosuch"], "unknown dataset"),
+    (["--dataset", "synthetic", "--model", "transformer"], "unknown model"),
+    (["--dataset", "synthetic", "--beta", "0"], "--beta"),
+    (["--dataset", "synthetic", "--join-ratio", "0"], "--join-ratio"),
+    (["--dataset", "synthetic", "--join-ratio", "1.5"], "--join-ratio"),
+    (["--dataset", "synthetic", "--lr", "abc"], "--lr"),
+    (["--dataset", "synthetic", "--resume", "/no/such/run"], "cannot resume"),
+    (["--dataset", "NPZ", "--partition", "pat", "--classes-per-client", "11"], "--classes-per-client"),
+    (["--dataset", "NPZ", "--num-clients", "100"], "100 clients"),
+    (["--dataset", "NPZ_NO_Y"], "no array 'y'"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path, flags, needle, capsys):
+    npz, no_y = write_npz(tmp_path / "d.npz"), str(tmp_path / "bad.npz")
+    np.savez(no_y, x=np.zeros((10, 4), np.float32))
+    flags = [npz if f == "NPZ" else no_y if f == "NPZ_NO_Y" else f for f in flags]
+    with pytest.raises(SystemExit) as stop:  # in-process: the same path as the command line, minus the start-up
+        common.run_main(fedavg.main, [*flags, "--rounds", "1", "--out", str(tmp_path / "runs")])
+    assert stop.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], lines
+
+
+def test_bad_input_from_the_shell_has_no_traceback(tmp_path):
+    r = run_script("fedavg.py", "--dataset", "synthetic", "--join-ratio", "2", "--out", tmp_path)
+    assert r.returncode == 2 and r.stderr.strip() == "error: --join-ratio must be in (0, 1], got 2.0"
+
+
+def test_user_npz_runs(tmp_path):
+    rng = np.random.default_rng(0)
+    npz = str(tmp_path / "img.npz")
+    np.savez(npz, x=rng.integers(0, 255, (80, 28, 28, 1), dtype=np.uint8), y=np.arange(80) % 4,
+             x_test=rng.integers(0, 255, (20, 28, 28, 1), dtype=np.uint8), y_test=np.arange(20) % 4)
+    r = run_script("fedavg.py", "--dataset", npz, "--rounds", "1", "--num-clients", "2", "--partition", "iid",
+                   "--out", tmp_path / "runs")
+    assert r.returncode == 0, r.stderr
+    config = json.load(open(os.path.join(run_dir(tmp_path / "runs"), "config.json")))
+    assert config["input_shape"] == [1, 28, 28] and config["num_classes"] == 4
+
+
+def test_nan_loss_stops_naming_round_and_client_keeping_metrics(tmp_path, monkeypatch, capsys):
+    real = common.local_train
+
+    def diverging(model, data, idx, args, seed, epochs=None):
+        loss = real(model, data, idx, args, seed, epochs)
+        return loss * float("nan") if diverging.round == 3 else loss
+
+    def sample(rng, n, ratio):  # records the round for the patched trainer
+        diverging.round += 1
+        return [0, 1, 2]
+
+    diverging.round = 0
+    monkeypatch.setattr(common, "local_train", diverging)
+    monkeypatch.setattr(common, "sample_clients", sample)
+    with pytest.raises(SystemExit) as stop:
+        common.run_main(fedavg.main, ["--dataset", "synthetic", "--rounds", "5", "--num-clients", "3",
+                                      "--out", str(tmp_path)])
+    assert stop.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "round 3" in err[0] and "client 0" in err[0]
+    assert [row[0] for row in read_metrics(run_dir(tmp_path))] == ["1", "2"]
+
+
+def test_huge_lr_stops_cleanly(tmp_path):
+    r = run_script("fedavg.py", "--dataset", "synthetic", "--rounds", "3", "--lr", "1e6", "--out", tmp_path)
+    assert r.returncode == 1
+    assert "loss became" in r.stderr and "on client" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,270 @@
+"""FedACD (Zhou et al., IJCAI 2025): adaptability of local models over client distributions.
+
+Each round (Eq. 11, Appendix A.1; SPEC section 6):
+  1. the server samples round(join_ratio * N) clients and sends them the global model;
+  2. each client m estimates its probability matrix P^m with the received model, then
+     trains on L = L1 + lambda * L2 (Eq. 7-9) with input mixup, re-estimating P^m from
+     the softmax outputs of every epoch;
+  3. each client scores its trained model, V_m = sigmoid(1 / KL(P^m || Q)) (Eq. 10);
+  4. the server averages the local models with weights V_m / sum_k V_k (Eq. 11);
+     --uniform-agg gives the plain mean (FedACD_base, Table 8).
+Evaluation (--test-split global): the global model on the uniform test set (Table 1, the
+headline), on per-client test sets with each client's label proportions (Table 2), and
+the average risk of the round's local models over the client distributions (Table 3).
+
+    python fedacd.py --dataset synthetic --rounds 20        # offline quick start
+    python fedacd.py --dataset cifar100 --beta 0.1          # Table 1, CIFAR-100, 46.24
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+import common
+
+
+def parse_args(argv=None):
+    def resolve(args):
+        if args.weight_decay is None:
+            args.weight_decay = 1e-3 if args.dataset == "tinyimagenet" else 1e-5
+
+    parser = common.base_parser(
+        __doc__.splitlines()[0], num_clients=20, join_ratio=0.4, local_epochs=5, batch_size=64, lr=0.01,
+        momentum=0.9, weight_decay=None, rounds=200, beta=0.1, partition="dir", test_split="global")
+    parser.add_argument("--lam", type=float, default=1.0, help="lambda of Eq. (9): weight of L2")
+    parser.add_argument("--tau", type=float, default=1 - 1e-5, help="diagonal of the template matrix Q, Eq. (10)")
+    parser.add_argument("--missing-delta", type=float, default=0.01,
+                        help="Delta_yi for classes i the client has no samples of (Sec. 3, 'a small value')")
+    parser.add_argument("--no-mixup", dest="mixup", action="store_false", help="train without input mixup (Table 5)")
+    parser.add_argument("--uniform-agg", action="store_true", help="plain mean of the local models (FedACD_base)")
+    parser.add_argument("--score-kl", default="sum", choices=["sum", "mean"],
+                        help="KL(P^m||Q) in Eq. (10): sum over the rows (as written) or mean over the rows")
+    args = common.parse_args(parser, argv, resolve)
+    if not 0 < args.tau < 1:
+        raise common.UserError(f"--tau must be in (0, 1), got {args.tau}")
+    if args.missing_delta <= 0 or args.lam < 0:
+        raise common.UserError("--missing-delta must be > 0 and --lam >= 0")
+    return args
+
+
+# ----------------------------------------------------------------------------- local objective (Eq. 7-9)
+
+def flattening_loss(logits, y):
+    """L1, Eq. (7), per sample: KL(p || q) with p = softmax(logits), q_y = p_y and
+    q_k = (1 - p_y) / (C - 1) for k != y. q is a function of p (not detached). Computed in
+    log space: log(1 - p_y) = logsumexp of the other log-probabilities."""
+    num_classes = logits.shape[1]
+    log_p = F.log_softmax(logits, 1)
+    is_label = F.one_hot(y, num_classes).bool()
+    log_q_wrong = torch.logsumexp(log_p.masked_fill(is_label, -math.inf), 1, keepdim=True) - math.log(num_classes - 1)
+    # the k = y term is p_y log(p_y / p_y) = 0
+    return (log_p.exp() * (log_p - log_q_wrong)).masked_fill(is_label, 0).sum(1)
+
+
+def margin_deltas(P, present, missing_delta, eps=1e-8):
+    """Delta_yi = P_yi / P_iy of Eq. (8), clamped to >= eps. For a class i the client has no
+    samples of, P_iy is unknown and Delta_yi = ``missing_delta`` (Sec. 3, missing classes).
+    ``present`` is the client's (C,) boolean class mask; the diagonal is 1."""
+    delta = (P / P.T.clamp_min(eps)).clamp_min(eps)
+    delta = torch.where(present[None, :], delta, torch.full_like(delta, missing_delta))
+    return delta.fill_diagonal_(1.0)
+
+
+def adjusted_margin_loss(logits, y, delta):
+    """L2, Eq. (8), per sample: log(1 + sum_{i != y} exp(f_i - f_y + log Delta_yi)). This is
+    the cross-entropy of the logits f_i + log Delta_yi with log Delta_yy := 0, so Delta = 1
+    gives plain cross-entropy."""
+    log_delta = delta.log().fill_diagonal_(0)
+    return F.cross_entropy(logits + log_delta[y], y, reduction="none")
+
+
+def fedacd_loss(logits, y, delta, lam):
+    """L = L1 + lambda L2, Eq. (9), per sample."""
+    return flattening_loss(logits, y) + lam * adjusted_margin_loss(logits, y, delta)
+
+
+# ----------------------------------------------------------------------------- probability matrix P^m
+
+def accumulate_probabilities(sums, probs, y_a, y_b, mix):
+    """Add a batch's softmax outputs to the running P^m: row y_a gets ``mix * p``, row y_b gets
+    ``(1 - mix) * p`` (the mixup weights; y_b = y_a and mix = 1 without mixup)."""
+    sums.index_add_(0, y_a, probs, alpha=mix)
+    if mix != 1:
+        sums.index_add_(0, y_b, probs, alpha=1 - mix)
+
+
+def rows_to_matrix(sums, fallback):
+    """P^m from the accumulated outputs: P_ij = mean of p_j over the samples of class i (Sec. 3).
+    Each softmax output sums to 1, so row i of ``sums`` sums to the weight of class i. Rows
+    without weight (classes absent from the batch stream) keep ``fallback``."""
+    weights = sums.sum(1, keepdim=True)
+    return torch.where(weights > 0, sums / weights.clamp_min(1e-12), fallback)
+
+
+@torch.no_grad()
+def probability_matrix(model, x, y, idx, num_classes, batch_size=1024):
+    """P^m of ``model`` on the samples ``x[idx]``: one no-grad pass in eval mode, no mixup.
+    Rows of classes without samples are zero."""
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(num_classes, num_classes, device=x.device)
+    for start in range(0, len(idx), batch_size):
+        batch = idx[start: start + batch_size]
+        accumulate_probabilities(sums, model(x[batch]).softmax(1), y[batch], y[batch], 1.0)
+    model.train(was_training)
+    return rows_to_matrix(sums, torch.zeros_like(sums))
+
+
+# ----------------------------------------------------------------------------- aggregation (Eq. 10-11)
+
+def template_matrix(num_classes, tau, dtype=torch.float64, device=None):
+    """Q of Eq. (10): tau on the diagonal, (1 - tau) / (C - 1) elsewhere."""
+    Q = torch.full((num_classes, num_classes), (1 - tau) / (num_classes - 1), dtype=dtype, device=device)
+    return Q.fill_diagonal_(tau)
+
+
+def aggregation_score(P, present, tau, reduction="sum"):
+    """V_m = sigmoid(1 / KL(P^m || Q)), Eq. (10), with KL = sum_ij P_ij log(P_ij / Q_ij) over the
+    rows i of classes the client holds (``reduction="mean"`` divides by their number).
+    Returns (V_m, KL) as 0-dim float64 tensors."""
+    P = P.double()
+    Q = template_matrix(P.shape[0], tau, device=P.device)
+    kl_rows = (torch.xlogy(P, P) - P * Q.log()).sum(1)[present]
+    kl = kl_rows.sum() if reduction == "sum" else kl_rows.mean()
+    return torch.sigmoid(1 / kl), kl
+
+
+def aggregation_weights(scores, uniform=False):
+    """Eq. (11): V_m / sum_k V_k; ``uniform`` gives 1/K (FedACD_base, Table 8)."""
+    return torch.full_like(scores, 1 / len(scores)) if uniform else scores / scores.sum()
+
+
+# ----------------------------------------------------------------------------- client and round
+
+def local_train(model, data, idx, present, args, batch_seed, mixup_seed):
+    """Local update of Eq. (11), argmin L1 + lambda L2 from the received model, with input mixup
+    (x = mix x_a + (1 - mix) x_b, mix ~ Beta(1, 1) = U(0, 1), one per batch). P^m is estimated
+    before the first epoch with the received model, accumulated (detached, with the mixup
+    weights) during each epoch and replaced at the end of it. Returns the mean loss (0-dim)
+    and the last epoch's P^m."""
+    C, device = data.num_classes, data.x.device
+    P = probability_matrix(model, data.x, data.y, idx, C)
+    delta = margin_deltas(P, present, args.missing_delta)
+    sums = torch.zeros(C, C, device=device)
+    mixup_rng = torch.Generator().manual_seed(mixup_seed)
+    steps_per_epoch = math.ceil(len(idx) / args.batch_size)
+    optimizer = common.make_optimizer(model, args)
+    model.train()
+    total = torch.zeros((), device=device)
+    for step, batch in enumerate(common.epoch_batches(idx, args.batch_size, args.local_epochs, batch_seed)):
+        x, y_a, y_b, mix = data.x[batch], data.y[batch], data.y[batch], 1.0
+        if args.mixup:
+            mix = float(torch.rand((), generator=mixup_rng))
+            perm = torch.randperm(len(batch), generator=mixup_rng).to(device, non_blocking=True)
+            x, y_b = mix * x + (1 - mix) * x[perm], y_a[perm]
+        logits = model(x)
+        if args.mixup:  # mix * L(y_a) + (1 - mix) * L(y_b), both label sets in one call
+            per_label = fedacd_loss(logits.repeat(2, 1), torch.cat([y_a, y_b]), delta, args.lam).view(2, -1).mean(1)
+            loss = mix * per_label[0] + (1 - mix) * per_label[1]
+        else:
+            loss = fedacd_loss(logits, y_a, delta, args.lam).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        total += loss.detach()
+        accumulate_probabilities(sums, logits.detach().softmax(1), y_a, y_b, mix)
+        if (step + 1) % steps_per_epoch == 0:  # end of an epoch: the accumulated P^m replaces the old one
+            P = rows_to_matrix(sums, P)
+            delta = margin_deltas(P, present, args.missing_delta)
+            sums.zero_()
+    return total / (steps_per_epoch * args.local_epochs), P
+
+
+def per_class_errors(model, data, class_test_idx):
+    """eps(w): per-class error rates on the uniform test set (0 for a class it lacks)."""
+    correct, count, _ = common.evaluate(model, data, class_test_idx)
+    return torch.where(count > 0, 1 - correct / count.clamp_min(1), torch.zeros_like(count))
+
+
+def average_risk(errors, priors):
+    """Eq. (3): R(w_m) = 1/M sum_n eps(w_m) . pi^n, ``priors`` the (M, C) client label priors."""
+    return (priors @ errors.to(priors.dtype)).mean()
+
+
+def fedacd_round(global_model, worker, data, clients, args, round_, client_stack, present, risk=None):
+    """One FedACD round (Appendix A.1): local training and scoring on each client, then the
+    score-weighted average (Eq. 11). With ``risk = (class_test_idx, priors)`` the local models'
+    average risk (Eq. 3, Table 3) is measured as well. Returns a dict of round statistics."""
+    global_flat = common.flatten_state(global_model)
+    losses, scores, kls, risks = [], [], [], []
+    for slot, client in enumerate(clients):
+        common.load_flat_state(worker, global_flat)  # the server sends the global model
+        idx = data.train_idx[client]
+        seeds = common.client_seed(args.seed, round_, client), common.client_seed(args.seed, round_, client, tag=1)
+        loss, _ = local_train(worker, data, idx, present[client], args, *seeds)
+        losses.append(common.check_finite(loss, round_, client))
+        P = probability_matrix(worker, data.x, data.y, idx, data.num_classes)  # P^m of the trained model
+        score, kl = aggregation_score(P, present[client], args.tau, args.score_kl)
+        scores.append(score)
+        kls.append(kl)
+        if risk is not None:
+            risks.append(average_risk(per_class_errors(worker, data, risk[0]), risk[1]))
+        common.flatten_state(worker, out=client_stack[slot])
+    scores = torch.stack(scores)
+    weights = aggregation_weights(scores, args.uniform_agg)
+    common.load_flat_state(global_model, common.weighted_average(client_stack[:len(clients)], weights))
+    stats = {"train_loss": sum(losses) / len(losses), "local_kl": float(torch.stack(kls).mean()),
+             "score_min": float(scores.min()), "score_max": float(scores.max())}
+    if risks:
+        stats["local_risk"] = float(torch.stack(risks).mean())
+    return stats
+
+
+def evaluate_global(model, data):
+    """The global model on the uniform test set (Table 1: global_acc) and on the per-client
+    test sets with the clients' label proportions (Table 2: test_acc pooled, test_acc_mean)."""
+    metrics = common.accuracy_metrics(*common.evaluate(model, data, data.test_idx))
+    if data.global_test_idx is not None:
+        g = common.accuracy_metrics(*common.evaluate(model, data, [data.global_test_idx]), prefix="global")
+        metrics.update(global_acc=g["global_acc"], global_loss=g["global_loss"])
+    return metrics
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    run = common.Run("fedacd", args, headline="global_acc: global model on the uniform test set (FedACD Table 1; "
+                                              "the paper does not say best or final round)")
+    data = run.data
+    if args.mixup and not data.x.is_floating_point():
+        raise common.UserError("input mixup needs real-valued inputs; use --no-mixup for token data")
+    auto_image = "resnet18" if args.dataset == "tinyimagenet" else "simplecnn"
+    global_model = common.build_model(args.model, data, auto_image=auto_image).to(run.device)
+    state = {"global_model": global_model}
+    start = run.resume(state)
+    worker = common.build_model(args.model, data, auto_image=auto_image).to(run.device)
+    num_params = sum(v.numel() for v in common.float_state(global_model))
+    clients_per_round = max(1, round(args.join_ratio * args.num_clients))
+    client_stack = torch.empty(clients_per_round, num_params, device=run.device)
+    model_bytes = common.state_bytes(global_model)
+    counts = torch.as_tensor(data.train_counts, dtype=torch.float64, device=run.device)
+    present = counts > 0
+    priors = counts / counts.sum(1, keepdim=True)  # pi^n of Eq. (3)
+    risk_test = data.global_test_idx if data.global_test_idx is not None else torch.cat(data.test_idx)
+    class_test_idx = [risk_test[data.y[risk_test] == c] for c in range(data.num_classes)]
+    print(f"[fedacd] model {global_model.__class__.__name__}: {num_params} parameters, {model_bytes / 2**20:.2f} MB")
+
+    for round_ in range(start, args.rounds + 1):
+        clients = common.sample_clients(run.rng, args.num_clients, args.join_ratio)
+        evaluate = run.should_eval(round_)
+        stats = fedacd_round(global_model, worker, data, clients, args, round_, client_stack, present,
+                             risk=(class_test_idx, priors) if evaluate else None)
+        run.add_bytes(down=model_bytes * len(clients), up=(model_bytes + 8) * len(clients))  # + the score V_m
+        if evaluate:
+            run.log(round_, {**evaluate_global(global_model, data), **stats})
+        run.checkpoint(round_, state)
+    risks = [float(r["local_risk"]) for r in run.rows]  # Table 3: lower is better, so "best" is the minimum
+    run.finish({"local_risk": {"best": min(risks), "final": risks[-1], "last10_mean": sum(risks[-10:]) / len(risks[-10:])}})
+
+
+if __name__ == "__main__":
+    common.run_main(main)

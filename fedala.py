@@ -1,0 +1,221 @@
+"""FedALA: Adaptive Local Aggregation for personalized FL (Zhang et al., AAAI 2023).
+
+FedAvg, except that a joining client does not overwrite its old local model with the
+downloaded global model. It initialises its local model element-wise (Alg. 1, SPEC 3):
+
+  Eq. (4)  Theta_hat_i = Theta_i + (Theta - Theta_i) (.) [1 for the lower |Theta|-p layers; W_i^p]
+  Eq. (5)  W_i^p <- sigma(W_i^p - eta * dL(Theta_hat_i, D_i^s) / dW_i^p),  sigma = clip to [0, 1]
+  Eq. (7)        dL/dW_i^p = dL/dTheta_hat_i^p (.) (Theta - Theta_i)^p
+
+p counts layers (p=1: the last Linear layer, weight and bias), D_i^s is a fresh random s%
+of the client's train data each round, W_i^p starts at ones and is kept per client. ALA is
+off in round 1 (Theta^0 = Theta_i^0); a client's first ALA (round 2 with join ratio 1) trains
+W until the loss settles (Alg. 1 l. 8-11), every later one trains one epoch (l. 12-14).
+Lower layers and all buffers come from the global model (l. 15). Then local SGD and FedAvg
+aggregation of the trained local models (l. 16-18).
+
+Evaluated model: each joining client's ALA-initialised model, before local training, on the
+client's own test data; a client not joining the round is evaluated with its current local
+model (its last trained one). Headline: the best pooled test accuracy over rounds.
+
+    python fedala.py --dataset synthetic --rounds 20        # offline quick start
+    python fedala.py --dataset cifar10 --beta 0.1           # Table 2, Dir(0.1) CIFAR-10
+"""
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import common
+
+
+def parse_args(argv=None):
+    def resolve(args):  # the paper: 0.005 for the 4-layer CNN, 0.1 on MNIST and for fastText and ResNet-18
+        if args.lr is None:
+            fast = args.dataset in ("mnist", "agnews") or args.model in ("fasttext", "resnet18")
+            args.lr = 0.1 if fast else 0.005
+
+    parser = common.base_parser(__doc__.splitlines()[0], lr=None)
+    a = parser.add_argument
+    a("--eta", type=float, default=1.0, help="learning rate of the ALA weights W (Eq. 5)")
+    a("--s", type=float, default=80, help="percent of the client's train data used by ALA each round")
+    a("--p", type=int, default=1, help="ALA range: the top p layers (p=1: the last Linear layer)")
+    a("--threshold", type=float, default=0.1,
+      help="initial stage stops when the std of the last --num-pre-loss epoch losses is below this (paper: 0.01)")
+    a("--num-pre-loss", type=int, default=10, help="epoch losses looked at by the initial-stage rule")
+    a("--max-init-epochs", type=int, default=100, help="hard cap on the initial stage's weight-learning epochs")
+    a("--no-ala", action="store_true", help="overwrite with the global model (FedAvg with personal copies)")
+    args = common.parse_args(parser, argv, resolve)
+    checks = [(args.eta > 0, f"--eta must be > 0, got {args.eta}"),
+              (0 < args.s <= 100, f"--s is a percent in (0, 100], got {args.s}"),
+              (args.p >= 1, f"--p must be >= 1, got {args.p}"),
+              (args.threshold >= 0, f"--threshold must be >= 0, got {args.threshold}"),
+              (args.num_pre_loss >= 2, f"--num-pre-loss must be >= 2, got {args.num_pre_loss}"),
+              (args.max_init_epochs >= 1, f"--max-init-epochs must be >= 1, got {args.max_init_epochs}")]
+    for ok, message in checks:
+        if not ok:
+            raise common.UserError(message)
+    return args
+
+
+class ALA:
+    """Adaptive Local Aggregation for ``num_clients`` clients of the architecture ``model``.
+
+    Holds each client's element-wise weights W_i^p (one flat row per client, ones at the
+    start, Alg. 1 l. 2) and whether the client is still in its initial stage. ``initialise``
+    works on plain nn.Modules: it learns W_i^p with the global and local models frozen and
+    writes Theta_hat_i (Eq. 4) into the local model in place.
+    """
+
+    def __init__(self, model, num_clients, p=1, eta=1.0, s=80, batch_size=10, threshold=0.1, num_pre_loss=10,
+                 max_init_epochs=100):
+        layers = common.layers(model)
+        if not 1 <= p <= len(layers):
+            raise common.UserError(f"--p {p} is outside 1..{len(layers)}, the layers of {model.__class__.__name__}")
+        self.top = [f"{name}.{k}" if name else k for name, m in layers[-p:] for k, _ in m.named_parameters(recurse=False)]
+        self.shapes = [model.get_parameter(k).shape for k in self.top]
+        self.sizes = [shape.numel() for shape in self.shapes]
+        self.eta, self.s, self.batch_size = eta, s, batch_size
+        self.threshold, self.num_pre_loss, self.max_init_epochs = threshold, num_pre_loss, max_init_epochs
+        self.weights = torch.ones(num_clients, sum(self.sizes), device=next(model.parameters()).device)
+        self.start_phase = [True] * num_clients
+        self.init_losses = [[] for _ in range(num_clients)]  # epoch losses of each client's initial stage
+
+    def num_weights(self):
+        return self.weights.shape[1]
+
+    def client_weights(self, client):
+        """W_i^p as tensors shaped like the top-p parameters (views: in-place updates persist)."""
+        return [w.view(shape) for w, shape in zip(self.weights[client].split(self.sizes), self.shapes)]
+
+    def subset(self, n, generator):
+        """Alg. 1 l. 7: a random s% of the client's n train samples (at least one)."""
+        return torch.randperm(n, generator=generator)[:max(1, round(self.s / 100 * n))]
+
+    def initialise(self, client, global_model, local_model, x, y, generator):
+        """Alg. 1 l. 7-15 on one client: train W_i^p by Eq. (5)/(7) on a random s% of (x, y),
+        clip it, and leave Theta_hat_i (Eq. 4) in ``local_model``, which holds the client's old
+        local model Theta_i on entry. ``generator`` (CPU) draws the subset and the batch order.
+        ``global_model`` is not changed. Returns the number of weight-learning epochs."""
+        glob = global_model.state_dict()
+        params = dict(local_model.named_parameters())
+        top = [params[k] for k in self.top]
+        old = [p.detach().clone() for p in top]  # Theta_i^p, the old local top layers
+        update = [glob[k] - o for k, o in zip(self.top, old)]  # (Theta - Theta_i)^p, the "update" of Eq. (3)
+        weights = self.client_weights(client)
+        with torch.no_grad():
+            local_model.load_state_dict(glob)  # lower layers and buffers from the global model (l. 15)
+            for p, o, u, w in zip(top, old, update, weights):
+                p.copy_(torch.addcmul(o, u, w))  # Eq. (4): Theta_i + (Theta - Theta_i) (.) W
+        lower = [p for k, p in params.items() if k not in self.top and p.requires_grad]
+        for p in lower:  # only W is trained (gradients stop at the top p layers)
+            p.requires_grad_(False)
+        subset = self.subset(len(y), generator)
+        local_model.train()
+        epochs = 0
+        while True:
+            order = subset[torch.randperm(len(subset), generator=generator)].to(y.device)
+            total, steps = torch.zeros((), device=y.device), 0
+            for start in range(0, len(order), self.batch_size):
+                batch = order[start: start + self.batch_size]
+                loss = F.cross_entropy(local_model(x[batch]), y[batch])
+                grads = torch.autograd.grad(loss, top)  # dL / dTheta_hat^p
+                with torch.no_grad():
+                    for p, o, u, w, g in zip(top, old, update, weights, grads):
+                        w.addcmul_(g, u, value=-self.eta).clamp_(0, 1)  # Eq. (7), then sigma (l. 10-11, 13-14)
+                        p.copy_(torch.addcmul(o, u, w))  # Eq. (4) with the new W
+                total, steps = total + loss.detach(), steps + 1
+            epochs += 1
+            if not self.start_phase[client]:
+                break  # Alg. 1 l. 12-14: one epoch after the initial stage
+            losses = self.init_losses[client]
+            losses.append(float(total) / steps)  # mean batch loss of the epoch: one host sync per epoch
+            settled = len(losses) >= self.num_pre_loss and np.std(losses[-self.num_pre_loss:]) < self.threshold
+            if settled or epochs >= self.max_init_epochs:  # Alg. 1 l. 9: "while W does not converge"
+                self.start_phase[client] = False
+                break
+        for p in lower:
+            p.requires_grad_(True)
+        with torch.no_grad():  # train-mode BatchNorm moved the running statistics: back to the global ones
+            for k, b in local_model.named_buffers():
+                b.copy_(glob[k])
+        return epochs
+
+    def state_dict(self):
+        return {"weights": self.weights, "start_phase": list(self.start_phase),
+                "init_losses": [list(l) for l in self.init_losses]}
+
+    def load_state_dict(self, state):
+        self.weights.copy_(state["weights"])
+        self.start_phase = list(state["start_phase"])
+        self.init_losses = [list(l) for l in state["init_losses"]]
+
+
+def fedala_round(global_model, worker, local_models, ala, data, clients, args, round_, evaluate=False):
+    """One round of Alg. 1 (l. 4-18). ``local_models`` holds every client's local model as a flat row
+    (updated in place); ``worker`` is one reusable model. Returns the mean training loss, the mean
+    number of ALA epochs of the joining clients and, if ``evaluate``, per-client test results
+    (correct, count, summed loss) of the evaluated models (see the module docstring)."""
+    global_flat = common.flatten_state(global_model)
+    results = [None] * data.num_clients
+    losses, ala_epochs = [], []
+    for client in clients:
+        idx = data.train_idx[client]
+        if round_ == 1 or args.no_ala:  # ALA is off in round 1: Theta^0 = Theta_i^0 (l. 8, 12)
+            common.load_flat_state(worker, global_flat)
+            ala_epochs.append(0)
+        else:
+            common.load_flat_state(worker, local_models[client])  # old local model Theta_i^{t-1}
+            generator = torch.Generator().manual_seed(common.client_seed(args.seed, round_, client, tag=1))
+            ala_epochs.append(ala.initialise(client, global_model, worker, data.x[idx], data.y[idx], generator))
+        if evaluate:
+            results[client] = common.evaluate(worker, data, [data.test_idx[client]])
+        loss = common.local_train(worker, data, idx, args, common.client_seed(args.seed, round_, client))  # l. 16
+        losses.append(common.check_finite(loss, round_, client))
+        common.flatten_state(worker, out=local_models[client])
+    sizes = [len(data.train_idx[c]) for c in clients]
+    common.load_flat_state(global_model, common.weighted_average(local_models[clients], sizes))  # l. 18
+    if evaluate:
+        for client in sorted(set(range(data.num_clients)) - set(clients)):
+            common.load_flat_state(worker, local_models[client])
+            results[client] = common.evaluate(worker, data, [data.test_idx[client]])
+        results = tuple(torch.cat([r[i] for r in results]) for i in range(3))
+    return sum(losses) / len(losses), sum(ala_epochs) / len(ala_epochs), results
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    run = common.Run("fedala", args, headline="best test_acc (FedALA Table 2: best accuracy of the local models)")
+    data = run.data
+    global_model = common.build_model(args.model, data, auto_image="cnn").to(run.device)
+    worker = common.build_model(args.model, data, auto_image="cnn").to(run.device)
+    ala = ALA(global_model, args.num_clients, p=args.p, eta=args.eta, s=args.s, batch_size=args.batch_size,
+              threshold=args.threshold, num_pre_loss=args.num_pre_loss, max_init_epochs=args.max_init_epochs)
+    local_models = common.flatten_state(global_model).repeat(args.num_clients, 1)  # Alg. 1 l. 1
+    state = {"global_model": global_model, "local_models": local_models, "ala": ala}
+    start = run.resume(state)
+    local_models = state["local_models"]
+    model_bytes = common.state_bytes(global_model)
+    print(f"[fedala] model {global_model.__class__.__name__}: {local_models.shape[1]} parameters; ALA on the top "
+          f"p={args.p} layer(s) ({', '.join(ala.top)}): {ala.num_weights()} learnable weights per client"
+          f"{' (off: --no-ala)' if args.no_ala else ''}")
+
+    for round_ in range(start, args.rounds + 1):
+        clients = common.sample_clients(run.rng, args.num_clients, args.join_ratio)
+        evaluate = run.should_eval(round_)
+        in_initial_stage = [c for c in clients if ala.start_phase[c]]
+        train_loss, ala_epochs, results = fedala_round(global_model, worker, local_models, ala, data, clients, args,
+                                                       round_, evaluate)
+        done = [c for c in in_initial_stage if not ala.start_phase[c]]
+        if done:
+            print(f"[fedala] round {round_}: initial stage (Alg. 1 l. 8-11) done on {len(done)} client(s) after "
+                  f"{[len(ala.init_losses[c]) for c in done]} weight-learning epochs")
+        run.add_bytes(down=model_bytes * len(clients), up=model_bytes * len(clients))
+        if evaluate:
+            run.log(round_, {**common.accuracy_metrics(*results), "train_loss": train_loss, "ala_epochs": ala_epochs})
+        run.checkpoint(round_, state)
+    run.finish({"ala_weights_per_client": ala.num_weights(),
+                "initial_stage_epochs": [len(losses) for losses in ala.init_losses]})
+
+
+if __name__ == "__main__":
+    common.run_main(main)

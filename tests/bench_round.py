@@ -1,0 +1,227 @@
+"""Round-time benchmark (run by hand; pytest does not collect it).
+
+    python tests/bench_round.py                  # every algorithm, CIFAR-10-shaped data, ~6 min on 2 CPU cores
+    python tests/bench_round.py --only fedavg fedala --samples 60000   # the full CIFAR-10 size
+    python tests/bench_round.py --scale          # 1000 clients at join ratio 0.1: memory over rounds
+
+For each algorithm at its paper's shape it runs the real script on CIFAR-10-shaped random
+data (uint8 3x32x32, 10 classes, written once as an .npz) and reads seconds per round,
+peak host memory and peak device memory from the run folder. In the same run it times the
+same round done the straightforward way: per client a deep copy of the global model and
+a torch Dataset + DataLoader over that client's host arrays, then a key-by-key average
+of the state dicts and a DataLoader evaluation. That baseline covers local training,
+FedAvg aggregation and evaluation; the algorithm-specific server work (ALA, the
+hypernetworks, FedPake's clustering, FedACD's scores) is only in our column, so for
+those rows the ratio understates our advantage. Timed rounds skip the first two
+(warm-up and FedALA's initial ALA stage).
+"""
+import argparse
+import copy
+import csv
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import common  # noqa: E402
+
+# algorithm -> (script, flags of the paper's shape, share of the samples it gets)
+SETTINGS = {
+    "fedavg": ("fedavg.py", ["--model", "cnn", "--num-clients", "20", "--batch-size", "10", "--local-epochs", "1"], 1.0),
+    "fedala": ("fedala.py", ["--model", "cnn", "--num-clients", "20", "--batch-size", "10", "--local-epochs", "1"], 1.0),
+    "pfedla": ("pfedla.py", ["--model", "lenet", "--num-clients", "10", "--batch-size", "32", "--local-epochs", "10",
+                             "--partition", "pfedla1"], 1.0),
+    "fedacd": ("fedacd.py", ["--model", "simplecnn", "--num-clients", "20", "--join-ratio", "0.4", "--batch-size", "64",
+                             "--local-epochs", "5", "--momentum", "0.9", "--weight-decay", "1e-5"], 1.0),
+    "fedavg-resnet18": ("fedavg.py", ["--model", "resnet18", "--num-clients", "20", "--batch-size", "10",
+                                      "--local-epochs", "1"], 1 / 3),
+    "fedpake": ("fedpake.py", ["--model", "resnet18", "--num-clients", "20", "--batch-size", "10",
+                               "--local-epochs", "1"], 1 / 3),
+}
+
+
+def make_cifar_shaped(path, samples, seed=0):
+    """Random CIFAR-10-shaped data; labels are learnable from a class-dependent mean."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 10, samples)
+    base = rng.integers(0, 256, (10, 3, 32, 32))
+    x = np.clip(base[y] * 0.5 + rng.integers(0, 128, (samples, 3, 32, 32)), 0, 255).astype(np.uint8)
+    np.savez(path, x=x, y=y)
+
+
+def flag(flags, name, default):
+    return type(default)(flags[flags.index(name) + 1]) if name in flags else default
+
+
+def run_ours(script, flags, npz, rounds, device, out):
+    cmd = [sys.executable, os.path.join(ROOT, script), "--dataset", npz, "--rounds", str(rounds), "--eval-every", "1",
+           "--checkpoint-every", str(10 ** 6), "--device", device, "--out", out, *flags]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{script} failed: {r.stderr.strip()[-500:]}")
+    (name,) = os.listdir(out)
+    folder = os.path.join(out, name)
+    with open(os.path.join(folder, "metrics.csv")) as f:
+        rows = list(csv.DictReader(f))
+    summary = json.load(open(os.path.join(folder, "summary.json")))
+    return rows, summary
+
+
+def naive(flags, npz, rounds, device):
+    """The straightforward round: deep copies, per-client DataLoaders, state-dict averaging."""
+    parser = common.base_parser("bench")
+    args = common.parse_args(parser, ["--dataset", npz, "--device", device, *flags])
+    device = common.resolve_device(device)
+    torch.manual_seed(0)
+    data = common.load_federated_data(args, torch.device("cpu"))  # same partition, host arrays
+    x, y = data.x.numpy(), data.y.numpy()
+    global_model = common.build_model(args.model, data).to(device)
+    rng = np.random.default_rng(0)
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
+        states, sizes = [], []
+        for c in clients:
+            model = copy.deepcopy(global_model)
+            idx = data.train_idx[c].numpy()
+            loader = DataLoader(TensorDataset(torch.tensor(x[idx]), torch.tensor(y[idx])),
+                                batch_size=args.batch_size, shuffle=True)
+            opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
+                                  weight_decay=args.weight_decay)
+            model.train()
+            for _ in range(args.local_epochs):
+                for xb, yb in loader:
+                    xb, yb = xb.to(device), yb.to(device)
+                    loss = F.cross_entropy(model(xb), yb)
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+            states.append(copy.deepcopy(model.state_dict()))
+            sizes.append(len(idx))
+        avg = {}
+        for key, value in states[0].items():
+            if value.is_floating_point():
+                avg[key] = sum(s[key] * n for s, n in zip(states, sizes)) / sum(sizes)
+            else:
+                avg[key] = value
+        global_model.load_state_dict(avg)
+        global_model.eval()
+        correct = total = 0
+        with torch.no_grad():
+            for c in range(args.num_clients):
+                idx = data.test_idx[c].numpy()
+                for xb, yb in DataLoader(TensorDataset(torch.tensor(x[idx]), torch.tensor(y[idx])),
+                                         batch_size=args.batch_size):
+                    xb, yb = xb.to(device), yb.to(device)
+                    correct += (global_model(xb).argmax(1) == yb).sum().item()
+                    total += len(yb)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    train_samples = sum(len(i) for i in data.train_idx) * args.join_ratio * args.local_epochs
+    return times, train_samples
+
+
+def device_name(device):
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        return torch.cuda.get_device_name(0)
+    return f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", nargs="*", default=list(SETTINGS), choices=list(SETTINGS))
+    p.add_argument("--samples", type=int, default=6000, help="CIFAR-shaped samples in all (CIFAR-10 has 60000)")
+    p.add_argument("--rounds", type=int, default=4, help="rounds per run; the first two are not timed")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--no-naive", action="store_true")
+    p.add_argument("--scale", action="store_true", help="1000 clients at join ratio 0.1 instead")
+    p.add_argument("--naive-child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.naive_child:  # internal: the straightforward round in its own process, for a clean memory peak
+        npz, rounds, device, *flags = a.naive_child
+        times, samples = naive(flags, npz, int(rounds), device)
+        print(json.dumps({"times": times, "samples": samples,
+                          "peak_host_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+        return
+    work = tempfile.mkdtemp(prefix="bench-")
+    print(f"device: {device_name(a.device)}")
+    if a.scale:
+        return scale(a, work)
+    header = f"{'algorithm':16s} {'clients/round':>13s} {'s/round':>9s} {'samples/s':>10s} {'peak host MB':>12s} " \
+             f"{'peak dev MB':>11s} {'naive s/round':>13s} {'naive host MB':>13s} {'speed-up':>8s}"
+    print(header)
+    results = {}
+    for name in a.only:
+        script, flags, share = SETTINGS[name]
+        npz = os.path.join(work, f"cifar_{int(a.samples * share)}.npz")
+        if not os.path.exists(npz):
+            make_cifar_shaped(npz, int(a.samples * share))
+        if not os.path.exists(os.path.join(ROOT, script)):
+            print(f"{name:16s} ({script} not found)")
+            continue
+        out = tempfile.mkdtemp(dir=work)
+        rows, summary = run_ours(script, flags, npz, a.rounds, a.device, out)
+        timed = [float(r["sec_per_round"]) for r in rows[2:]] or [float(rows[-1]["sec_per_round"])]
+        ours = float(np.median(timed))
+        clients = max(1, round(flag(flags, "--join-ratio", 1.0) * flag(flags, "--num-clients", 20)))
+        epochs = flag(flags, "--local-epochs", 1)
+        train = sum(json.load(open(os.path.join(out, os.listdir(out)[0], "partition.json")))["train_sizes"])
+        samples = train * clients / flag(flags, "--num-clients", 20) * epochs
+        dev = summary.get("peak_device_mb")
+        line = f"{name:16s} {clients:13d} {ours:9.3f} {samples / ours:10.0f} {summary['peak_host_mb']:12.0f} " \
+               f"{(f'{dev:.0f}' if dev else '-'):>11s}"
+        results[name] = {"sec_per_round": ours, "rows": rows}
+        if not a.no_naive:
+            r = subprocess.run([sys.executable, __file__, "--naive-child", npz, str(a.rounds), a.device, *flags],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                raise RuntimeError(r.stderr[-500:])
+            child = json.loads(r.stdout.strip().splitlines()[-1])
+            slow = float(np.median(child["times"][2:] or child["times"]))
+            line += f" {slow:13.3f} {child['peak_host_mb']:13.0f} {slow / ours:7.1f}x"
+        print(line, flush=True)
+    if "fedala" in results and "fedavg" in results:
+        print(f"FedALA / FedAvg round time after the initial stage: "
+              f"{results['fedala']['sec_per_round'] / results['fedavg']['sec_per_round']:.2f}x (paper: 1.21x)")
+    if "fedpake" in results and "fedavg-resnet18" in results:
+        agg_cols = [k for k in results["fedpake"]["rows"][0] if "agg" in k and "sec" in k]
+        if agg_cols:
+            agg = float(np.median([float(r[agg_cols[0]]) for r in results["fedpake"]["rows"][2:]]))
+            base = results["fedavg-resnet18"]["sec_per_round"]
+            print(f"FedPake aggregation with ResNet-18: {agg:.3f} s = {100 * agg / base:.1f}% of FedAvg's "
+                  f"{base:.3f} s round (paper: 0.248 vs 0.246 min per round)")
+
+
+def scale(a, work):
+    """1000 clients, join ratio 0.1, CIFAR-shaped: per-round time and memory after each round."""
+    npz = os.path.join(work, "cifar_scale.npz")
+    make_cifar_shaped(npz, a.samples)
+    print(f"{'algorithm':10s} {'rounds':>6s} {'s/round':>8s} {'host MB after round 1 .. last':>40s} {'peak host MB':>12s}")
+    for name in [n for n in ("fedavg", "fedala", "fedpake") if n in a.only or a.only == list(SETTINGS)]:
+        script = SETTINGS[name][0]
+        out = tempfile.mkdtemp(dir=work)
+        flags = ["--model", "cnn", "--num-clients", "1000", "--join-ratio", "0.1", "--partition", "pat",
+                 "--batch-size", "10"]
+        rows, summary = run_ours(script, flags, npz, a.rounds, a.device, out)
+        mem = [float(r["host_mb"]) for r in rows]
+        dev = [r.get("device_mb") for r in rows]
+        sec = float(np.median([float(r["sec_per_round"]) for r in rows[1:]]))
+        print(f"{name:10s} {len(rows):6d} {sec:8.3f} {' '.join(f'{m:.0f}' for m in mem):>40s} "
+              f"{summary['peak_host_mb']:12.0f}" + (f"  device MB per round: {dev}" if dev[0] else ""), flush=True)
+
+
+if __name__ == "__main__":
+    main()

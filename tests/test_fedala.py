@@ -1,0 +1,354 @@
+"""FedALA: Eq. (4) initialisation, Eq. (5)/(7) weight learning, the range p, Alg. 1's stages,
+the subset, personalisation against FedAvg, and the command line (quick start, resume)."""
+import copy
+import csv
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.func import functional_call
+
+import common
+import fedala
+import fedavg
+from conftest import run_dir, run_script
+
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # 2 shared cores: torch's thread pool slows tiny models down many-fold
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def bn_model():
+    """Layers (SPEC 1.5): 0 Linear, 1 BatchNorm1d (running statistics are buffers), 3 Linear."""
+    return nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3))
+
+
+def global_and_local(seed=0):
+    """Two different models of the same architecture, with different BatchNorm buffers."""
+    torch.manual_seed(seed)
+    global_model, local_model = bn_model(), bn_model()
+    for model, value in ((global_model, 0.5), (local_model, -0.7)):
+        model[1].running_mean.fill_(value)
+        model[1].running_var.fill_(1 + value ** 2)
+        model[1].num_batches_tracked.fill_(int(10 * abs(value)))
+        with torch.no_grad():
+            model[1].weight.normal_()
+    return global_model, local_model
+
+
+def tiny_xy(n=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 4, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def states(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+# ----------------------------------------------------------------------------- Eq. (4)
+
+@pytest.mark.parametrize("w", [1.0, 0.0, 0.3])
+def test_eq4_initialisation_top_layer_mixes_lower_layers_and_buffers_are_global(w):
+    global_model, local_model = global_and_local()
+    glob, old = states(global_model), states(local_model)
+    ala = fedala.ALA(global_model, num_clients=1, p=1, eta=0.0, s=100, batch_size=4)  # eta=0: W stays as set
+    ala.weights.fill_(w)
+    ala.start_phase[0] = False
+    x, y = tiny_xy()
+    ala.initialise(0, global_model, local_model, x, y, torch.Generator().manual_seed(0))
+    new = local_model.state_dict()
+    for key in ("3.weight", "3.bias"):  # Theta_hat = Theta_i + (Theta - Theta_i) * W
+        torch.testing.assert_close(new[key], old[key] + (glob[key] - old[key]) * w, rtol=0, atol=1e-6)
+    if w == 1.0:
+        assert torch.allclose(new["3.weight"], glob["3.weight"], atol=1e-6)
+    if w == 0.0:
+        assert torch.equal(new["3.weight"], old["3.weight"]) and torch.equal(new["3.bias"], old["3.bias"])
+    for key in glob:  # lower layers and every buffer (BN statistics, num_batches_tracked): the global model's
+        if not key.startswith("3."):
+            assert torch.equal(new[key], glob[key]), key
+    assert all(torch.equal(v, glob[k]) for k, v in global_model.state_dict().items())  # global model untouched
+    assert all(p.requires_grad for p in local_model.parameters())  # frozen only during ALA
+
+
+# ----------------------------------------------------------------------------- Eq. (5)/(7)
+
+def test_one_ala_step_is_clipped_eq7_and_matches_autograd_through_w():
+    global_model, local_model = global_and_local(1)
+    glob, old = states(global_model), states(local_model)
+    x, y = tiny_xy(n=8, seed=1)
+    eta, top = 30.0, ["3.weight", "3.bias"]
+    ala = fedala.ALA(global_model, num_clients=2, p=1, eta=eta, s=100, batch_size=8)  # one batch = one step
+    torch.manual_seed(2)
+    ala.weights[1] = torch.rand(ala.num_weights())
+    w0 = [w.clone() for w in ala.client_weights(1)]
+    ala.start_phase[1] = False
+    ala.initialise(1, global_model, local_model, x, y, torch.Generator().manual_seed(0))
+
+    # independently: autograd of L(Theta_hat(W)) w.r.t. W itself, train-mode BN with the global buffers
+    w_leaf = [w.clone().requires_grad_() for w in w0]
+    params = {k: v.clone() for k, v in glob.items()}
+    params.update({k: old[k] + (glob[k] - old[k]) * w for k, w in zip(top, w_leaf)})
+    reference = copy.deepcopy(global_model).train()
+    loss = F.cross_entropy(functional_call(reference, params, (x,)), y)
+    grads = torch.autograd.grad(loss, w_leaf)
+    expected = [(w - eta * g).clamp(0, 1) for w, g in zip(w0, grads)]
+    for got, want in zip(ala.client_weights(1), expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    raw = torch.cat([(w - eta * g).flatten() for w, g in zip(w0, grads)])
+    assert (raw < 0).any() and (raw > 1).any() and ((raw > 0) & (raw < 1)).any()  # both clips and no clip hit
+    assert torch.equal(ala.weights[0], torch.ones(ala.num_weights()))  # other clients' W untouched
+    # Eq. (7) by hand: the same step as -eta * dL/dTheta_hat (.) (Theta - Theta_i)
+    theta_hat = {k: (old[k] + (glob[k] - old[k]) * w).requires_grad_() for k, w in zip(top, w0)}
+    loss = F.cross_entropy(functional_call(reference, {**{k: v.clone() for k, v in glob.items()}, **theta_hat}, (x,)), y)
+    g_hat = torch.autograd.grad(loss, list(theta_hat.values()))
+    for got, w, g, k in zip(ala.client_weights(1), w0, g_hat, top):
+        torch.testing.assert_close(got, (w - eta * g * (glob[k] - old[k])).clamp(0, 1), rtol=1e-5, atol=1e-6)
+    # global and local models were frozen: the result is Eq. (4) of the ORIGINAL Theta_i and Theta with the new W
+    assert all(torch.equal(v, glob[k]) for k, v in global_model.state_dict().items())
+    for k, w in zip(top, ala.client_weights(1)):
+        torch.testing.assert_close(local_model.state_dict()[k], old[k] + (glob[k] - old[k]) * w, rtol=0, atol=1e-6)
+    assert torch.equal(local_model[0].weight, global_model[0].weight)
+
+
+# ----------------------------------------------------------------------------- the range p (Table 5, 6)
+
+def test_p_counts_layers_and_cnn_weight_counts_match_table6():
+    cnn = common.CNN(1, 10, 28)
+    expected = {1: 5130, 2: 529930, 3: 581194, 4: 582026}  # FedALA Table 6, four-layer CNN
+    names = ["fc.weight", "fc.bias", "fc1.weight", "fc1.bias", "conv2.weight", "conv2.bias", "conv1.weight",
+             "conv1.bias"]
+    for p, count in expected.items():
+        ala = fedala.ALA(cnn, num_clients=2, p=p)
+        assert ala.num_weights() == count
+        assert sorted(ala.top) == sorted(names[:2 * p])
+    with pytest.raises(common.UserError, match="--p 5"):
+        fedala.ALA(cnn, num_clients=1, p=5)
+    fasttext = common.FastText(50, 4)  # Table 6, fastText: p=1 132, p=2 1188
+    assert [fedala.ALA(fasttext, 1, p=p).num_weights() for p in (1, 2)] == [132, 1188]
+
+
+@pytest.mark.parametrize("p,touched", [(1, {"3"}), (2, {"3", "1"}), (3, {"3", "1", "0"})])
+def test_p_touches_only_the_top_p_layers(p, touched):
+    global_model, local_model = global_and_local(3)
+    glob, old = states(global_model), states(local_model)
+    ala = fedala.ALA(global_model, num_clients=1, p=p, eta=0.0, s=100, batch_size=4)
+    ala.weights.zero_()  # W = 0: top layers keep the local model, all else is overwritten
+    ala.start_phase[0] = False
+    x, y = tiny_xy()
+    ala.initialise(0, global_model, local_model, x, y, torch.Generator().manual_seed(0))
+    for key, value in local_model.state_dict().items():
+        layer, name = key.split(".")
+        is_param = name in ("weight", "bias")
+        source = old if layer in touched and is_param else glob  # buffers always global
+        assert torch.equal(value, source[key]), key
+
+
+# ----------------------------------------------------------------------------- Alg. 1 stages and the subset
+
+def tiny_fed_data(num_clients=3, n_train=30, n_test=10, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n = num_clients * (n_train + n_test)
+    x, y = torch.randn(n, 60, generator=g), torch.randint(0, 10, (n,), generator=g)
+    y[:num_clients * n_train] = torch.arange(num_clients).repeat_interleave(n_train) * 3  # skewed labels
+    starts = range(0, num_clients * n_train, n_train)
+    train = [torch.arange(s, s + n_train) for s in starts]
+    test = [torch.arange(num_clients * n_train + i * n_test, num_clients * n_train + (i + 1) * n_test)
+            for i in range(num_clients)]
+    return common.FedData(x=x, y=y, num_classes=10, train_idx=train, test_idx=test)
+
+
+def fedala_args(*flags):
+    return fedala.parse_args(["--dataset", "synthetic", "--batch-size", "10", "--lr", "0.05", *map(str, flags)])
+
+
+def setup(data, args):
+    torch.manual_seed(0)
+    global_model, worker = common.MLP(60, 10), common.MLP(60, 10)
+    ala = fedala.ALA(global_model, data.num_clients, p=args.p, eta=args.eta, s=args.s, batch_size=args.batch_size,
+                     threshold=args.threshold, num_pre_loss=args.num_pre_loss, max_init_epochs=args.max_init_epochs)
+    local_models = common.flatten_state(global_model).repeat(data.num_clients, 1)
+    return global_model, worker, ala, local_models
+
+
+@pytest.mark.parametrize("threshold,stop", [(1e9, "rule"), (0.0, "cap"), (0.02, "rule")])
+def test_round1_skips_ala_round2_trains_to_convergence_then_one_epoch(threshold, stop):
+    data = tiny_fed_data()
+    args = fedala_args("--threshold", threshold, "--num-pre-loss", 3, "--max-init-epochs", 12, "--eta", 5)
+    global_model, worker, ala, local_models = setup(data, args)
+    clients = [0, 1, 2]
+    _, epochs, _ = fedala.fedala_round(global_model, worker, local_models, ala, data, clients, args, 1)
+    assert epochs == 0 and ala.start_phase == [True] * 3 and torch.equal(ala.weights, torch.ones_like(ala.weights))
+    _, epochs, _ = fedala.fedala_round(global_model, worker, local_models, ala, data, clients, args, 2)
+    assert ala.start_phase == [False] * 3
+    for losses in ala.init_losses:
+        settled = [np.std(losses[e - 3:e]) < threshold for e in range(3, len(losses) + 1)]
+        if stop == "cap":
+            assert len(losses) == 12 and not any(settled)
+        else:  # stops at the first epoch where the std of the last 3 epoch losses is below the threshold
+            assert settled[-1] and not any(settled[:-1]) and len(losses) < 12
+    if threshold == 1e9:
+        assert [len(l) for l in ala.init_losses] == [3, 3, 3]
+    assert epochs == np.mean([len(l) for l in ala.init_losses])
+    w2 = ala.weights.clone()
+    assert not torch.equal(w2, torch.ones_like(w2)) and not torch.equal(w2[0], w2[1])  # learned, per client
+    _, epochs, _ = fedala.fedala_round(global_model, worker, local_models, ala, data, [0, 2], args, 3)
+    assert epochs == 1.0
+    assert torch.equal(ala.weights[1], w2[1]) and not torch.equal(ala.weights[0], w2[0])  # client 1 did not join
+
+
+def test_w_persists_across_rounds():
+    """Round 3's ALA starts from the W learned in round 2, not from ones."""
+    data = tiny_fed_data()
+    args = fedala_args("--num-pre-loss", 3, "--eta", 5)
+    global_model, worker, ala, local_models = setup(data, args)
+    for round_ in (1, 2):
+        fedala.fedala_round(global_model, worker, local_models, ala, data, [0, 1, 2], args, round_)
+    w2, state = ala.weights.clone(), (copy.deepcopy(global_model), local_models.clone())
+    fedala.fedala_round(global_model, worker, local_models, ala, data, [0], args, 3)
+    fresh = copy.deepcopy(ala)
+    fresh.weights.copy_(w2)
+    for start, expect_equal in ((w2[0], True), (torch.ones_like(w2[0]), False)):
+        fresh.weights[0] = start
+        common.load_flat_state(worker, state[1][0])
+        generator = torch.Generator().manual_seed(common.client_seed(args.seed, 3, 0, tag=1))
+        fresh.initialise(0, state[0], worker, data.x[data.train_idx[0]], data.y[data.train_idx[0]], generator)
+        assert torch.equal(fresh.weights[0], ala.weights[0]) == expect_equal
+
+
+def test_subset_size_and_determinism():
+    ala = fedala.ALA(common.MLP(60, 10), num_clients=1, s=80)
+    seeds = [common.client_seed(0, r, 4, tag=1) for r in (2, 3)]
+    a, b = (ala.subset(37, torch.Generator().manual_seed(s)) for s in seeds)
+    assert len(a) == len(b) == round(0.8 * 37) == 30
+    assert len(set(a.tolist())) == 30 and 0 <= a.min() and a.max() < 37
+    assert not torch.equal(a, b)  # a fresh subset each round
+    assert torch.equal(a, ala.subset(37, torch.Generator().manual_seed(seeds[0])))  # same seed, same subset
+    assert len(fedala.ALA(common.MLP(60, 10), num_clients=1, s=5).subset(7, torch.Generator())) == 1  # at least one
+
+
+def test_ala_trains_on_exactly_its_subset():
+    global_model, local_model = common.MLP(4, 3), common.MLP(4, 3)
+    x = torch.arange(25, dtype=torch.float32)[:, None].repeat(1, 4)  # row i holds the value i
+    y = torch.zeros(25, dtype=torch.long)
+    seen = []
+    local_model.fc1.register_forward_hook(lambda m, inp, out: seen.extend(inp[0][:, 0].long().tolist()))
+    ala = fedala.ALA(global_model, num_clients=1, s=60, batch_size=4)
+    ala.start_phase[0] = False
+    ala.initialise(0, global_model, local_model, x, y, torch.Generator().manual_seed(7))
+    subset = ala.subset(25, torch.Generator().manual_seed(7))
+    assert len(seen) == 15 and sorted(seen) == sorted(subset.tolist())
+
+
+# ----------------------------------------------------------------------------- FedAvg relations
+
+def test_no_ala_is_fedavg_evaluated_before_training():
+    """--no-ala with join ratio 1: the model evaluated in round t+1 is FedAvg's global model after round t."""
+    args = fedala_args("--num-clients", 4, "--no-ala")
+    data = common.load_federated_data(args, torch.device("cpu"))
+    global_model, worker, ala, local_models = setup(data, args)
+    avg_model = copy.deepcopy(global_model)
+    stack = torch.empty(4, local_models.shape[1])
+    clients = [0, 1, 2, 3]
+    for round_ in (1, 2, 3):
+        fedavg.fedavg_round(avg_model, copy.deepcopy(avg_model), data, clients, args, round_, stack)
+        fedala.fedala_round(global_model, worker, local_models, ala, data, clients, args, round_)
+        _, _, results = fedala.fedala_round(copy.deepcopy(global_model), worker, local_models.clone(), ala, data,
+                                            clients, args, round_ + 1, evaluate=True)
+        expected = common.evaluate(avg_model, data, data.test_idx)
+        for got, want in zip(results, expected):
+            torch.testing.assert_close(got, want)
+        assert torch.equal(common.flatten_state(global_model), common.flatten_state(avg_model))
+
+
+def test_personalised_accuracy_beats_fedavg_on_label_skew():
+    """Synthetic data is label-skewed per client. Measured with 8 clients, 20 rounds, seed 0, lr 0.005:
+    FedALA (ALA-initialised models) 93.2% client mean / 94.0% pooled, FedAvg's global model 48.5% / 73.5%."""
+    args = fedala_args("--num-clients", 8, "--lr", "0.005")
+    data = common.load_federated_data(args, torch.device("cpu"))
+    global_model, worker, ala, local_models = setup(data, args)
+    avg_model = copy.deepcopy(global_model)
+    stack = torch.empty(8, local_models.shape[1])
+    clients = list(range(8))
+    for round_ in range(1, 21):
+        fedavg.fedavg_round(avg_model, copy.deepcopy(avg_model), data, clients, args, round_, stack)
+        _, _, results = fedala.fedala_round(global_model, worker, local_models, ala, data, clients, args, round_,
+                                            evaluate=round_ == 20)
+    ours = common.accuracy_metrics(*results)
+    theirs = common.accuracy_metrics(*common.evaluate(avg_model, data, data.test_idx))
+    assert ours["test_acc_mean"] > theirs["test_acc_mean"] + 25  # measured +44.7
+    assert ours["test_acc"] > theirs["test_acc"] + 10  # measured +20.5
+
+
+# ----------------------------------------------------------------------------- command line
+
+def read_metrics(folder, columns=("round", "test_acc", "test_acc_mean", "test_acc_std", "test_loss", "train_loss",
+                                  "ala_epochs")):
+    with open(os.path.join(folder, "metrics.csv")) as f:
+        return [[row[c] for c in columns] for row in csv.DictReader(f)]
+
+
+def test_quick_start_under_a_minute(tmp_path):
+    start = time.perf_counter()
+    r = run_script("fedala.py", "--dataset", "synthetic", "--rounds", "20", "--out", tmp_path, env=ONE_THREAD)
+    assert r.returncode == 0, r.stderr
+    assert time.perf_counter() - start < 60
+    assert "650 learnable weights per client" in r.stdout  # MLP: fc is 64 x 10 + 10
+    assert "round 2: initial stage (Alg. 1 l. 8-11) done on 20 client(s)" in r.stdout
+    folder = run_dir(tmp_path)
+    rows = read_metrics(folder)
+    summary = json.load(open(os.path.join(folder, "summary.json")))
+    ala_epochs = [float(r[-1]) for r in rows]
+    assert len(rows) == 20 and ala_epochs[0] == 0 and set(ala_epochs[2:]) == {1.0}
+    assert ala_epochs[1] == pytest.approx(np.mean(summary["initial_stage_epochs"]))
+    assert "best test_acc" in summary["paper_reports"] and summary["ala_weights_per_client"] == 650
+    assert summary["test_acc"]["best"] > 70
+
+
+def test_resume_ends_with_uninterrupted_metrics(tmp_path, capsys):
+    """The reference run and the run stopped after round 4 (checkpoint at 3) run in-process; the
+    resume is a new process that has only the run folder."""
+    args = ["--dataset", "synthetic", "--rounds", "6", "--num-clients", "5", "--join-ratio", "0.6",
+            "--checkpoint-every", "3", "--num-pre-loss", "4"]
+    fedala.main(args + ["--out", str(tmp_path / "full")])
+    with pytest.raises(SystemExit):
+        fedala.main(args + ["--out", str(tmp_path / "cut"), "--stop-after", "4"])
+    assert "stopping after round 4" in capsys.readouterr().out
+    cut = run_dir(tmp_path / "cut")
+    assert len(read_metrics(cut)) == 4
+    r = run_script("fedala.py", "--resume", cut, env=ONE_THREAD)
+    assert r.returncode == 0, r.stderr
+    assert "resumed" in r.stdout and "after round 3" in r.stdout
+    full = run_dir(tmp_path / "full")
+    assert read_metrics(cut) == read_metrics(full)
+    summary = lambda d: json.load(open(os.path.join(d, "summary.json")))
+    assert summary(cut)["initial_stage_epochs"] == summary(full)["initial_stage_epochs"]
+    assert len(summary(full)["initial_stage_epochs"]) == 5
+
+
+@pytest.mark.parametrize("flags,needle", [(["--p", "0"], "--p"), (["--s", "0"], "--s"), (["--s", "101"], "--s"),
+                                          (["--eta", "-1"], "--eta"), (["--num-pre-loss", "1"], "--num-pre-loss"),
+                                          (["--max-init-epochs", "0"], "--max-init-epochs")])
+def test_bad_flags_are_user_errors(flags, needle):
+    with pytest.raises(common.UserError, match=needle):
+        fedala.parse_args(["--dataset", "synthetic", *flags])
+
+
+def test_defaults_follow_the_paper():
+    args = fedala.parse_args(["--dataset", "cifar10"])
+    assert (args.num_clients, args.join_ratio, args.batch_size, args.lr, args.local_epochs, args.rounds) == \
+        (20, 1.0, 10, 0.005, 1, 2000)
+    assert (args.model, args.partition, args.beta, args.p, args.s, args.eta) == ("auto", "dir", 0.1, 1, 80, 1.0)
+    for flags in (["mnist"], ["agnews"], ["tinyimagenet", "--model", "resnet18"]):
+        assert fedala.parse_args(["--dataset", *flags]).lr == 0.1
+    assert fedala.parse_args(["--dataset", "mnist", "--lr", "0.01"]).lr == 0.01

@@ -1,0 +1,273 @@
+"""FedPake (fedpake.py): every stage of the aggregation (SPEC 5) on cases small enough to check by
+hand or by an independent computation, then the script end to end."""
+import csv
+import json
+import math
+import os
+import statistics
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+import common
+import fedavg
+import fedpake
+from conftest import run_dir, run_script
+
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # the test machine is shared: OpenMP threads would wait on each other
+MEASURED = {"seconds", "sec_per_round", "host_mb", "device_mb", "agg_seconds"}  # differ between identical runs
+
+
+@pytest.fixture
+def one_thread():
+    """In-process runs with one thread, as ONE_THREAD does for subprocesses."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def skewed_stack(num_clients=10, dim=300, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = 1 + 0.3 * torch.randn(num_clients, dim, generator=g)
+    x[0, : dim // 2] += 20  # one client far away on half the parameters
+    return x, torch.randint(10, 100, (num_clients,), generator=g).tolist()
+
+
+def read_rows(folder, drop=()):
+    with open(os.path.join(folder, "metrics.csv")) as f:
+        return [{k: v for k, v in row.items() if k not in drop} for row in csv.DictReader(f)]
+
+
+# ----------------------------------------------------------------------------- 1. parameter division, FedAvg limit
+
+def test_kappa_inf_is_exactly_weighted_average():
+    x, w = skewed_stack()
+    stats = {}
+    out = fedpake.fedpake_aggregate(x, w, kappa=math.inf, stats=stats, chunk_elems=256)
+    assert torch.equal(out, common.weighted_average(x, w))
+    assert stats == {"high_fraction": 0.0, "macro_classes": 0}
+
+
+@pytest.mark.parametrize("kappa", [0.2, 0.0])
+def test_identical_clients_give_the_common_value(kappa):
+    row = torch.linspace(-3, 3, 101)
+    out = fedpake.fedpake_aggregate(row.repeat(6, 1), [5, 1, 7, 2, 2, 9], kappa=kappa)
+    assert torch.allclose(out, row, rtol=1e-6, atol=1e-7)
+
+
+def test_division_matches_independent_cv_and_low_part_is_fedavg():
+    x, w = skewed_stack(seed=1)
+    x[:, -50:] = 5 + 0.01 * x[:, -50:]  # clearly low dispersion
+    xs = x.double().numpy()
+    cv = xs.std(0, ddof=0) / (np.abs(xs.mean(0)) + 1e-12)
+    high = fedpake.parameter_division(x, 0.2)
+    assert np.array_equal(high.numpy(), cv > 0.2) and 0 < high.sum() < x.shape[1]
+    stats = {}
+    out = fedpake.fedpake_aggregate(x, w, kappa=0.2, stats=stats, chunk_elems=64)
+    fedavg = common.weighted_average(x, w)
+    assert torch.equal(out[~high], fedavg[~high])  # Eq. (10)
+    assert not torch.allclose(out[high], fedavg[high])
+    assert stats["high_fraction"] == pytest.approx(high.float().mean().item())
+
+
+def test_kappa_inf_end_to_end_equals_fedavg(tmp_path, one_thread):
+    flags = ["--dataset", "synthetic", "--model", "mlp", "--rounds", "2", "--num-clients", "6", "--seed", "3"]
+    fedavg.main([*flags, "--out", str(tmp_path / "avg")])
+    fedpake.main([*flags, "--kappa", "inf", "--out", str(tmp_path / "pake")])
+    avg, pake = read_rows(run_dir(tmp_path / "avg"), MEASURED), read_rows(run_dir(tmp_path / "pake"), MEASURED)
+    assert len(avg) == len(pake) == 2
+    for ra, rp in zip(avg, pake):
+        assert ra == {k: rp[k] for k in ra}
+        assert float(rp["high_fraction"]) == 0 and int(rp["macro_classes"]) == 0
+
+
+# ----------------------------------------------------------------------------- 2. Micro-Class, Eq. (6)-(7)
+
+def test_micro_classes_hand_example():
+    values = torch.tensor([0.0, 0.24, 0.25, 0.5, 0.99, 1.0])[:, None]
+    assert fedpake.micro_classes(values, 4).flatten().tolist() == [0, 0, 1, 2, 3, 3]
+
+
+def test_micro_classes_properties():
+    x = torch.randn(13, 500, generator=torch.Generator().manual_seed(2)) * torch.logspace(-3, 3, 500)
+    for n in (1, 4, 8):
+        mic = fedpake.micro_classes(x, n)
+        assert mic.dtype == torch.uint8 and mic.min() >= 0 and mic.max() <= n - 1
+        order = x.argsort(0)
+        assert (mic.gather(0, order).diff(dim=0) >= 0).all()  # order preserving
+        assert (mic.gather(0, x.argmax(0, keepdim=True)) == n - 1).all()  # the maximum in the last class
+        assert (mic.gather(0, x.argmin(0, keepdim=True)) == 0).all()
+        xs = x.double().numpy()
+        lo, hi = xs.min(0), xs.max(0)
+        independent = np.minimum(np.floor((xs - lo) / (hi - lo) * n), n - 1)
+        assert np.array_equal(mic.numpy(), independent)
+
+
+# ----------------------------------------------------------------------------- 3. Macro-Class, Eq. (8)
+
+def test_disagreements_match_pairwise_count():
+    mic = torch.randint(5, (7, 333), generator=torch.Generator().manual_seed(3), dtype=torch.uint8)
+    brute = (mic[:, None, :] != mic[None, :, :]).sum(-1).double()
+    assert torch.equal(fedpake.micro_class_disagreements(mic, 5), brute)
+
+
+HAND = torch.tensor([[0, 1, 6, 7, 9],  # disagreements out of |H| = 10
+                     [1, 0, 5, 6, 8],
+                     [6, 5, 0, 2, 9],
+                     [7, 6, 2, 0, 10],
+                     [9, 8, 9, 10, 0]], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("n_macro, delta, expected", [
+    (4, 0.2, [0, 0, 1, 1, 2]),   # merges 0.1 and 0.2 (= delta); next is 0.6 > delta and 3 <= 4 clusters
+    (4, 0.15, [0, 0, 1, 2, 3]),  # 0.2 > delta
+    (4, 0.0, [0, 0, 1, 2, 3]),   # nothing <= delta, but 5 > 4 clusters forces one merge
+    (2, 0.2, [0, 0, 0, 0, 1]),   # then {0,1}-{2,3} at (6+7+5+6)/4/10 = 0.6
+    (1, 0.2, [0, 0, 0, 0, 0]),
+])
+def test_macro_classes_hand_example(n_macro, delta, expected):
+    assert fedpake.macro_classes(HAND, 10, n_macro, delta).tolist() == expected
+
+
+def test_macro_classes_use_average_linkage():
+    d = torch.tensor([[0, 1, 2, 4], [1, 0, 9, 4], [2, 9, 0, 8], [4, 4, 8, 0]], dtype=torch.float64)
+    # after {0,1}: to {2} average 5.5 (single linkage 2), to {3} average 4 -> {0,1,3}
+    assert fedpake.macro_classes(d, 10, 2, 0.0).tolist() == [0, 0, 1, 0]
+
+
+def test_macro_classes_never_exceed_n_macro_and_stop_above_delta():
+    g = torch.Generator().manual_seed(4)
+    for trial in range(20):
+        k = int(torch.randint(2, 12, (1,), generator=g))
+        d = torch.randint(0, 50, (k, k), generator=g).double()
+        d = (d + d.T).fill_diagonal_(0)
+        n_macro, delta = int(torch.randint(1, 5, (1,), generator=g)), 0.3
+        labels = fedpake.macro_classes(d, 100, n_macro, delta)
+        num = int(labels.max()) + 1
+        assert num <= n_macro and sorted(set(labels.tolist())) == list(range(num))
+        members = torch.nn.functional.one_hot(labels).double()
+        linkage = members.T @ d @ members / (torch.outer(members.sum(0), members.sum(0)) * 100)
+        off = linkage[~torch.eye(num, dtype=torch.bool)]
+        assert num == 1 or (off > delta).all()  # it stops only when no pair is <= delta
+
+
+# ----------------------------------------------------------------------------- 4. tendency (Eq. 9), weights (Eq. 11)
+
+@pytest.mark.parametrize("column, mode", [
+    ([0, 0, 1, 3], 0),
+    ([0, 0, 2, 2, 3], 2),     # modes 0 and 2, median 2
+    ([0, 0, 1, 3, 3], 0),     # modes 0 and 3, median 1
+    ([0, 0, 3, 3], 0),        # median 1.5: equally near, the lower class
+    ([1, 3, 3, 1, 2], 1),     # median 2: equally near, the lower class
+    ([2], 2),
+])
+def test_tendency_hand_examples(column, mode):
+    assert fedpake.tendency(torch.tensor(column, dtype=torch.uint8)[:, None], 4).item() == mode
+
+
+def test_tendency_matches_counter_with_median_tie_rule():
+    g = torch.Generator().manual_seed(5)
+    for size in (1, 2, 3, 6, 7):
+        mic = torch.randint(5, (size, 400), generator=g, dtype=torch.uint8)
+        got = fedpake.tendency(mic, 5).tolist()
+        for j, column in enumerate(mic.T.tolist()):
+            counts = Counter(column)
+            modes = [m for m in counts if counts[m] == max(counts.values())]
+            median = statistics.median(column)
+            assert got[j] == min(modes, key=lambda m: (abs(m - median), m))
+
+
+def test_aggregation_weights_sum_to_one_and_count_every_client_once():
+    g = torch.Generator().manual_seed(6)
+    mic = torch.randint(4, (9, 300), generator=g, dtype=torch.uint8)
+    labels = torch.tensor([0, 1, 0, 2, 1, 0, 2, 2, 1])
+    sizes = torch.tensor([5., 1., 8., 3., 3., 2., 9., 4., 6.])
+    w = fedpake.aggregation_weights(mic, labels, sizes, 4)
+    assert torch.allclose(w.sum(0), torch.ones(300))
+    for c in range(3):
+        rows = labels == c
+        share = sizes[rows].sum() / sizes.sum()
+        assert torch.allclose(w[rows].sum(0), share.expand(300))  # N_c / N, each client in one class
+        matching = mic[rows] == fedpake.tendency(mic[rows], 4)
+        assert (w[rows][~matching] == 0).all() and (w[rows][matching] > 0).all()
+        ratio = w[rows] / sizes[rows, None]  # the same per-sample weight among the matching clients
+        assert torch.allclose(ratio.max(0).values, torch.where(matching, ratio, 0).sum(0) / matching.sum(0))
+
+
+def test_aggregation_hand_example():
+    # one parameter; bins of width 2 over [1, 9]: classes 0, 0, 0, 3; one Macro-Class; mode 0
+    x = torch.tensor([[1.0], [1.2], [1.4], [9.0]])
+    out = fedpake.fedpake_aggregate(x, [1, 2, 1, 4], n_micro=4, n_macro=1)
+    assert out.item() == pytest.approx((1 * 1.0 + 2 * 1.2 + 1 * 1.4) / 4)  # FedAvg: 5.1
+
+
+# ----------------------------------------------------------------------------- 5. parameter skew
+
+def test_skew_nine_near_one_and_one_at_ten():
+    # each parameter: nine clients near 1.0, one at 10.0, the outlier a different client per parameter
+    g = torch.Generator().manual_seed(7)
+    x = 1 + 0.01 * torch.randn(10, 100, generator=g)
+    x[torch.arange(100) % 10, torch.arange(100)] = 10.0
+    stats = {}
+    out = fedpake.fedpake_aggregate(x, [1] * 10, stats=stats)
+    assert torch.allclose(common.weighted_average(x, [1] * 10), torch.full((100,), 1.9), atol=0.01)
+    assert torch.allclose(out, torch.ones(100), atol=0.01)
+    assert stats == {"high_fraction": 1.0, "macro_classes": 1}  # pairwise dissimilarity 0.2 <= delta
+
+
+# ----------------------------------------------------------------------------- 6. ablations (Table 4)
+
+@pytest.mark.parametrize("ablate", ["micro", "macro"])
+def test_ablations_change_the_result_and_are_reproducible(ablate):
+    x, w = skewed_stack(num_clients=12, dim=2000, seed=8)
+    plain = fedpake.fedpake_aggregate(x, w, chunk_elems=4096)
+    a = fedpake.fedpake_aggregate(x, w, ablate=ablate, seed=11, chunk_elems=4096)
+    b = fedpake.fedpake_aggregate(x, w, ablate=ablate, seed=11, chunk_elems=4096)
+    c = fedpake.fedpake_aggregate(x, w, ablate=ablate, seed=12, chunk_elems=4096)
+    assert torch.equal(a, b)
+    assert not torch.allclose(a, plain) and not torch.allclose(a, c)
+
+
+# ----------------------------------------------------------------------------- 7. the script
+
+def test_bad_flags_are_user_errors():
+    for flags in (["--kappa", "-1"], ["--n-micro", "0"], ["--n-macro", "0"], ["--delta", "-0.1"]):
+        with pytest.raises(common.UserError):
+            fedpake.parse_args(["--dataset", "synthetic", *flags])
+    args = fedpake.parse_args(["--dataset", "cifar100"])
+    assert (args.n_micro, args.n_macro, args.rounds, args.model) == (5, 5, 1000, "auto")
+
+
+@pytest.fixture(scope="module")
+def quick_start(tmp_path_factory):
+    out = tmp_path_factory.mktemp("quick")
+    start = time.perf_counter()
+    result = run_script("fedpake.py", "--dataset", "synthetic", "--rounds", 20, "--out", out, env=ONE_THREAD)
+    return result, time.perf_counter() - start, run_dir(out)
+
+
+def test_quick_start_runs_on_cpu_in_under_a_minute(quick_start):
+    result, seconds, folder = quick_start
+    assert result.returncode == 0, result.stderr
+    assert seconds < 60
+    rows = read_rows(folder)
+    assert len(rows) == 20 and {"high_fraction", "macro_classes", "agg_seconds"} <= set(rows[0])
+    assert all(0 <= float(r["high_fraction"]) <= 1 and 1 <= int(r["macro_classes"]) <= 4 for r in rows)
+    with open(os.path.join(folder, "summary.json")) as f:
+        summary = json.load(f)
+    assert "last10_mean" in summary["paper_reports"]
+    assert summary["test_acc"]["last10_mean"] == pytest.approx(np.mean([float(r["test_acc"]) for r in rows[-10:]]))
+
+
+def test_resume_gives_the_uninterrupted_result(tmp_path, one_thread):
+    flags = ["--dataset", "synthetic", "--num-clients", "8", "--rounds", "6", "--checkpoint-every", "3"]
+    fedpake.main([*flags, "--out", str(tmp_path / "whole")])
+    with pytest.raises(SystemExit) as stopped:
+        fedpake.main([*flags, "--stop-after", "3", "--out", str(tmp_path / "parts")])
+    assert stopped.value.code == 0 and len(read_rows(run_dir(tmp_path / "parts"))) == 3
+    fedpake.main(["--resume", run_dir(tmp_path / "parts")])
+    assert read_rows(run_dir(tmp_path / "parts"), MEASURED) == read_rows(run_dir(tmp_path / "whole"), MEASURED)

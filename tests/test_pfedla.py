@@ -1,0 +1,312 @@
+"""pFedLA / HeurpFedLA (pfedla.py): Eq. (3)-(6) aggregation, the Eq. (10)-(11) hypernetwork step
+and its sign, Alg. 2 / Eq. (12) top-k retention and its byte count, group discovery, memory, CLI."""
+import argparse
+import csv
+import gc
+import json
+import os
+import re
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import common
+import pfedla
+from conftest import run_dir
+
+
+def make_args(**kw):
+    base = dict(lr=0.05, momentum=0.0, weight_decay=0.0, batch_size=16, local_epochs=1, seed=0, k=0, hn_lr=2.0)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def group_data(groups=3, per_group=2, n=120, dim=20, seed=0):
+    """Vector data: client c belongs to group c // per_group and sees only that group's two
+    classes (2g, 2g+1); class means are random, noise unit Gaussian; 70/30 train/test."""
+    g = torch.Generator().manual_seed(seed)
+    means = torch.randn(2 * groups, dim, generator=g)
+    xs, ys, train, test = [], [], [], []
+    for c in range(groups * per_group):
+        grp = c // per_group
+        y = torch.randint(2 * grp, 2 * grp + 2, (n,), generator=g)
+        xs.append(means[y] + torch.randn(n, dim, generator=g))
+        ys.append(y)
+        train.append(torch.arange(c * n, c * n + int(0.7 * n)))
+        test.append(torch.arange(c * n + int(0.7 * n), (c + 1) * n))
+    counts = np.zeros((len(train), 2 * groups), int)
+    return common.FedData(x=torch.cat(xs), y=torch.cat(ys), num_classes=2 * groups, train_idx=train, test_idx=test,
+                          train_counts=counts, test_counts=counts)
+
+
+def random_lenet_states(num_clients, seed=0):
+    """LeNet with BatchNorm (colour input), one random state per client, BN running stats included."""
+    torch.manual_seed(seed)
+    states = []
+    for _ in range(num_clients):
+        m = common.LeNet(3, 5, 16)
+        with torch.no_grad():
+            for k, v in m.state_dict().items():
+                if v.is_floating_point():
+                    v.copy_(torch.rand_like(v) + 0.1 if "running_var" in k else torch.randn_like(v))
+        states.append({k: v.clone() for k, v in m.state_dict().items()})
+    return m, states
+
+
+def own_slices(model):
+    """Per layer, the (start, end) of each of its float tensors in the flat state, found from
+    state_dict names independently of pfedla.layer_sizes."""
+    offsets, offset = {}, 0
+    for k, v in model.state_dict().items():
+        if v.is_floating_point():
+            offsets[k] = (offset, offset + v.numel())
+            offset += v.numel()
+    return [[offsets[k] for k in keys if k in offsets] for keys in common.layer_state_keys(model)]
+
+
+# ----------------------------------------------------------------------------- 1. Eq. (3)-(6)
+
+def test_alpha_on_simplex_and_personalised_model_is_layerwise_weighted_sum():
+    n = 4
+    model, states = random_lenet_states(n)
+    client_models = torch.stack([torch.cat([v.reshape(-1) for v in s.values() if v.is_floating_point()])
+                                 for s in states])
+    sizes = pfedla.layer_sizes(model)
+    assert len(sizes) == 7 and sum(sizes) == client_models.shape[1]  # conv, bn, conv, bn, fc, fc, fc
+    hn = pfedla.LayerHypernetworks(n, len(sizes), embed_dim=8, hidden_dim=16)
+    ids = torch.arange(n)
+    with torch.no_grad():
+        hn.head_bias.mul_(20)  # far from uniform, so a wrong mixing cannot pass by accident
+        alpha = hn(ids)
+        theta_bar = pfedla.personalised_models(alpha, client_models, ids, sizes, pfedla.retained_layers(alpha, ids, 0))
+    assert alpha.shape == (n, 7, n)
+    assert (alpha >= 0).all()
+    torch.testing.assert_close(alpha.sum(-1), torch.ones(n, 7))
+    layer_keys = common.layer_state_keys(model)
+    checked_buffers = 0
+    for i in range(n):
+        common.load_flat_state(model, theta_bar[i])
+        got = model.state_dict()
+        for l, keys in enumerate(layer_keys):
+            for key in keys:
+                if not states[0][key].is_floating_point():
+                    continue  # num_batches_tracked: not aggregated
+                expected = sum(alpha[i, l, j] * states[j][key] for j in range(n))  # Eq. (6)
+                torch.testing.assert_close(got[key], expected, rtol=1e-5, atol=1e-5)
+                checked_buffers += "running" in key
+    assert checked_buffers == n * 4  # running_mean and running_var of both BatchNorm layers
+
+
+# ----------------------------------------------------------------------------- 2. Eq. (10)-(11)
+
+def test_hypernetwork_step_moves_personalised_model_towards_trained_and_equals_vjp():
+    n, clients = 3, [0, 2]
+    model, states = random_lenet_states(n, seed=1)
+    client_models = torch.stack([torch.cat([v.reshape(-1) for v in s.values() if v.is_floating_point()])
+                                 for s in states]).double()  # float64: the step is compared to 1e-9
+    sizes = pfedla.layer_sizes(model)
+    slices = own_slices(model)
+    torch.manual_seed(2)
+    hn = pfedla.LayerHypernetworks(n, len(sizes), embed_dim=8, hidden_dim=16).double()
+    ids = torch.tensor(clients)
+    theta_bar = pfedla.aggregate_layerwise(hn(ids), client_models, sizes)
+    delta = 0.1 * torch.randn(theta_bar.shape, dtype=torch.float64)
+    trained = theta_bar.detach() + delta
+    names = [name for name, _ in hn.named_parameters()]
+    before = [p.detach().clone() for p in hn.parameters()]
+
+    def independent_theta_bar(*params, client):
+        """theta_bar_i as a function of all HN tensors, with the aggregation written out per tensor."""
+        h = params[names.index("embedding")][client]
+        for w, b in zip([params[names.index(f"mlp_weight.{k}")] for k in range(3)],
+                        [params[names.index(f"mlp_bias.{k}")] for k in range(3)]):
+            h = torch.relu(h @ w[client] + b[client])
+        scores = torch.einsum("h,hlj->lj", h, params[names.index("head_weight")][client]) \
+            + params[names.index("head_bias")][client]
+        alpha = torch.softmax(scores, dim=-1)
+        out = torch.zeros(client_models.shape[1], dtype=torch.float64)
+        for l, spans in enumerate(slices):
+            for a, b in spans:
+                out[a:b] = sum(alpha[l, j] * client_models[j, a:b] for j in range(n))
+        return out
+
+    # (d theta_bar_i / d psi_i)^T Delta theta_i for each client, summed (clients own disjoint rows)
+    vjp = [torch.zeros_like(p) for p in before]
+    for s, c in enumerate(clients):
+        _, g = torch.autograd.functional.vjp(lambda *p: independent_theta_bar(*p, client=c), tuple(before), delta[s])
+        vjp = [a + b for a, b in zip(vjp, g)]
+    hn_lr = 1e-3
+    pfedla.hypernetwork_step(hn, theta_bar, delta, hn_lr)
+    for name, p, p0, g in zip(names, hn.parameters(), before, vjp):
+        # Eq. (10)-(11): psi += hn_lr * J^T Delta (descent on the distance), client 1 untouched
+        torch.testing.assert_close(p.detach() - p0, hn_lr * g, rtol=1e-7, atol=1e-12, msg=name)
+        assert torch.equal(p.detach()[1], p0[1])
+    assert any(g.abs().max() > 0 for g in vjp)
+    with torch.no_grad():
+        new_bar = pfedla.aggregate_layerwise(hn(ids), client_models, sizes)
+    old_dist = (theta_bar.detach() - trained).norm(dim=1)
+    new_dist = (new_bar - trained).norm(dim=1)
+    assert (new_dist < old_dist).all(), (old_dist, new_dist)
+
+
+# ----------------------------------------------------------------------------- 3. HeurpFedLA, Alg. 2 / Eq. (12)
+
+def _run_rounds(k, rounds, favour_layer=None, monkeypatch=None):
+    """``rounds`` rounds of pfedla_round on group data; records the model each client starts
+    from and the model it trained, per round."""
+    data = group_data()
+    n = data.num_clients
+    torch.manual_seed(0)
+    worker = common.MLP(20, data.num_classes)
+    sizes = pfedla.layer_sizes(worker)
+    client_models = common.flatten_state(worker).detach().repeat(n, 1)
+    hn = pfedla.LayerHypernetworks(n, len(sizes))
+    if favour_layer is not None:
+        with torch.no_grad():  # make layer `favour_layer` the top self-weight layer of every client
+            hn.head_bias[torch.arange(n), favour_layer, torch.arange(n)] += 3.0
+    log = []
+    real_train = common.local_train
+
+    def recording_train(model, *a, **kw):
+        start = common.flatten_state(model).clone()
+        loss = real_train(model, *a, **kw)
+        log[-1].append((start, common.flatten_state(model).clone()))
+        return loss
+
+    monkeypatch.setattr(common, "local_train", recording_train)
+    args, traffic = make_args(k=k), []
+    for r in range(1, rounds + 1):
+        log.append([])
+        _, down, up = pfedla.pfedla_round(hn, client_models, worker, data, list(range(n)), args, r, sizes)
+        traffic.append((down, up))
+    return log, traffic, sizes, hn, client_models
+
+
+def test_k0_is_pfedla_and_k1_retains_top_self_weight_layer(monkeypatch):
+    data_n, layer = 6, 1  # MLP: layer 0 = fc1, layer 1 = fc (the classifier)
+    # k = 0: the personalised model is exactly the layer-wise aggregate of Eq. (5)-(6)
+    alpha = torch.softmax(torch.randn(data_n, 2, data_n), -1)
+    cm = torch.randn(data_n, 30)
+    ids = torch.arange(data_n)
+    keep0 = pfedla.retained_layers(alpha, ids, 0)
+    assert not keep0.any()
+    assert torch.equal(pfedla.personalised_models(alpha, cm, ids, [10, 20], keep0),
+                       pfedla.aggregate_layerwise(alpha, cm, [10, 20]))
+
+    log0, traffic0, sizes, _, models0 = _run_rounds(0, 2, favour_layer=layer, monkeypatch=monkeypatch)
+    log1, traffic1, _, hn1, models1 = _run_rounds(1, 2, favour_layer=layer, monkeypatch=monkeypatch)
+    with torch.no_grad():
+        alpha = hn1(ids)
+    self_weight = alpha[ids, :, ids]
+    assert (self_weight.argmax(1) == layer).all()
+    torch.testing.assert_close(pfedla.retained_layers(alpha, ids, 1),
+                               torch.nn.functional.one_hot(torch.full((data_n,), layer), 2).bool())
+    a, b = sum(sizes[:layer]), sum(sizes[:layer + 1])
+    for client in range(data_n):
+        start_r2, _ = log1[1][client]
+        _, trained_r1 = log1[0][client]
+        assert torch.equal(start_r2[a:b], trained_r1[a:b])  # retained layer = its own trained parameters
+        assert not torch.allclose(log0[1][client][0][a:b], trained_r1[a:b])  # (pFedLA would aggregate it)
+    # the round-1 models are identical for k=0 and k=1 (all stored models equal the init)
+    torch.testing.assert_close(log0[0][0][1], log1[0][0][1])
+    for (down0, up0), (down1, up1) in zip(traffic0, traffic1):
+        assert down0 == data_n * sum(sizes) * 4 and up0 == up1 == data_n * sum(sizes) * 4
+        assert down0 - down1 == data_n * sizes[layer] * 4  # exactly the retained layer is not sent
+
+
+# ----------------------------------------------------------------------------- 4. groups are discovered
+
+def test_clients_weight_their_own_label_group_highest():
+    data = group_data()
+    n, group = data.num_clients, torch.arange(data.num_clients) // 2
+    torch.manual_seed(0)
+    worker = common.MLP(20, data.num_classes)
+    sizes = pfedla.layer_sizes(worker)
+    client_models = common.flatten_state(worker).detach().repeat(n, 1)
+    hn = pfedla.LayerHypernetworks(n, len(sizes))
+    args = make_args(hn_lr=2.0)
+    for r in range(1, 9):
+        pfedla.pfedla_round(hn, client_models, worker, data, list(range(n)), args, r, sizes)
+    with torch.no_grad():
+        alpha = hn(torch.arange(n))  # (client, layer, client)
+    same = group[:, None] == group[None, :]
+    own_group = (alpha * same[:, None, :]).sum(-1)  # (client, layer)
+    per_group = torch.stack([alpha[:, :, group == g].sum(-1) for g in range(3)], -1)
+    other_best = per_group.masked_fill(torch.nn.functional.one_hot(group, 3).bool()[:, None, :], -1).max(-1).values
+    # measured after 8 rounds (seed 0): own-group weight >= 0.73, other groups <= 0.15, margin 0.58
+    assert (own_group - other_best).min() > 0.4
+    # the same-group partner alone gets more than any client of another group (measured: >= 2.2x)
+    partner = alpha[torch.arange(n), :, torch.arange(n) ^ 1]
+    stranger = alpha.masked_fill(same[:, None, :], -1).max(-1).values
+    assert (partner / stranger).min() > 1.5
+
+
+# ----------------------------------------------------------------------------- 5. memory
+
+def test_no_tensor_growth_over_rounds():
+    data = group_data()
+    n = data.num_clients
+    torch.manual_seed(0)
+    worker = common.MLP(20, data.num_classes)
+    sizes = pfedla.layer_sizes(worker)
+    client_models = common.flatten_state(worker).detach().repeat(n, 1)
+    hn = pfedla.LayerHypernetworks(n, len(sizes))
+    args, counts = make_args(), []
+    for r in range(1, 7):
+        pfedla.pfedla_round(hn, client_models, worker, data, [0, 2, 3], args, r, sizes)
+        pfedla.evaluate_personalised(hn, client_models, worker, data, sizes, 0)
+        gc.collect()
+        counts.append(sum(1 for o in gc.get_objects() if torch.is_tensor(o)))
+    assert counts[-1] == counts[1], counts
+    assert all(p.grad is None for p in hn.parameters())
+
+
+# ----------------------------------------------------------------------------- 6. CLI
+
+# One intra-op thread: on a CPU shared with other jobs, torch's default thread pool makes these
+# tiny-model runs about 10x slower (measured: 119 s vs 10 s for the quick start at load 7 on 2 cores).
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+def _rows(path):
+    with open(os.path.join(path, "metrics.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+def test_quick_start_synthetic_under_a_minute_prints_hn_size_and_counts_bytes(script, tmp_path):
+    t0 = time.time()
+    r = script("pfedla.py", "--dataset", "synthetic", "--rounds", 10, "--out", tmp_path, timeout=120, env=ONE_THREAD)
+    elapsed = time.time() - t0
+    assert r.returncode == 0, r.stderr
+    assert elapsed < 60, elapsed
+    n, e, h, layers = 10, 100, 100, 2  # mlp on synthetic: fc1, fc
+    per_client = e + (e * h + h) + 2 * (h * h + h) + layers * (h * n + n)
+    m = re.search(r"hypernetworks: (\d+) x (\d+) = (\d+) parameters", r.stdout)
+    assert m and (int(m[1]), int(m[2]), int(m[3])) == (n, per_client, n * per_client), r.stdout
+    d = 60 * 64 + 64 + 64 * 10 + 10
+    rows = _rows(run_dir(tmp_path))
+    assert len(rows) == 10 and float(rows[-1]["test_acc_mean"]) > 50
+    with open(os.path.join(run_dir(tmp_path), "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["mb_down"] == summary["mb_up"] == 10 * n * d * 4 / 2 ** 20
+
+
+def test_resume_gives_the_uninterrupted_result(script, tmp_path):
+    common_args = ["--dataset", "synthetic", "--rounds", 4, "--local-epochs", 1, "--num-clients", 5,
+                   "--join-ratio", 0.6, "--k", 1, "--checkpoint-every", 2]
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert script("pfedla.py", *common_args, "--out", full, env=ONE_THREAD).returncode == 0
+    r = script("pfedla.py", *common_args, "--out", part, "--stop-after", 2, env=ONE_THREAD)
+    assert r.returncode == 0, r.stderr
+    r = script("pfedla.py", "--resume", run_dir(part), env=ONE_THREAD)
+    assert r.returncode == 0, r.stderr
+    machine = {"seconds", "sec_per_round", "host_mb", "device_mb"}  # wall time and memory differ
+    strip = lambda rows: [{k: v for k, v in row.items() if k not in machine} for row in rows]
+    assert strip(_rows(run_dir(part))) == strip(_rows(run_dir(full)))
+
+
+@pytest.mark.parametrize("flags", [["--k", "3"], ["--k", "-1"]])
+def test_bad_k_is_one_line_exit_2(script, tmp_path, flags):
+    r = script("pfedla.py", "--dataset", "synthetic", "--rounds", 1, "--out", tmp_path, *flags, env=ONE_THREAD)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "--k" in r.stderr

@@ -540,12 +540,20 @@ EXTRA_DATASETS.update(tinyimagenet=load_tinyimagenet, agnews=load_agnews)
 
 
 def to_tensor(x, reference=None):
-    """uint8 images -> float32 normalised per channel with the statistics of ``reference``."""
+    """uint8 images -> float32 normalised per channel with the statistics of ``reference``.
+    Statistics are accumulated in chunks and the conversion is in place, so the peak memory
+    is one float32 copy of ``x`` (Tiny-ImageNet: 5.4 GB rather than four times that)."""
     if x.dtype == np.uint8 and x.ndim == 4:
-        ref = (reference if reference is not None else x).astype(np.float32) / 255
-        mean = ref.mean(axis=(0, 2, 3), keepdims=True)
-        std = ref.std(axis=(0, 2, 3), keepdims=True) + 1e-8
-        return torch.from_numpy((x.astype(np.float32) / 255 - mean) / std)
+        ref = torch.from_numpy(reference if reference is not None else x)
+        total = torch.zeros(2, ref.shape[1], dtype=torch.float64)
+        for start in range(0, len(ref), 4096):
+            chunk = ref[start: start + 4096].double() / 255
+            total += torch.stack([chunk.sum((0, 2, 3)), chunk.square().sum((0, 2, 3))])
+        count = ref.numel() / ref.shape[1]
+        mean = total[0] / count
+        std = (total[1] / count - mean ** 2).clamp_min(0).sqrt() + 1e-8
+        shape = (1, -1, 1, 1)
+        return torch.from_numpy(x).float().div_(255).sub_(mean.float().view(shape)).div_(std.float().view(shape))
     if np.issubdtype(x.dtype, np.integer):
         return torch.from_numpy(x.astype(np.int64))  # token ids
     return torch.from_numpy(x.astype(np.float32))
@@ -1027,6 +1035,8 @@ class Run:
         extra = f" (client mean {metrics['test_acc_mean']:.2f} ± {metrics['test_acc_std']:.2f})" \
             if "test_acc_mean" in metrics else ""
         loss = f" | train loss {metrics['train_loss']:.4f}" if "train_loss" in metrics else ""
+        if "global_acc" in metrics:  # --test-split global: the uniform test set
+            extra += f" | global test acc {metrics['global_acc']:.2f}%"
         print(f"[{self.algo}] round {round_}/{self.args.rounds} | test acc {metrics.get('test_acc', float('nan')):.2f}%"
               f"{extra}{loss} | {per_round:.3f} s/round | ETA {_fmt_time(eta)}", flush=True)
 

@@ -60,7 +60,8 @@ def parse_args(argv=None):
 class ALA:
     """Adaptive Local Aggregation for ``num_clients`` clients of the architecture ``model``.
 
-    Holds each client's element-wise weights W_i^p (one flat row per client, ones at the
+    p counts layers, i.e. modules that own parameters (``common.layers``), from the output
+    down. Holds each client's element-wise weights W_i^p (one flat row per client, ones at the
     start, Alg. 1 l. 2) and whether the client is still in its initial stage. ``initialise``
     works on plain nn.Modules: it learns W_i^p with the global and local models frozen and
     writes Theta_hat_i (Eq. 4) into the local model in place.
@@ -71,7 +72,8 @@ class ALA:
         layers = common.layers(model)
         if not 1 <= p <= len(layers):
             raise common.UserError(f"--p {p} is outside 1..{len(layers)}, the layers of {model.__class__.__name__}")
-        self.top = [f"{name}.{k}" if name else k for name, m in layers[-p:] for k, _ in m.named_parameters(recurse=False)]
+        self.top = [f"{name}.{k}" if name else k  # parameter names of the top p layers
+                    for name, m in layers[-p:] for k, _ in m.named_parameters(recurse=False)]
         self.shapes = [model.get_parameter(k).shape for k in self.top]
         self.sizes = [shape.numel() for shape in self.shapes]
         self.eta, self.s, self.batch_size = eta, s, batch_size

@@ -214,7 +214,12 @@ def main(argv=None):
             run.log(round_, {**evaluate_personalised(hypernetworks, client_models, worker, data, sizes, args.k),
                              "train_loss": train_loss})
         run.checkpoint(round_, state)
-    run.finish()
+    with torch.no_grad():  # Fig. 7: the weight each layer gives to the client's own model, mean over clients
+        ids = torch.arange(args.num_clients, device=run.device)
+        self_weight = hypernetworks(ids)[ids, :, ids].mean(0).tolist()
+    per_layer = [[name, round(w, 4)] for (name, _), w in zip(common.layers(worker), self_weight)]
+    print(f"[{algo}] mean self-weight alpha_i^(l,i) per layer: " + ", ".join(f"{n} {w:.3f}" for n, w in per_layer))
+    run.finish({"self_weight_per_layer": per_layer})
 
 
 if __name__ == "__main__":

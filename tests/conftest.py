@@ -13,7 +13,7 @@ def run_script(script, *args, timeout=120, env=None):
     """Run ``python <script> <args>`` from the repository root; returns the CompletedProcess."""
     return subprocess.run([sys.executable, os.path.join(ROOT, script), *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONHASHSEED": "0", **(env or {})})
+                          env={**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", **(env or {})})
 
 
 def run_dir(out):

@@ -110,7 +110,8 @@ def test_one_ala_step_is_clipped_eq7_and_matches_autograd_through_w():
     assert torch.equal(ala.weights[0], torch.ones(ala.num_weights()))  # other clients' W untouched
     # Eq. (7) by hand: the same step as -eta * dL/dTheta_hat (.) (Theta - Theta_i)
     theta_hat = {k: (old[k] + (glob[k] - old[k]) * w).requires_grad_() for k, w in zip(top, w0)}
-    loss = F.cross_entropy(functional_call(reference, {**{k: v.clone() for k, v in glob.items()}, **theta_hat}, (x,)), y)
+    params = {**{k: v.clone() for k, v in glob.items()}, **theta_hat}
+    loss = F.cross_entropy(functional_call(reference, params, (x,)), y)
     g_hat = torch.autograd.grad(loss, list(theta_hat.values()))
     for got, w, g, k in zip(ala.client_weights(1), w0, g_hat, top):
         torch.testing.assert_close(got, (w - eta * g * (glob[k] - old[k])).clamp(0, 1), rtol=1e-5, atol=1e-6)

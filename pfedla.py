@@ -44,7 +44,7 @@ def parse_args(argv=None):
     parser.add_argument("--k", type=int, default=0, help="HeurpFedLA: layers kept local (top-k self-weight); 0 = pFedLA")
     parser.add_argument("--embed-dim", type=int, default=100, help="size of the embedding v_i")
     parser.add_argument("--hidden-dim", type=int, default=100, help="width of the hypernetwork MLP (3 hidden layers)")
-    parser.add_argument("--hn-lr", type=float, default=5e-3,
+    parser.add_argument("--hn-lr", type=float, default=1.0,
                         help="step size of the hypernetwork update Eq. (10)-(11) (plain SGD; the paper gives none)")
     args = common.parse_args(parser, argv, resolve)
     if args.k < 0 or args.hn_lr < 0 or args.embed_dim < 1 or args.hidden_dim < 1:

@@ -18,11 +18,9 @@ import fedala
 import fedavg
 from conftest import run_dir, run_script
 
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # 2 shared cores: torch's thread pool slows tiny models down many-fold
-
 
 @pytest.fixture(autouse=True)
-def one_thread():
+def one_thread():  # 2 shared cores: torch's thread pool slows these tiny models down many-fold
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -301,7 +299,7 @@ def read_metrics(folder, columns=("round", "test_acc", "test_acc_mean", "test_ac
 
 def test_quick_start_under_a_minute(tmp_path):
     start = time.perf_counter()
-    r = run_script("fedala.py", "--dataset", "synthetic", "--rounds", "20", "--out", tmp_path, env=ONE_THREAD)
+    r = run_script("fedala.py", "--dataset", "synthetic", "--rounds", "20", "--out", tmp_path)
     assert r.returncode == 0, r.stderr
     assert time.perf_counter() - start < 60
     assert "650 learnable weights per client" in r.stdout  # MLP: fc is 64 x 10 + 10
@@ -327,7 +325,7 @@ def test_resume_ends_with_uninterrupted_metrics(tmp_path, capsys):
     assert "stopping after round 4" in capsys.readouterr().out
     cut = run_dir(tmp_path / "cut")
     assert len(read_metrics(cut)) == 4
-    r = run_script("fedala.py", "--resume", cut, env=ONE_THREAD)
+    r = run_script("fedala.py", "--resume", cut)
     assert r.returncode == 0, r.stderr
     assert "resumed" in r.stdout and "after round 3" in r.stdout
     full = run_dir(tmp_path / "full")

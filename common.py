@@ -1106,7 +1106,7 @@ class Run:
         atomic_write(os.path.join(self.dir, "summary.json"), _json(summary))
         print(f"[{self.algo}] summary ({self.headline} is what the paper reports):")
         for key, v in summary.items():
-            if isinstance(v, dict):
+            if isinstance(v, dict) and {"best", "final", "last10_mean"} <= set(v):
                 print(f"  {key:>22s}: best {v['best']:.2f}  final {v['final']:.2f}  last-10 mean {v['last10_mean']:.2f}")
         print(f"  {self.elapsed:.1f} s, {summary['mb_down']:.1f} MB down, {summary['mb_up']:.1f} MB up; "
               f"files in {self.dir}")

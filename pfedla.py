@@ -63,7 +63,7 @@ class LayerHypernetworks(nn.Module):
 
     def __init__(self, num_clients, num_layers, embed_dim=100, hidden_dim=100, hidden_layers=3):
         super().__init__()
-        n, self.num_layers = num_clients, num_layers
+        n = num_clients
 
         def uniform(*shape, fan_in):
             return nn.Parameter(torch.empty(*shape).uniform_(-1 / math.sqrt(fan_in), 1 / math.sqrt(fan_in)))
@@ -127,7 +127,8 @@ def retained_layers(alpha, clients, k):
 
 def personalised_models(alpha, client_models, clients, sizes, keep):
     """Alg. 1 l. 5 / Alg. 2 l. 7 and 13: the layer-wise aggregate, except for the retained
-    layers (``keep``), where client i has its own theta_i^l."""
+    layers (``keep``), where client i has its own theta_i^l (its last trained model, which is
+    also the server's stored row i, so the simulation reads it from there)."""
     theta_bar = aggregate_layerwise(alpha, client_models, sizes)
     keep_entries = keep.repeat_interleave(torch.as_tensor(sizes, device=keep.device), dim=1)
     return torch.where(keep_entries, client_models[clients], theta_bar)
@@ -163,10 +164,10 @@ def pfedla_round(hypernetworks, client_models, worker, data, clients, args, roun
     delta = trained - theta_bar.detach()                                  # Delta theta_i, sent to the server
     hypernetwork_step(hypernetworks, theta_bar, delta, args.hn_lr)        # l. 8, Eq. (10)-(11)
     client_models[ids] = trained  # l. 7: theta_i := theta_bar_i + Delta theta_i, i.e. the trained model (bit-exact)
-    size = torch.as_tensor(sizes, dtype=torch.float, device=keep.device)
-    element = client_models.element_size()
-    bytes_down = int(((~keep).float() @ size).sum()) * element            # retained layers are not sent
-    bytes_up = len(clients) * client_models.shape[1] * element
+    element, num_params = client_models.element_size(), client_models.shape[1]
+    retained = int((keep.long() * torch.as_tensor(sizes, device=keep.device)).sum())
+    bytes_down = (len(clients) * num_params - retained) * element         # retained layers are not sent
+    bytes_up = len(clients) * num_params * element                        # Delta theta_i of the whole model
     return sum(losses) / len(losses), bytes_down, bytes_up
 
 

@@ -8,8 +8,11 @@ For each algorithm at its paper's shape it runs the real script on CIFAR-10-shap
 data (uint8 3x32x32, 10 classes, written once as an .npz) and reads seconds per round,
 peak host memory and peak device memory from the run folder. In the same run it times the
 same round done the straightforward way: per client a deep copy of the global model and
-a torch Dataset + DataLoader over that client's host arrays, then a key-by-key average
-of the state dicts and a DataLoader evaluation. That baseline covers local training,
+a torch Dataset + DataLoader over that client's host data, then a key-by-key average of
+the state dicts and a DataLoader evaluation. Two such baselines: 'naive-image', the
+torchvision pattern (uint8 HWC images, ToTensor + Normalize per sample), and
+'naive-tensor', a TensorDataset over already normalised tensors (the cheapest
+straightforward loop). That baseline covers local training,
 FedAvg aggregation and evaluation; the algorithm-specific server work (ALA, the
 hypernetworks, FedPake's clustering, FedACD's scores) is only in our column, so for
 those rows the ratio understates our advantage. Timed rounds skip the first two
@@ -30,7 +33,8 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torchvision import transforms
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -57,7 +61,8 @@ def make_cifar_shaped(path, samples, seed=0):
     y = rng.integers(0, 10, samples)
     base = rng.integers(0, 256, (10, 3, 32, 32))
     x = np.clip(base[y] * 0.5 + rng.integers(0, 128, (samples, 3, 32, 32)), 0, 255).astype(np.uint8)
-    np.savez(path, x=x, y=y)
+    test = samples // 6  # an official test split as in CIFAR-10 (10k of 60k), for --test-split global
+    np.savez(path, x=x[test:], y=y[test:], x_test=x[:test], y_test=y[:test])
 
 
 def flag(flags, name, default):
@@ -78,14 +83,43 @@ def run_ours(script, flags, npz, rounds, device, out):
     return rows, summary
 
 
-def naive(flags, npz, rounds, device):
-    """The straightforward round: deep copies, per-client DataLoaders, state-dict averaging."""
+class ImageDataset(Dataset):
+    """How a client's data usually reaches the model: uint8 HWC images on the host, converted
+    and normalised sample by sample (torchvision's ToTensor + Normalize) as the DataLoader asks."""
+
+    def __init__(self, images, labels, mean, std):
+        self.images, self.labels = images, labels
+        self.transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize(mean, std)])
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return self.transform(self.images[i]), int(self.labels[i])
+
+
+def client_loader(kind, x, y, idx, raw, batch_size, shuffle):
+    if kind == "tensor":
+        return DataLoader(TensorDataset(torch.tensor(x[idx]), torch.tensor(y[idx])), batch_size=batch_size,
+                          shuffle=shuffle)
+    images, mean, std = raw
+    return DataLoader(ImageDataset(images[idx], y[idx], mean, std), batch_size=batch_size, shuffle=shuffle)
+
+
+def naive(kind, flags, npz, rounds, device):
+    """The straightforward round: deep copies, per-client DataLoaders, state-dict averaging.
+    ``kind`` 'tensor': a TensorDataset over already normalised host tensors; 'image': the
+    torchvision pattern, uint8 images transformed per sample."""
     parser = common.base_parser("bench")
     args = common.parse_args(parser, ["--dataset", npz, "--device", device, *flags])
     device = common.resolve_device(device)
     torch.manual_seed(0)
     data = common.load_federated_data(args, torch.device("cpu"))  # same partition, host arrays
-    x, y = data.x.numpy(), data.y.numpy()
+    x, y = data.x.contiguous().numpy(), data.y.numpy()  # plain NCHW, as a straightforward loop keeps it
+    arrays = np.load(npz)
+    images = np.concatenate([arrays["x"], arrays["x_test"]]).transpose(0, 2, 3, 1)
+    images = np.ascontiguousarray(images)  # HWC uint8, as torchvision keeps CIFAR
+    raw = (images, tuple(images.reshape(-1, 3).mean(0) / 255), tuple(images.reshape(-1, 3).std(0) / 255))
     global_model = common.build_model(args.model, data).to(device)
     rng = np.random.default_rng(0)
     times = []
@@ -96,8 +130,7 @@ def naive(flags, npz, rounds, device):
         for c in clients:
             model = copy.deepcopy(global_model)
             idx = data.train_idx[c].numpy()
-            loader = DataLoader(TensorDataset(torch.tensor(x[idx]), torch.tensor(y[idx])),
-                                batch_size=args.batch_size, shuffle=True)
+            loader = client_loader(kind, x, y, idx, raw, args.batch_size, shuffle=True)
             opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
                                   weight_decay=args.weight_decay)
             model.train()
@@ -122,8 +155,7 @@ def naive(flags, npz, rounds, device):
         with torch.no_grad():
             for c in range(args.num_clients):
                 idx = data.test_idx[c].numpy()
-                for xb, yb in DataLoader(TensorDataset(torch.tensor(x[idx]), torch.tensor(y[idx])),
-                                         batch_size=args.batch_size):
+                for xb, yb in client_loader(kind, x, y, idx, raw, args.batch_size, shuffle=False):
                     xb, yb = xb.to(device), yb.to(device)
                     correct += (global_model(xb).argmax(1) == yb).sum().item()
                     total += len(yb)
@@ -144,15 +176,15 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", nargs="*", default=list(SETTINGS), choices=list(SETTINGS))
     p.add_argument("--samples", type=int, default=6000, help="CIFAR-shaped samples in all (CIFAR-10 has 60000)")
-    p.add_argument("--rounds", type=int, default=4, help="rounds per run; the first two are not timed")
+    p.add_argument("--rounds", type=int, default=6, help="rounds per run; the first two are not timed")
     p.add_argument("--device", default="auto")
     p.add_argument("--no-naive", action="store_true")
     p.add_argument("--scale", action="store_true", help="1000 clients at join ratio 0.1 instead")
     p.add_argument("--naive-child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.naive_child:  # internal: the straightforward round in its own process, for a clean memory peak
-        npz, rounds, device, *flags = a.naive_child
-        times, samples = naive(flags, npz, int(rounds), device)
+        kind, npz, rounds, device, *flags = a.naive_child
+        times, samples = naive(kind, flags, npz, int(rounds), device)
         print(json.dumps({"times": times, "samples": samples,
                           "peak_host_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
         return
@@ -161,7 +193,8 @@ def main():
     if a.scale:
         return scale(a, work)
     header = f"{'algorithm':16s} {'clients/round':>13s} {'s/round':>9s} {'samples/s':>10s} {'peak host MB':>12s} " \
-             f"{'peak dev MB':>11s} {'naive s/round':>13s} {'naive host MB':>13s} {'speed-up':>8s}"
+             f"{'peak dev MB':>11s} | {'naive-image s/round':>19s} {'host MB':>8s} {'speed-up':>8s} | " \
+             f"{'naive-tensor s/round':>20s} {'host MB':>8s} {'speed-up':>8s}"
     print(header)
     results = {}
     for name in a.only:
@@ -184,14 +217,15 @@ def main():
         line = f"{name:16s} {clients:13d} {ours:9.3f} {samples / ours:10.0f} {summary['peak_host_mb']:12.0f} " \
                f"{(f'{dev:.0f}' if dev else '-'):>11s}"
         results[name] = {"sec_per_round": ours, "rows": rows}
-        if not a.no_naive:
-            r = subprocess.run([sys.executable, __file__, "--naive-child", npz, str(a.rounds), a.device, *flags],
+        for kind in [] if a.no_naive else ["image", "tensor"]:
+            r = subprocess.run([sys.executable, __file__, "--naive-child", kind, npz, str(a.rounds - 2), a.device, *flags],
                                capture_output=True, text=True)
             if r.returncode != 0:
                 raise RuntimeError(r.stderr[-500:])
             child = json.loads(r.stdout.strip().splitlines()[-1])
-            slow = float(np.median(child["times"][2:] or child["times"]))
-            line += f" {slow:13.3f} {child['peak_host_mb']:13.0f} {slow / ours:7.1f}x"
+            slow = float(np.median(child["times"][1:] or child["times"]))
+            width = 19 if kind == "image" else 20
+            line += f" | {slow:{width}.3f} {child['peak_host_mb']:8.0f} {slow / ours:7.2f}x"
         print(line, flush=True)
     if "fedala" in results and "fedavg" in results:
         print(f"FedALA / FedAvg round time after the initial stage: "

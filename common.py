@@ -832,14 +832,23 @@ def client_seed(seed, round_, client, tag=0):
     return int(np.random.SeedSequence([seed, round_, client, tag]).generate_state(1)[0])
 
 
+def batch_bounds(n, batch_size):
+    """(start, end) of each minibatch of n samples; the last partial batch is kept, but a last
+    batch of a single sample joins the batch before it (BatchNorm cannot train on one)."""
+    starts = list(range(0, n, batch_size))
+    if len(starts) > 1 and n - starts[-1] == 1:
+        starts.pop()
+    return list(zip(starts, starts[1:] + [n]))
+
+
 def epoch_batches(idx, batch_size, epochs, seed):
-    """Index batches: ``epochs`` passes over ``idx``, reshuffled each epoch, last partial batch kept."""
+    """Index batches: ``epochs`` passes over ``idx``, reshuffled each epoch (``batch_bounds``)."""
     g = torch.Generator().manual_seed(seed)
-    n = len(idx)
+    bounds = batch_bounds(len(idx), batch_size)
     for _ in range(epochs):
-        perm = idx[torch.randperm(n, generator=g).to(idx.device, non_blocking=True)]
-        for start in range(0, n, batch_size):
-            yield perm[start: start + batch_size]
+        perm = idx[torch.randperm(len(idx), generator=g).to(idx.device, non_blocking=True)]
+        for start, end in bounds:
+            yield perm[start:end]
 
 
 def make_optimizer(model, args):

@@ -117,8 +117,8 @@ class ALA:
         while True:
             order = subset[torch.randperm(len(subset), generator=generator)].to(y.device)
             total, steps = torch.zeros((), device=y.device), 0
-            for start in range(0, len(order), self.batch_size):
-                batch = order[start: start + self.batch_size]
+            for start, end in common.batch_bounds(len(order), self.batch_size):
+                batch = order[start:end]
                 loss = F.cross_entropy(local_model(x[batch]), y[batch])
                 grads = torch.autograd.grad(loss, top)  # dL / dTheta_hat^p
                 with torch.no_grad():

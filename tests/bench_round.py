@@ -1,6 +1,6 @@
 """Round-time benchmark (run by hand; pytest does not collect it).
 
-    python tests/bench_round.py                  # every algorithm, CIFAR-10-shaped data, ~6 min on 2 CPU cores
+    python tests/bench_round.py                  # every algorithm, CIFAR-10-shaped data, ~9 min on 2 CPU cores
     python tests/bench_round.py --only fedavg fedala --samples 60000   # the full CIFAR-10 size
     python tests/bench_round.py --scale          # 1000 clients at join ratio 0.1: memory over rounds
 
@@ -176,7 +176,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", nargs="*", default=list(SETTINGS), choices=list(SETTINGS))
     p.add_argument("--samples", type=int, default=6000, help="CIFAR-shaped samples in all (CIFAR-10 has 60000)")
-    p.add_argument("--rounds", type=int, default=6, help="rounds per run; the first two are not timed")
+    p.add_argument("--rounds", type=int, default=5, help="rounds per run; the first two are not timed")
     p.add_argument("--device", default="auto")
     p.add_argument("--no-naive", action="store_true")
     p.add_argument("--scale", action="store_true", help="1000 clients at join ratio 0.1 instead")

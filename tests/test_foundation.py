@@ -125,6 +125,16 @@ def test_local_train_keeps_last_partial_batch():
     assert [len(b) for b in batches] == [10, 10, 3, 10, 10, 3]
     assert sorted(torch.cat(batches[:3]).tolist()) == list(range(23))
     assert not torch.equal(torch.cat(batches[:3]), torch.cat(batches[3:]))  # reshuffled every epoch
+    assert [len(b) for b in common.epoch_batches(torch.arange(21), 10, 1, seed=1)] == [10, 11]  # no batch of one
+
+
+def test_resnet_trains_when_a_client_has_one_sample_left_over():
+    data = SimpleNamespace(x=torch.randn(21, 3, 32, 32), y=torch.randint(0, 10, (21,)), num_classes=10,
+                           vocab_size=0, info={})
+    model = common.build_model("resnet18", data)
+    args = common.base_parser("t").parse_args(["--batch-size", "10"])
+    loss = common.local_train(model, data, torch.arange(21), args, seed=0)
+    assert torch.isfinite(loss)
 
 
 # ----------------------------------------------------------------------------- real loaders on fabricated files (item 6)

@@ -29,11 +29,13 @@ def parse_args(argv=None):
     return common.parse_args(parser, argv, resolve)
 
 
-def fedavg_round(global_model, worker, data, clients, args, round_, client_stack):
+def fedavg_round(global_model, worker, data, clients, args, round_, client_stack,
+                 aggregate=common.weighted_average):
     """One FedAvg round: local SGD from the global model on each client, then the
-    sample-weighted average of the returned models. ``worker`` is one reusable model and
-    ``client_stack`` a preallocated (clients x parameters) buffer: no per-client copies of
-    the model are created. Returns the mean training loss over the clients."""
+    sample-weighted average of the returned models (``aggregate(stacked, sizes)``; FedPake
+    passes its own). ``worker`` is one reusable model and ``client_stack`` a preallocated
+    (clients x parameters) buffer: no per-client copies of the model are created. Returns
+    the mean training loss over the clients."""
     global_flat = common.flatten_state(global_model)
     losses = []
     for slot, client in enumerate(clients):
@@ -42,7 +44,7 @@ def fedavg_round(global_model, worker, data, clients, args, round_, client_stack
         losses.append(common.check_finite(loss, round_, client))
         common.flatten_state(worker, out=client_stack[slot])
     sizes = [len(data.train_idx[c]) for c in clients]
-    common.load_flat_state(global_model, common.weighted_average(client_stack[:len(clients)], sizes))
+    common.load_flat_state(global_model, aggregate(client_stack[:len(clients)], sizes))
     return sum(losses) / len(losses)
 
 

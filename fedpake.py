@@ -38,6 +38,7 @@ import time
 import torch
 
 import common
+import fedavg
 
 MICRO_MACRO = {"cifar10": 4, "cifar100": 5, "tinyimagenet": 8}  # Sec. 4.1; 4 (the smallest) elsewhere
 ABLATE_TAG = 7  # client_seed tag of the per-round ablation generator
@@ -202,34 +203,23 @@ def fedpake_aggregate(stacked, weights, kappa=0.2, n_micro=4, n_macro=4, delta=0
 # ----------------------------------------------------------------------------- one round, evaluation, main
 
 def fedpake_round(global_model, worker, data, clients, args, round_, client_stack):
-    """Alg. 1: FedAvg local training on each client (one reusable ``worker``, results written
-    into the preallocated ``client_stack``), then ``fedpake_aggregate``. Returns the mean
-    training loss and the aggregation's statistics (with its time in seconds)."""
-    global_flat = common.flatten_state(global_model)
-    losses = []
-    for slot, client in enumerate(clients):
-        common.load_flat_state(worker, global_flat)  # server sends the global model
-        loss = common.local_train(worker, data, data.train_idx[client], args, common.client_seed(args.seed, round_, client))
-        losses.append(common.check_finite(loss, round_, client))
-        common.flatten_state(worker, out=client_stack[slot])
-    sizes = [len(data.train_idx[c]) for c in clients]
-    stats, start = {}, time.perf_counter()
-    new_global = fedpake_aggregate(client_stack[:len(clients)], sizes, kappa=args.kappa, n_micro=args.n_micro,
-                                   n_macro=args.n_macro, delta=args.delta, ablate=args.ablate,
-                                   seed=common.client_seed(args.seed, round_, 0, ABLATE_TAG), stats=stats)
-    if new_global.is_cuda:
-        torch.cuda.synchronize(new_global.device)
-    stats["agg_seconds"] = time.perf_counter() - start
-    common.load_flat_state(global_model, new_global)
-    return sum(losses) / len(losses), stats
+    """Alg. 1: FedAvg's round (local SGD from the global model on each client) with
+    ``fedpake_aggregate`` as the server's aggregation. Returns the mean training loss and the
+    aggregation's statistics (with its time in seconds)."""
+    stats = {}
 
+    def aggregate(stacked, sizes):
+        start = time.perf_counter()
+        new_global = fedpake_aggregate(stacked, sizes, kappa=args.kappa, n_micro=args.n_micro, n_macro=args.n_macro,
+                                       delta=args.delta, ablate=args.ablate,
+                                       seed=common.client_seed(args.seed, round_, 0, ABLATE_TAG), stats=stats)
+        if new_global.is_cuda:
+            torch.cuda.synchronize(new_global.device)
+        stats["agg_seconds"] = time.perf_counter() - start
+        return new_global
 
-def evaluate_global(model, data):
-    """The global model on every client's test data, and on the uniform test set if there is one."""
-    metrics = common.accuracy_metrics(*common.evaluate(model, data, data.test_idx))
-    if data.global_test_idx is not None:
-        metrics.update(common.accuracy_metrics(*common.evaluate(model, data, [data.global_test_idx]), prefix="global"))
-    return metrics
+    train_loss = fedavg.fedavg_round(global_model, worker, data, clients, args, round_, client_stack, aggregate)
+    return train_loss, stats
 
 
 def main(argv=None):
@@ -253,7 +243,7 @@ def main(argv=None):
         train_loss, stats = fedpake_round(global_model, worker, data, clients, args, round_, client_stack)
         run.add_bytes(down=model_bytes * len(clients), up=model_bytes * len(clients))
         if run.should_eval(round_):
-            run.log(round_, {**evaluate_global(global_model, data), "train_loss": train_loss, **stats})
+            run.log(round_, {**fedavg.evaluate_global(global_model, data), "train_loss": train_loss, **stats})
             print(f"[fedpake]   high-dispersion {100 * stats['high_fraction']:.1f}% | "
                   f"{stats['macro_classes']} Macro-Classes | aggregation {stats['agg_seconds']:.3f} s")
         run.checkpoint(round_, state)

@@ -58,8 +58,9 @@ def run_main(main, argv=None):
         sys.exit(1)
 
 
-def base_parser(description, **defaults):
-    """The flags every script shares (SPEC 1.6); ``defaults`` are the script's paper setting."""
+def base_parser(description, parallel_clients=False, **defaults):
+    """The flags every script shares (SPEC 1.6); ``defaults`` are the script's paper setting.
+    ``parallel_clients`` adds ``--parallel-clients`` (scripts whose round uses for_each_client)."""
     p = _Parser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     a = p.add_argument
     a("--dataset", default="cifar10", help="mnist, fmnist, emnist, cifar10, cifar100, tinyimagenet, agnews, "
@@ -87,6 +88,10 @@ def base_parser(description, **defaults):
     a("--checkpoint-every", type=int, default=50)
     a("--seed", type=int, default=0)
     a("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    if parallel_clients:
+        a("--parallel-clients", type=int, default=1,
+          help="CPU: train this many clients at once, one torch thread each (1: one client at a time on all "
+          "threads); the result depends on this setting, not on the schedule")
     a("--out", default="runs", help="folder under which the run folder is created")
     a("--resume", default=None, metavar="RUN_DIR", help="continue a stopped run from its last checkpoint")
     a("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: exit after round N as if killed
@@ -121,6 +126,7 @@ def parse_args(parser, argv=None, resolve=None):
         (0 < args.train_ratio < 1, f"--train-ratio must be in (0, 1), got {args.train_ratio}"),
         (args.eval_every >= 1 and args.checkpoint_every >= 1, "--eval-every and --checkpoint-every must be >= 1"),
         (args.classes_per_client is None or args.classes_per_client >= 1, "--classes-per-client must be >= 1"),
+        (getattr(args, "parallel_clients", 1) >= 1, "--parallel-clients must be >= 1"),
     ]
     for ok, message in checks:
         if not ok:
@@ -870,6 +876,28 @@ def local_train(model, data, idx, args, seed, epochs=None):
         total += loss.detach()
         steps += 1
     return total / max(steps, 1)
+
+
+def for_each_client(train_one, clients, workers):
+    """``train_one(worker, slot, client)`` for every client, results in client order. With one
+    worker model the clients run one after another; with several (``--parallel-clients``,
+    CPU), that many run at once on threads, one torch thread each. Clients are independent,
+    so the results do not depend on the schedule, only on the number of torch threads."""
+    if len(workers) == 1:
+        return [train_one(workers[0], slot, client) for slot, client in enumerate(clients)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    def share(k):  # worker k takes every len(workers)-th client
+        return [(slot, train_one(workers[k], slot, clients[slot])) for slot in range(k, len(clients), len(workers))]
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(len(workers)) as pool:
+            results = dict(pair for part in pool.map(share, range(len(workers))) for pair in part)
+    finally:
+        torch.set_num_threads(threads)
+    return [results[slot] for slot in range(len(clients))]
 
 
 def check_finite(loss, round_, client):

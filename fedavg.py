@@ -25,7 +25,7 @@ def parse_args(argv=None):
             fast = args.dataset in ("mnist", "agnews") or args.model in ("fasttext", "resnet18")
             args.lr = 0.1 if fast else 0.005
 
-    parser = common.base_parser(__doc__.splitlines()[0], lr=None)
+    parser = common.base_parser(__doc__.splitlines()[0], parallel_clients=True, lr=None)
     return common.parse_args(parser, argv, resolve)
 
 
@@ -33,16 +33,20 @@ def fedavg_round(global_model, worker, data, clients, args, round_, client_stack
                  aggregate=common.weighted_average):
     """One FedAvg round: local SGD from the global model on each client, then the
     sample-weighted average of the returned models (``aggregate(stacked, sizes)``; FedPake
-    passes its own). ``worker`` is one reusable model and ``client_stack`` a preallocated
-    (clients x parameters) buffer: no per-client copies of the model are created. Returns
-    the mean training loss over the clients."""
+    passes its own). ``worker`` is one reusable model (or a list of them for
+    ``--parallel-clients``) and ``client_stack`` a preallocated (clients x parameters)
+    buffer: no per-client copies of the model are created. Returns the mean training loss."""
     global_flat = common.flatten_state(global_model)
-    losses = []
-    for slot, client in enumerate(clients):
-        common.load_flat_state(worker, global_flat)  # Server sends the global model
-        loss = common.local_train(worker, data, data.train_idx[client], args, common.client_seed(args.seed, round_, client))
-        losses.append(common.check_finite(loss, round_, client))
-        common.flatten_state(worker, out=client_stack[slot])
+
+    def train_one(model, slot, client):
+        common.load_flat_state(model, global_flat)  # the server sends the global model
+        loss = common.local_train(model, data, data.train_idx[client], args, common.client_seed(args.seed, round_, client))
+        common.flatten_state(model, out=client_stack[slot])
+        return loss
+
+    workers = worker if isinstance(worker, list) else [worker]
+    losses = [common.check_finite(loss, round_, client)
+              for client, loss in zip(clients, common.for_each_client(train_one, clients, workers))]
     sizes = [len(data.train_idx[c]) for c in clients]
     common.load_flat_state(global_model, aggregate(client_stack[:len(clients)], sizes))
     return sum(losses) / len(losses)
@@ -63,7 +67,8 @@ def main(argv=None):
     global_model = common.build_model(args.model, data, auto_image="cnn").to(run.device)
     state = {"global_model": global_model}
     start = run.resume(state)
-    worker = common.build_model(args.model, data, auto_image="cnn").to(run.device)
+    workers = [common.build_model(args.model, data, auto_image="cnn").to(run.device)
+               for _ in range(args.parallel_clients)]
     num_params = sum(v.numel() for v in common.float_state(global_model))
     clients_per_round = max(1, round(args.join_ratio * args.num_clients))
     client_stack = torch.empty(clients_per_round, num_params, device=run.device)
@@ -72,7 +77,7 @@ def main(argv=None):
 
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(run.rng, args.num_clients, args.join_ratio)
-        train_loss = fedavg_round(global_model, worker, data, clients, args, round_, client_stack)
+        train_loss = fedavg_round(global_model, workers, data, clients, args, round_, client_stack)
         run.add_bytes(down=model_bytes * len(clients), up=model_bytes * len(clients))
         if run.should_eval(round_):
             run.log(round_, {**evaluate_global(global_model, data), "train_loss": train_loss})

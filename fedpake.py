@@ -50,7 +50,7 @@ def parse_args(argv=None):
         args.n_micro = default if args.n_micro is None else args.n_micro
         args.n_macro = default if args.n_macro is None else args.n_macro
 
-    parser = common.base_parser(__doc__.splitlines()[0], rounds=1000)
+    parser = common.base_parser(__doc__.splitlines()[0], parallel_clients=True, rounds=1000)
     parser.add_argument("--kappa", type=float, default=0.2, help="CV threshold of high dispersion, Eq. (4)-(5); "
                         "inf gives FedAvg")
     parser.add_argument("--n-micro", type=int, default=None, help="Micro-Classes, Eq. (6) "
@@ -203,7 +203,8 @@ def fedpake_aggregate(stacked, weights, kappa=0.2, n_micro=4, n_macro=4, delta=0
 # ----------------------------------------------------------------------------- one round, evaluation, main
 
 def fedpake_round(global_model, worker, data, clients, args, round_, client_stack):
-    """Alg. 1: FedAvg's round (local SGD from the global model on each client) with
+    """Alg. 1: FedAvg's round (local SGD from the global model on each client; ``worker`` is a
+    model or a list of them, see fedavg.fedavg_round) with
     ``fedpake_aggregate`` as the server's aggregation. Returns the mean training loss and the
     aggregation's statistics (with its time in seconds)."""
     stats = {}
@@ -229,7 +230,8 @@ def main(argv=None):
     global_model = common.build_model(args.model, data, auto_image="resnet18").to(run.device)
     state = {"global_model": global_model}
     start = run.resume(state)
-    worker = common.build_model(args.model, data, auto_image="resnet18").to(run.device)
+    worker = [common.build_model(args.model, data, auto_image="resnet18").to(run.device)
+              for _ in range(args.parallel_clients)]
     num_params = sum(v.numel() for v in common.float_state(global_model))
     clients_per_round = max(1, round(args.join_ratio * args.num_clients))
     client_stack = torch.empty(clients_per_round, num_params, device=run.device)

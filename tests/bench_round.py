@@ -43,6 +43,8 @@ import common  # noqa: E402
 # algorithm -> (script, flags of the paper's shape, share of the samples it gets)
 SETTINGS = {
     "fedavg": ("fedavg.py", ["--model", "cnn", "--num-clients", "20", "--batch-size", "10", "--local-epochs", "1"], 1.0),
+    "fedavg-parallel": ("fedavg.py", ["--model", "cnn", "--num-clients", "20", "--batch-size", "10", "--local-epochs", "1",
+                                      "--parallel-clients", "2"], 1.0),
     "fedala": ("fedala.py", ["--model", "cnn", "--num-clients", "20", "--batch-size", "10", "--local-epochs", "1"], 1.0),
     "pfedla": ("pfedla.py", ["--model", "lenet", "--num-clients", "10", "--batch-size", "32", "--local-epochs", "10",
                              "--partition", "pfedla1"], 1.0),
@@ -111,6 +113,7 @@ def naive(kind, flags, npz, rounds, device):
     ``kind`` 'tensor': a TensorDataset over already normalised host tensors; 'image': the
     torchvision pattern, uint8 images transformed per sample."""
     parser = common.base_parser("bench")
+    flags = [f for i, f in enumerate(flags) if f != "--parallel-clients" and flags[i - 1] != "--parallel-clients"]
     args = common.parse_args(parser, ["--dataset", npz, "--device", device, *flags])
     device = common.resolve_device(device)
     torch.manual_seed(0)

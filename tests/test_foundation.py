@@ -120,6 +120,22 @@ def test_fedavg_round_equals_hand_computation():
     assert not torch.equal(global_model.fc.weight, start.fc.weight)
 
 
+def test_parallel_clients_give_the_same_round_on_any_schedule():
+    args = common.base_parser("t").parse_args(["--dataset", "synthetic", "--num-clients", "5", "--batch-size", "8"])
+    data = common.load_federated_data(args, torch.device("cpu"))
+    torch.manual_seed(0)
+    start = common.build_model("mlp", data)
+    results = []
+    for workers in (1, 2, 3, 2):
+        model = copy.deepcopy(start)
+        stack = torch.empty(5, sum(v.numel() for v in common.float_state(model)))
+        fedavg.fedavg_round(model, [copy.deepcopy(start) for _ in range(workers)], data, [0, 1, 2, 3, 4], args, 1, stack)
+        results.append(common.flatten_state(model))
+    assert torch.equal(results[1], results[2]) and torch.equal(results[1], results[3])  # 1 torch thread per client
+    torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-6)  # all threads on one client at a time
+    assert not torch.equal(results[1], common.flatten_state(start))
+
+
 def test_local_train_keeps_last_partial_batch():
     batches = list(common.epoch_batches(torch.arange(23), 10, 2, seed=1))
     assert [len(b) for b in batches] == [10, 10, 3, 10, 10, 3]

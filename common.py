@@ -943,6 +943,17 @@ def accuracy_metrics(correct, count, loss_sum, prefix="test"):
             f"{prefix}_loss": loss_sum.sum() / max(count.sum(), 1)}
 
 
+def evaluate_global(model, data):
+    """One model (the global one) on every client's test data (test_acc pooled, test_acc_mean and
+    std over clients) and, under --test-split global, on the uniform test set (global_acc,
+    global_loss; a single test set has no client mean or spread)."""
+    metrics = accuracy_metrics(*evaluate(model, data, data.test_idx))
+    if data.global_test_idx is not None:
+        uniform = accuracy_metrics(*evaluate(model, data, [data.global_test_idx]), prefix="global")
+        metrics.update(global_acc=uniform["global_acc"], global_loss=uniform["global_loss"])
+    return metrics
+
+
 # ----------------------------------------------------------------------------- run folder, logging, checkpoints (SPEC 1.6)
 
 def atomic_write(path, text_or_bytes):

@@ -153,7 +153,7 @@ def local_train(model, data, idx, present, args, batch_seed, mixup_seed):
     delta = margin_deltas(P, present, args.missing_delta)
     sums = torch.zeros(C, C, device=device)
     mixup_rng = torch.Generator().manual_seed(mixup_seed)
-    steps_per_epoch = math.ceil(len(idx) / args.batch_size)
+    steps_per_epoch = len(common.batch_bounds(len(idx), args.batch_size))
     optimizer = common.make_optimizer(model, args)
     model.train()
     total = torch.zeros((), device=device)
@@ -221,16 +221,6 @@ def fedacd_round(global_model, worker, data, clients, args, round_, client_stack
     return stats
 
 
-def evaluate_global(model, data):
-    """The global model on the uniform test set (Table 1: global_acc) and on the per-client
-    test sets with the clients' label proportions (Table 2: test_acc pooled, test_acc_mean)."""
-    metrics = common.accuracy_metrics(*common.evaluate(model, data, data.test_idx))
-    if data.global_test_idx is not None:
-        g = common.accuracy_metrics(*common.evaluate(model, data, [data.global_test_idx]), prefix="global")
-        metrics.update(global_acc=g["global_acc"], global_loss=g["global_loss"])
-    return metrics
-
-
 def main(argv=None):
     args = parse_args(argv)
     run = common.Run("fedacd", args, headline="global_acc: global model on the uniform test set (FedACD Table 1; "
@@ -261,7 +251,7 @@ def main(argv=None):
                              risk=(class_test_idx, priors) if evaluate else None)
         run.add_bytes(down=model_bytes * len(clients), up=(model_bytes + 8) * len(clients))  # + the score V_m
         if evaluate:
-            run.log(round_, {**evaluate_global(global_model, data), **stats})
+            run.log(round_, {**common.evaluate_global(global_model, data), **stats})
         run.checkpoint(round_, state)
     risks = [float(r["local_risk"]) for r in run.rows]  # Table 3: lower is better, so "best" is the minimum
     last10 = sum(risks[-10:]) / len(risks[-10:])

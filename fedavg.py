@@ -52,14 +52,6 @@ def fedavg_round(global_model, worker, data, clients, args, round_, client_stack
     return sum(losses) / len(losses)
 
 
-def evaluate_global(model, data):
-    """The global model on every client's test data, and on the uniform test set if there is one."""
-    metrics = common.accuracy_metrics(*common.evaluate(model, data, data.test_idx))
-    if data.global_test_idx is not None:
-        metrics.update(common.accuracy_metrics(*common.evaluate(model, data, [data.global_test_idx]), prefix="global"))
-    return metrics
-
-
 def main(argv=None):
     args = parse_args(argv)
     run = common.Run("fedavg", args, headline="best test_acc (FedALA Table 2 reports FedAvg's best)")
@@ -80,7 +72,7 @@ def main(argv=None):
         train_loss = fedavg_round(global_model, workers, data, clients, args, round_, client_stack)
         run.add_bytes(down=model_bytes * len(clients), up=model_bytes * len(clients))
         if run.should_eval(round_):
-            run.log(round_, {**evaluate_global(global_model, data), "train_loss": train_loss})
+            run.log(round_, {**common.evaluate_global(global_model, data), "train_loss": train_loss})
         run.checkpoint(round_, state)
     run.finish()
 

@@ -202,9 +202,9 @@ def fedpake_aggregate(stacked, weights, kappa=0.2, n_micro=4, n_macro=4, delta=0
 
 # ----------------------------------------------------------------------------- one round, evaluation, main
 
-def fedpake_round(global_model, worker, data, clients, args, round_, client_stack):
-    """Alg. 1: FedAvg's round (local SGD from the global model on each client; ``worker`` is a
-    model or a list of them, see fedavg.fedavg_round) with
+def fedpake_round(global_model, workers, data, clients, args, round_, client_stack):
+    """Alg. 1: FedAvg's round (local SGD from the global model on each client; ``workers``: see
+    fedavg.fedavg_round) with
     ``fedpake_aggregate`` as the server's aggregation. Returns the mean training loss and the
     aggregation's statistics (with its time in seconds)."""
     stats = {}
@@ -219,7 +219,7 @@ def fedpake_round(global_model, worker, data, clients, args, round_, client_stac
         stats["agg_seconds"] = time.perf_counter() - start
         return new_global
 
-    train_loss = fedavg.fedavg_round(global_model, worker, data, clients, args, round_, client_stack, aggregate)
+    train_loss = fedavg.fedavg_round(global_model, workers, data, clients, args, round_, client_stack, aggregate)
     return train_loss, stats
 
 
@@ -230,8 +230,8 @@ def main(argv=None):
     global_model = common.build_model(args.model, data, auto_image="resnet18").to(run.device)
     state = {"global_model": global_model}
     start = run.resume(state)
-    worker = [common.build_model(args.model, data, auto_image="resnet18").to(run.device)
-              for _ in range(args.parallel_clients)]
+    workers = [common.build_model(args.model, data, auto_image="resnet18").to(run.device)
+               for _ in range(args.parallel_clients)]
     num_params = sum(v.numel() for v in common.float_state(global_model))
     clients_per_round = max(1, round(args.join_ratio * args.num_clients))
     client_stack = torch.empty(clients_per_round, num_params, device=run.device)
@@ -242,10 +242,10 @@ def main(argv=None):
 
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(run.rng, args.num_clients, args.join_ratio)
-        train_loss, stats = fedpake_round(global_model, worker, data, clients, args, round_, client_stack)
+        train_loss, stats = fedpake_round(global_model, workers, data, clients, args, round_, client_stack)
         run.add_bytes(down=model_bytes * len(clients), up=model_bytes * len(clients))
         if run.should_eval(round_):
-            run.log(round_, {**fedavg.evaluate_global(global_model, data), "train_loss": train_loss, **stats})
+            run.log(round_, {**common.evaluate_global(global_model, data), "train_loss": train_loss, **stats})
             print(f"[fedpake]   high-dispersion {100 * stats['high_fraction']:.1f}% | "
                   f"{stats['macro_classes']} Macro-Classes | aggregation {stats['agg_seconds']:.3f} s")
         run.checkpoint(round_, state)

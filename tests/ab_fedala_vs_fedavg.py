@@ -37,7 +37,7 @@ seconds = {"fedavg": [], "fedala": []}
 for round_ in range(1, 9):
     start = time.perf_counter()
     fedavg.fedavg_round(global_avg, worker_avg, data, clients, args, round_, stack)
-    fedavg.evaluate_global(global_avg, data)
+    common.evaluate_global(global_avg, data)
     seconds["fedavg"].append(time.perf_counter() - start)
     start = time.perf_counter()
     fedala.fedala_round(global_ala, worker_ala, local_models, ala, data, clients, args, round_, evaluate=True)

@@ -182,6 +182,24 @@ def test_local_training_mixes_losses_and_accumulates_p_with_mixup_weights(mixup)
         assert torch.allclose(P, fedacd.probability_matrix(model, data.x, data.y, idx, 10), atol=1e-5)
 
 
+def test_p_matrix_is_replaced_at_every_epoch_end_when_a_single_sample_batch_is_merged():
+    args, data = _tiny_data()
+    args.local_epochs, args.lr, args.momentum, args.weight_decay, args.mixup = 3, 0.0, 0.0, 0.0, False
+    args.batch_size = 10
+    torch.manual_seed(1)
+    model = common.build_model("auto", data)
+    idx, present = data.train_idx[0][:21], torch.as_tensor(data.train_counts[0] > 0)  # batches of 10 and 11
+    loss, P = fedacd.local_train(model, data, idx, present, args, batch_seed=5, mixup_seed=7)
+    rows = torch.bincount(data.y[idx], minlength=10) > 0
+    expected = fedacd.probability_matrix(model, data.x, data.y, idx, 10)  # frozen: every epoch's P^m is this
+    assert torch.allclose(P[rows], expected[rows], atol=1e-5)
+    with torch.no_grad():
+        by_hand = torch.stack([fedacd.fedacd_loss(model(data.x[b]), data.y[b],
+                                                  fedacd.margin_deltas(expected, present, 0.01), 1.0).mean()
+                               for b in common.epoch_batches(idx, 10, 3, 5)]).mean()
+    assert loss.item() == pytest.approx(by_hand.item(), rel=1e-5)  # the mean over the 6 steps taken
+
+
 # ----------------------------------------------------------------------------- 4. score Eq. (10), aggregation Eq. (11)
 
 def test_score_hand_example_and_absent_rows_left_out():

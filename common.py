@@ -20,6 +20,7 @@ import platform
 import socket
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -58,9 +59,20 @@ def run_main(main, argv=None):
         sys.exit(1)
 
 
-def base_parser(description, parallel_clients=False, **defaults):
-    """The flags every script shares (SPEC 1.6); ``defaults`` are the script's paper setting.
-    ``parallel_clients`` adds ``--parallel-clients`` (scripts whose round uses for_each_client)."""
+def _parallel_clients(text):
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 1, got {text!r}")
+    return value
+
+
+def base_parser(description, **defaults):
+    """The flags every script shares (SPEC 1.6); ``defaults`` are the script's paper setting."""
     p = _Parser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     a = p.add_argument
     a("--dataset", default="cifar10", help="mnist, fmnist, emnist, cifar10, cifar100, tinyimagenet, agnews, "
@@ -88,10 +100,10 @@ def base_parser(description, parallel_clients=False, **defaults):
     a("--checkpoint-every", type=int, default=50)
     a("--seed", type=int, default=0)
     a("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    if parallel_clients:
-        a("--parallel-clients", type=int, default=1,
-          help="CPU: train this many clients at once, one torch thread each (1: one client at a time on all "
-          "threads); the result depends on this setting, not on the schedule")
+    a("--parallel-clients", type=_parallel_clients, default="auto",
+      help="train this many clients at once on CPU threads, one torch thread each (1: one client at a time on "
+      "all threads; auto: one per torch thread on CPU, 1 on a GPU); results depend on whether this is 1, "
+      "not on the schedule")
     a("--out", default="runs", help="folder under which the run folder is created")
     a("--resume", default=None, metavar="RUN_DIR", help="continue a stopped run from its last checkpoint")
     a("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: exit after round N as if killed
@@ -126,7 +138,6 @@ def parse_args(parser, argv=None, resolve=None):
         (0 < args.train_ratio < 1, f"--train-ratio must be in (0, 1), got {args.train_ratio}"),
         (args.eval_every >= 1 and args.checkpoint_every >= 1, "--eval-every and --checkpoint-every must be >= 1"),
         (args.classes_per_client is None or args.classes_per_client >= 1, "--classes-per-client must be >= 1"),
-        (getattr(args, "parallel_clients", 1) >= 1, "--parallel-clients must be >= 1"),
     ]
     for ok, message in checks:
         if not ok:
@@ -878,26 +889,45 @@ def local_train(model, data, idx, args, seed, epochs=None):
     return total / max(steps, 1)
 
 
-def for_each_client(train_one, clients, workers):
+def for_each_client(train_one, clients, workers, sizes=None):
     """``train_one(worker, slot, client)`` for every client, results in client order. With one
-    worker model the clients run one after another; with several (``--parallel-clients``,
-    CPU), that many run at once on threads, one torch thread each. Clients are independent,
-    so the results do not depend on the schedule, only on the number of torch threads."""
+    worker model the clients run one after another on all torch threads; with several
+    (``--parallel-clients``, CPU) that many clients train at once on threads, one torch thread
+    each, which uses the cores far better than splitting one small batch over them. Each idle
+    worker takes the next client, the largest (``sizes``) first, so the threads finish together.
+    Clients are independent: the results do not depend on the schedule, only on whether a
+    client ran on one torch thread or on all of them."""
     if len(workers) == 1:
         return [train_one(workers[0], slot, client) for slot, client in enumerate(clients)]
     from concurrent.futures import ThreadPoolExecutor
+    order = sorted(range(len(clients)), key=lambda slot: -sizes[slot]) if sizes else list(range(len(clients)))
+    queue, lock, results = iter(order), threading.Lock(), [None] * len(clients)
 
-    def share(k):  # worker k takes every len(workers)-th client
-        return [(slot, train_one(workers[k], slot, clients[slot])) for slot in range(k, len(clients), len(workers))]
+    def work(worker):
+        while True:
+            with lock:
+                slot = next(queue, None)
+            if slot is None:
+                return
+            results[slot] = train_one(worker, slot, clients[slot])
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with ThreadPoolExecutor(len(workers)) as pool:
-            results = dict(pair for part in pool.map(share, range(len(workers))) for pair in part)
+            list(pool.map(work, workers))
     finally:
         torch.set_num_threads(threads)
-    return [results[slot] for slot in range(len(clients))]
+    return results
+
+
+def client_workers(args, build, device, clients_per_round):
+    """The reusable models that train a round's clients: ``--parallel-clients`` of them (auto: one
+    per torch thread on CPU, where small batches leave most of the cores idle; one on a GPU)."""
+    n = getattr(args, "parallel_clients", 1)
+    if n == "auto":
+        n = torch.get_num_threads() if device.type == "cpu" else 1
+    return [build().to(device) for _ in range(max(1, min(n, clients_per_round)))]
 
 
 def check_finite(loss, round_, client):

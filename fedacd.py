@@ -195,22 +195,26 @@ def average_risk(errors, priors):
 def fedacd_round(global_model, worker, data, clients, args, round_, client_stack, present, risk=None):
     """One FedACD round (Appendix A.1): local training and scoring on each client, then the
     score-weighted average (Eq. 11). With ``risk = (class_test_idx, priors)`` the local models'
-    average risk (Eq. 3, Table 3) is measured as well. Returns a dict of round statistics."""
+    average risk (Eq. 3, Table 3) is measured as well. ``worker``: one model or a list (see
+    common.for_each_client). Returns a dict of round statistics."""
     global_flat = common.flatten_state(global_model)
-    losses, scores, kls, risks = [], [], [], []
-    for slot, client in enumerate(clients):
-        common.load_flat_state(worker, global_flat)  # the server sends the global model
+
+    def train_one(model, slot, client):
+        common.load_flat_state(model, global_flat)  # the server sends the global model
         idx = data.train_idx[client]
         seeds = common.client_seed(args.seed, round_, client), common.client_seed(args.seed, round_, client, tag=1)
-        loss, _ = local_train(worker, data, idx, present[client], args, *seeds)
-        losses.append(common.check_finite(loss, round_, client))
-        P = probability_matrix(worker, data.x, data.y, idx, data.num_classes)  # P^m of the trained model
+        loss, _ = local_train(model, data, idx, present[client], args, *seeds)
+        P = probability_matrix(model, data.x, data.y, idx, data.num_classes)  # P^m of the trained model
         score, kl = aggregation_score(P, present[client], args.tau, args.score_kl)
-        scores.append(score)
-        kls.append(kl)
-        if risk is not None:
-            risks.append(average_risk(per_class_errors(worker, data, risk[0]), risk[1]))
-        common.flatten_state(worker, out=client_stack[slot])
+        local_risk = average_risk(per_class_errors(model, data, risk[0]), risk[1]) if risk is not None else None
+        common.flatten_state(model, out=client_stack[slot])
+        return loss, score, kl, local_risk
+
+    workers = worker if isinstance(worker, list) else [worker]
+    outputs = common.for_each_client(train_one, clients, workers, [len(data.train_idx[c]) for c in clients])
+    losses = [common.check_finite(out[0], round_, client) for client, out in zip(clients, outputs)]
+    _, scores, kls, risks = zip(*outputs)
+    risks = [r for r in risks if r is not None]
     scores = torch.stack(scores)
     weights = aggregation_weights(scores, args.uniform_agg)
     common.load_flat_state(global_model, common.weighted_average(client_stack[:len(clients)], weights))
@@ -232,9 +236,10 @@ def main(argv=None):
     global_model = common.build_model(args.model, data, auto_image=auto_image).to(run.device)
     state = {"global_model": global_model}
     start = run.resume(state)
-    worker = common.build_model(args.model, data, auto_image=auto_image).to(run.device)
     num_params = sum(v.numel() for v in common.float_state(global_model))
     clients_per_round = max(1, round(args.join_ratio * args.num_clients))
+    workers = common.client_workers(args, lambda: common.build_model(args.model, data, auto_image=auto_image),
+                                    run.device, clients_per_round)
     client_stack = torch.empty(clients_per_round, num_params, device=run.device)
     model_bytes = common.state_bytes(global_model)
     counts = torch.as_tensor(data.train_counts, dtype=torch.float64, device=run.device)
@@ -242,12 +247,13 @@ def main(argv=None):
     priors = counts / counts.sum(1, keepdim=True)  # pi^n of Eq. (3)
     risk_test = data.global_test_idx if data.global_test_idx is not None else torch.cat(data.test_idx)
     class_test_idx = [risk_test[data.y[risk_test] == c] for c in range(data.num_classes)]
-    print(f"[fedacd] model {global_model.__class__.__name__}: {num_params} parameters, {model_bytes / 2**20:.2f} MB")
+    print(f"[fedacd] model {global_model.__class__.__name__}: {num_params} parameters, {model_bytes / 2**20:.2f} MB; "
+          f"{len(workers)} client(s) at a time")
 
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(run.rng, args.num_clients, args.join_ratio)
         evaluate = run.should_eval(round_)
-        stats = fedacd_round(global_model, worker, data, clients, args, round_, client_stack, present,
+        stats = fedacd_round(global_model, workers, data, clients, args, round_, client_stack, present,
                              risk=(class_test_idx, priors) if evaluate else None)
         run.add_bytes(down=model_bytes * len(clients), up=(model_bytes + 8) * len(clients))  # + the score V_m
         if evaluate:

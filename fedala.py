@@ -154,32 +154,40 @@ class ALA:
 
 def fedala_round(global_model, worker, local_models, ala, data, clients, args, round_, evaluate=False):
     """One round of Alg. 1 (l. 4-18). ``local_models`` holds every client's local model as a flat row
-    (updated in place); ``worker`` is one reusable model. Returns the mean training loss, the mean
-    number of ALA epochs of the joining clients and, if ``evaluate``, per-client test results
+    (updated in place); ``worker`` is one reusable model, or a list of them to train several clients
+    at once (``--parallel-clients``, see common.for_each_client). Returns the mean training loss, the
+    mean number of ALA epochs of the joining clients and, if ``evaluate``, per-client test results
     (correct, count, summed loss) of the evaluated models (see the module docstring)."""
     global_flat = common.flatten_state(global_model)
-    results = [None] * data.num_clients
-    losses, ala_epochs = [], []
-    for client in clients:
+
+    def train_one(model, slot, client):
         idx = data.train_idx[client]
         if round_ == 1 or args.no_ala:  # ALA is off in round 1: Theta^0 = Theta_i^0 (l. 8, 12)
-            common.load_flat_state(worker, global_flat)
-            ala_epochs.append(0)
+            common.load_flat_state(model, global_flat)
+            ala_epochs = 0
         else:
-            common.load_flat_state(worker, local_models[client])  # old local model Theta_i^{t-1}
+            common.load_flat_state(model, local_models[client])  # old local model Theta_i^{t-1}
             generator = torch.Generator().manual_seed(common.client_seed(args.seed, round_, client, tag=1))
-            ala_epochs.append(ala.initialise(client, global_model, worker, data.x[idx], data.y[idx], generator))
-        if evaluate:
-            results[client] = common.evaluate(worker, data, [data.test_idx[client]])
-        loss = common.local_train(worker, data, idx, args, common.client_seed(args.seed, round_, client))  # l. 16
-        losses.append(common.check_finite(loss, round_, client))
-        common.flatten_state(worker, out=local_models[client])
+            ala_epochs = ala.initialise(client, global_model, model, data.x[idx], data.y[idx], generator)
+        result = common.evaluate(model, data, [data.test_idx[client]]) if evaluate else None
+        loss = common.local_train(model, data, idx, args, common.client_seed(args.seed, round_, client))  # l. 16
+        common.flatten_state(model, out=local_models[client])
+        return loss, ala_epochs, result
+
+    workers = worker if isinstance(worker, list) else [worker]
     sizes = [len(data.train_idx[c]) for c in clients]
+    outputs = common.for_each_client(train_one, clients, workers, sizes)
+    losses = [common.check_finite(loss, round_, client) for client, (loss, _, _) in zip(clients, outputs)]
+    ala_epochs = [epochs for _, epochs, _ in outputs]
     common.load_flat_state(global_model, common.weighted_average(local_models[clients], sizes))  # l. 18
+    results = None
     if evaluate:
+        results = [None] * data.num_clients
+        for client, (_, _, result) in zip(clients, outputs):
+            results[client] = result
         for client in sorted(set(range(data.num_clients)) - set(clients)):
-            common.load_flat_state(worker, local_models[client])
-            results[client] = common.evaluate(worker, data, [data.test_idx[client]])
+            common.load_flat_state(workers[0], local_models[client])
+            results[client] = common.evaluate(workers[0], data, [data.test_idx[client]])
         results = tuple(torch.cat([r[i] for r in results]) for i in range(3))
     return sum(losses) / len(losses), sum(ala_epochs) / len(ala_epochs), results
 
@@ -189,23 +197,24 @@ def main(argv=None):
     run = common.Run("fedala", args, headline="best test_acc (FedALA Table 2: best accuracy of the local models)")
     data = run.data
     global_model = common.build_model(args.model, data, auto_image="cnn").to(run.device)
-    worker = common.build_model(args.model, data, auto_image="cnn").to(run.device)
     ala = ALA(global_model, args.num_clients, p=args.p, eta=args.eta, s=args.s, batch_size=args.batch_size,
               threshold=args.threshold, num_pre_loss=args.num_pre_loss, max_init_epochs=args.max_init_epochs)
     local_models = common.flatten_state(global_model).repeat(args.num_clients, 1)  # Alg. 1 l. 1
     state = {"global_model": global_model, "local_models": local_models, "ala": ala}
     start = run.resume(state)
     local_models = state["local_models"]
+    workers = common.client_workers(args, lambda: common.build_model(args.model, data, auto_image="cnn"),
+                                    run.device, max(1, round(args.join_ratio * args.num_clients)))
     model_bytes = common.state_bytes(global_model)
     print(f"[fedala] model {global_model.__class__.__name__}: {local_models.shape[1]} parameters; ALA on the top "
           f"p={args.p} layer(s) ({', '.join(ala.top)}): {ala.num_weights()} learnable weights per client"
-          f"{' (off: --no-ala)' if args.no_ala else ''}")
+          f"{' (off: --no-ala)' if args.no_ala else ''}; {len(workers)} client(s) at a time")
 
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(run.rng, args.num_clients, args.join_ratio)
         evaluate = run.should_eval(round_)
         in_initial_stage = [c for c in clients if ala.start_phase[c]]
-        train_loss, ala_epochs, results = fedala_round(global_model, worker, local_models, ala, data, clients, args,
+        train_loss, ala_epochs, results = fedala_round(global_model, workers, local_models, ala, data, clients, args,
                                                        round_, evaluate)
         done = [c for c in in_initial_stage if not ala.start_phase[c]]
         if done:

@@ -25,7 +25,7 @@ def parse_args(argv=None):
             fast = args.dataset in ("mnist", "agnews") or args.model in ("fasttext", "resnet18")
             args.lr = 0.1 if fast else 0.005
 
-    parser = common.base_parser(__doc__.splitlines()[0], parallel_clients=True, lr=None)
+    parser = common.base_parser(__doc__.splitlines()[0], lr=None)
     return common.parse_args(parser, argv, resolve)
 
 
@@ -45,9 +45,9 @@ def fedavg_round(global_model, worker, data, clients, args, round_, client_stack
         return loss
 
     workers = worker if isinstance(worker, list) else [worker]
-    losses = [common.check_finite(loss, round_, client)
-              for client, loss in zip(clients, common.for_each_client(train_one, clients, workers))]
     sizes = [len(data.train_idx[c]) for c in clients]
+    losses = [common.check_finite(loss, round_, client)
+              for client, loss in zip(clients, common.for_each_client(train_one, clients, workers, sizes))]
     common.load_flat_state(global_model, aggregate(client_stack[:len(clients)], sizes))
     return sum(losses) / len(losses)
 
@@ -59,13 +59,14 @@ def main(argv=None):
     global_model = common.build_model(args.model, data, auto_image="cnn").to(run.device)
     state = {"global_model": global_model}
     start = run.resume(state)
-    workers = [common.build_model(args.model, data, auto_image="cnn").to(run.device)
-               for _ in range(args.parallel_clients)]
     num_params = sum(v.numel() for v in common.float_state(global_model))
     clients_per_round = max(1, round(args.join_ratio * args.num_clients))
+    workers = common.client_workers(args, lambda: common.build_model(args.model, data, auto_image="cnn"),
+                                    run.device, clients_per_round)
     client_stack = torch.empty(clients_per_round, num_params, device=run.device)
     model_bytes = common.state_bytes(global_model)
-    print(f"[fedavg] model {global_model.__class__.__name__}: {num_params} parameters, {model_bytes / 2**20:.2f} MB")
+    print(f"[fedavg] model {global_model.__class__.__name__}: {num_params} parameters, {model_bytes / 2**20:.2f} MB; "
+          f"{len(workers)} client(s) at a time")
 
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(run.rng, args.num_clients, args.join_ratio)

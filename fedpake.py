@@ -50,7 +50,7 @@ def parse_args(argv=None):
         args.n_micro = default if args.n_micro is None else args.n_micro
         args.n_macro = default if args.n_macro is None else args.n_macro
 
-    parser = common.base_parser(__doc__.splitlines()[0], parallel_clients=True, rounds=1000)
+    parser = common.base_parser(__doc__.splitlines()[0], rounds=1000)
     parser.add_argument("--kappa", type=float, default=0.2, help="CV threshold of high dispersion, Eq. (4)-(5); "
                         "inf gives FedAvg")
     parser.add_argument("--n-micro", type=int, default=None, help="Micro-Classes, Eq. (6) "
@@ -230,14 +230,14 @@ def main(argv=None):
     global_model = common.build_model(args.model, data, auto_image="resnet18").to(run.device)
     state = {"global_model": global_model}
     start = run.resume(state)
-    workers = [common.build_model(args.model, data, auto_image="resnet18").to(run.device)
-               for _ in range(args.parallel_clients)]
     num_params = sum(v.numel() for v in common.float_state(global_model))
     clients_per_round = max(1, round(args.join_ratio * args.num_clients))
+    workers = common.client_workers(args, lambda: common.build_model(args.model, data, auto_image="resnet18"),
+                                    run.device, clients_per_round)
     client_stack = torch.empty(clients_per_round, num_params, device=run.device)
     model_bytes = common.state_bytes(global_model)
     print(f"[fedpake] model {global_model.__class__.__name__}: {num_params} parameters, {model_bytes / 2**20:.2f} MB; "
-          f"kappa {args.kappa}, n_micro {args.n_micro}, n_macro {args.n_macro}, delta {args.delta}"
+          f"{len(workers)} client(s) at a time; kappa {args.kappa}, n_micro {args.n_micro}, n_macro {args.n_macro}, delta {args.delta}"
           + (f", ablate {args.ablate}" if args.ablate else ""))
 
     for round_ in range(start, args.rounds + 1):

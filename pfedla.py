@@ -148,19 +148,23 @@ def hypernetwork_step(hypernetworks, theta_bar, delta, hn_lr):
 
 def pfedla_round(hypernetworks, client_models, worker, data, clients, args, round_, sizes):
     """One round of Alg. 1 (Alg. 2 for k > 0) over ``clients``. ``client_models`` (N, D) is
-    updated in place. Returns (mean train loss, bytes server->client, bytes client->server)."""
+    updated in place; ``worker``: one model or a list (see common.for_each_client). Returns (mean train loss, bytes server->client, bytes client->server)."""
     ids = torch.as_tensor(clients, device=client_models.device)
     alpha = hypernetworks(ids)                                            # Eq. (3)-(4)
     keep = retained_layers(alpha.detach(), ids, args.k)                   # Alg. 2 l. 6, Eq. (12)
     theta_bar = personalised_models(alpha, client_models, ids, sizes, keep)  # Alg. 1 l. 5, Eq. (5)-(6)
     trained = torch.empty(theta_bar.shape, device=theta_bar.device)
-    losses = []
-    for slot, client in enumerate(clients):
-        common.load_flat_state(worker, theta_bar[slot].detach())          # l. 10-11: client sets theta_i
-        loss = common.local_train(worker, data, data.train_idx[client], args,
+
+    def train_one(model, slot, client):
+        common.load_flat_state(model, theta_bar[slot].detach())           # l. 10-11: client sets theta_i
+        loss = common.local_train(model, data, data.train_idx[client], args,
                                   common.client_seed(args.seed, round_, client))  # l. 12-14
-        losses.append(common.check_finite(loss, round_, client))
-        common.flatten_state(worker, out=trained[slot])
+        common.flatten_state(model, out=trained[slot])
+        return loss
+
+    workers = worker if isinstance(worker, list) else [worker]
+    losses = [common.check_finite(loss, round_, client) for client, loss in
+              zip(clients, common.for_each_client(train_one, clients, workers, [len(data.train_idx[c]) for c in clients]))]
     delta = trained - theta_bar.detach()                                  # Delta theta_i, sent to the server
     hypernetwork_step(hypernetworks, theta_bar, delta, args.hn_lr)        # l. 8, Eq. (10)-(11)
     client_models[ids] = trained  # l. 7: theta_i := theta_bar_i + Delta theta_i, i.e. the trained model (bit-exact)
@@ -203,13 +207,15 @@ def main(argv=None):
     state = {"hypernetworks": hypernetworks, "client_models": client_models}
     start = run.resume(state)
     client_models = state["client_models"]
+    workers = common.client_workers(args, lambda: common.build_model(args.model, data, auto_image="lenet"),
+                                    run.device, max(1, round(args.join_ratio * args.num_clients)))
     print(f"[{algo}] model {worker.__class__.__name__}: {client_models.shape[1]} parameters in {len(sizes)} layers; "
           f"hypernetworks: {args.num_clients} x {hypernetworks.params_per_client()} = "
-          f"{sum(p.numel() for p in hypernetworks.parameters())} parameters")
+          f"{sum(p.numel() for p in hypernetworks.parameters())} parameters; {len(workers)} client(s) at a time")
 
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(run.rng, args.num_clients, args.join_ratio)
-        train_loss, down, up = pfedla_round(hypernetworks, client_models, worker, data, clients, args, round_, sizes)
+        train_loss, down, up = pfedla_round(hypernetworks, client_models, workers, data, clients, args, round_, sizes)
         run.add_bytes(down=down, up=up)
         if run.should_eval(round_):
             run.log(round_, {**evaluate_personalised(hypernetworks, client_models, worker, data, sizes, args.k),

@@ -351,3 +351,23 @@ def test_defaults_follow_the_paper():
     for flags in (["mnist"], ["agnews"], ["tinyimagenet", "--model", "resnet18"]):
         assert fedala.parse_args(["--dataset", *flags]).lr == 0.1
     assert fedala.parse_args(["--dataset", "mnist", "--lr", "0.01"]).lr == 0.01
+
+
+def test_clients_in_parallel_give_the_same_rounds_as_one_at_a_time():
+    """--parallel-clients: the ALA, local training and evaluation of several clients running at once
+    on threads (one torch thread each, as here) change nothing, bit for bit."""
+    data = tiny_fed_data(num_clients=4)
+    args = fedala_args("--num-pre-loss", 3, "--eta", 5)
+    outcomes = []
+    for num_workers in (1, 3):
+        global_model, worker, ala, local_models = setup(data, args)
+        workers = [worker] + [copy.deepcopy(worker) for _ in range(num_workers - 1)]
+        for round_ in (1, 2, 3):
+            _, epochs, results = fedala.fedala_round(global_model, workers, local_models, ala, data, [0, 1, 3], args,
+                                                     round_, evaluate=True)
+        outcomes.append((common.flatten_state(global_model), local_models.clone(), ala.weights.clone(),
+                         ala.init_losses, epochs, results))
+    (g1, l1, w1, i1, e1, r1), (g3, l3, w3, i3, e3, r3) = outcomes
+    assert torch.equal(g1, g3) and torch.equal(l1, l3) and torch.equal(w1, w3) and i1 == i3 and e1 == e3
+    assert all(torch.equal(a, b) for a, b in zip(r1, r3))
+    assert not torch.equal(w1, torch.ones_like(w1)) and not torch.equal(l1[0], l1[2])  # ALA and training happened

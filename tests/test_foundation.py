@@ -136,6 +136,54 @@ def test_parallel_clients_give_the_same_round_on_any_schedule():
     assert not torch.equal(results[1], common.flatten_state(start))
 
 
+def test_idle_workers_take_the_largest_client_left_and_results_keep_client_order():
+    import threading
+    started, lock = [], threading.Lock()
+
+    def train_one(worker, slot, client):
+        with lock:
+            started.append(slot)
+            pause = {1: 0.2, 2: 0.6}.get(len(started), 0)  # one worker takes all the rest while the other is busy
+        time.sleep(pause)
+        return client * 10
+
+    sizes = [1, 9, 3, 7, 5]
+    results = common.for_each_client(train_one, ["a", "b", "c", "d", "e"], ["w1", "w2"], sizes)
+    assert results == ["a" * 10, "b" * 10, "c" * 10, "d" * 10, "e" * 10]
+    assert set(started[:2]) == {1, 3} and started[2:] == [4, 2, 0]  # largest first: 9, 7, then 5, 3, 1
+
+
+def test_a_failing_client_stops_the_round_and_restores_torch_threads():
+    threads = torch.get_num_threads()
+
+    def train_one(worker, slot, client):
+        if client == 2:
+            raise RuntimeError("client 2 failed")
+        return client
+
+    with pytest.raises(RuntimeError, match="client 2 failed"):
+        common.for_each_client(train_one, [0, 1, 2, 3], ["w1", "w2"], [1, 1, 1, 1])
+    assert torch.get_num_threads() == threads
+
+
+def test_parallel_clients_auto_is_one_worker_per_cpu_thread_and_one_on_a_gpu():
+    class Model:
+        def to(self, device):
+            return self
+
+    def workers(value, device="cpu", clients=20):
+        return len(common.client_workers(SimpleNamespace(parallel_clients=value), Model, torch.device(device), clients))
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert workers("auto") == 2 and workers("auto", clients=1) == 1
+        assert workers("auto", device="cuda") == 1
+        assert workers(3) == 3 and workers(3, clients=2) == 2 and workers(1) == 1
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_local_train_keeps_last_partial_batch():
     batches = list(common.epoch_batches(torch.arange(23), 10, 2, seed=1))
     assert [len(b) for b in batches] == [10, 10, 3, 10, 10, 3]
@@ -318,6 +366,8 @@ def write_npz(path, n=60, classes=10, **extra):
     (["--dataset", "NPZ", "--partition", "pat", "--classes-per-client", "11"], "--classes-per-client"),
     (["--dataset", "NPZ", "--num-clients", "100"], "100 clients"),
     (["--dataset", "NPZ_NO_Y"], "no array 'y'"),
+    (["--dataset", "synthetic", "--parallel-clients", "0"], "--parallel-clients"),
+    (["--dataset", "synthetic", "--parallel-clients", "many"], "--parallel-clients"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, flags, needle, capsys):
     npz, no_y = write_npz(tmp_path / "d.npz"), str(tmp_path / "bad.npz")

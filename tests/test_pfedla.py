@@ -1,6 +1,7 @@
 """pFedLA / HeurpFedLA (pfedla.py): Eq. (3)-(6) aggregation, the Eq. (10)-(11) hypernetwork step
 and its sign, Alg. 2 / Eq. (12) top-k retention and its byte count, group discovery, memory, CLI."""
 import argparse
+import copy
 import csv
 import gc
 import json
@@ -319,3 +320,22 @@ def test_resume_gives_the_uninterrupted_result(script, tmp_path):
 def test_bad_k_is_one_line_exit_2(script, tmp_path, flags):
     r = script("pfedla.py", "--dataset", "synthetic", "--rounds", 1, "--out", tmp_path, *flags, env=ONE_THREAD)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "--k" in r.stderr
+
+
+def test_clients_in_parallel_give_the_same_rounds_as_one_at_a_time():
+    data = group_data()
+    n = data.num_clients
+    outcomes = []
+    for num_workers in (1, 3):
+        torch.manual_seed(0)
+        worker = common.MLP(20, data.num_classes)
+        sizes = pfedla.layer_sizes(worker)
+        client_models = common.flatten_state(worker).detach().repeat(n, 1)
+        hn = pfedla.LayerHypernetworks(n, len(sizes))
+        workers = [worker] + [copy.deepcopy(worker) for _ in range(num_workers - 1)]
+        for r in range(1, 4):
+            loss, _, _ = pfedla.pfedla_round(hn, client_models, workers, data, [0, 2, 3, 5], make_args(), r, sizes)
+        outcomes.append((client_models, common.flatten_state(hn), loss))
+    (m1, h1, l1), (m3, h3, l3) = outcomes
+    assert torch.equal(m1, m3) and torch.equal(h1, h3) and l1 == l3
+    assert not torch.equal(m1[0], m1[1])  # clients 0 (trained) and 1 (not sampled) differ

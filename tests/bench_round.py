@@ -6,17 +6,22 @@
 
 For each algorithm at its paper's shape it runs the real script on CIFAR-10-shaped random
 data (uint8 3x32x32, 10 classes, written once as an .npz) and reads seconds per round,
-peak host memory and peak device memory from the run folder. In the same run it times the
-same round done the straightforward way: per client a deep copy of the global model and
-a torch Dataset + DataLoader over that client's host data, then a key-by-key average of
-the state dicts and a DataLoader evaluation. Two such baselines: 'naive-image', the
-torchvision pattern (uint8 HWC images, ToTensor + Normalize per sample), and
-'naive-tensor', a TensorDataset over already normalised tensors (the cheapest
-straightforward loop). That baseline covers local training,
-FedAvg aggregation and evaluation; the algorithm-specific server work (ALA, the
-hypernetworks, FedPake's clustering, FedACD's scores) is only in our column, so for
-those rows the ratio understates our advantage. Timed rounds skip the first two
-(warm-up and FedALA's initial ALA stage).
+peak host memory and peak device memory from the run folder. The scripts run with their
+defaults, so on a CPU several clients train at once (--parallel-clients auto); the row
+fedavg-1-at-a-time shows FedAvg without that. In the same run it times the same round done
+the straightforward way: per client a deep copy of the global model and a torch Dataset +
+DataLoader over that client's host data, then a key-by-key average of the state dicts and a
+DataLoader evaluation. Two such baselines: 'naive-image', the torchvision pattern (uint8 HWC
+images, ToTensor + Normalize per sample), and 'naive-tensor' (4-layer CNN rows only), a
+TensorDataset over already normalised tensors, the cheapest straightforward loop. They cover
+local training, FedAvg aggregation and evaluation; the algorithm-specific server work (ALA,
+the hypernetworks, FedPake's clustering, FedACD's scores) is only in our column, so for those
+rows the ratio understates our advantage. Timed rounds skip the first two (warm-up and
+FedALA's initial ALA stage).
+
+The rows run one after another, and this machine's speed drifts between runs, so the
+ratios that matter are measured once more with the rounds interleaved in one process
+(``interleaved``): FedAvg against both straightforward loops, and FedALA against FedAvg.
 """
 import argparse
 import copy
@@ -39,12 +44,14 @@ from torchvision import transforms
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import common  # noqa: E402
+import fedala  # noqa: E402
+import fedavg  # noqa: E402
 
 # algorithm -> (script, flags of the paper's shape, share of the samples it gets)
 SETTINGS = {
     "fedavg": ("fedavg.py", ["--model", "cnn", "--num-clients", "20", "--batch-size", "10", "--local-epochs", "1"], 1.0),
-    "fedavg-parallel": ("fedavg.py", ["--model", "cnn", "--num-clients", "20", "--batch-size", "10", "--local-epochs", "1",
-                                      "--parallel-clients", "2"], 1.0),
+    "fedavg-1-at-a-time": ("fedavg.py", ["--model", "cnn", "--num-clients", "20", "--batch-size", "10",
+                                         "--local-epochs", "1", "--parallel-clients", "1"], 1.0),
     "fedala": ("fedala.py", ["--model", "cnn", "--num-clients", "20", "--batch-size", "10", "--local-epochs", "1"], 1.0),
     "pfedla": ("pfedla.py", ["--model", "lenet", "--num-clients", "10", "--batch-size", "32", "--local-epochs", "10",
                              "--partition", "pfedla1"], 1.0),
@@ -108,12 +115,12 @@ def client_loader(kind, x, y, idx, raw, batch_size, shuffle):
     return DataLoader(ImageDataset(images[idx], y[idx], mean, std), batch_size=batch_size, shuffle=shuffle)
 
 
-def naive(kind, flags, npz, rounds, device):
+def straightforward(kind, flags, npz, device):
     """The straightforward round: deep copies, per-client DataLoaders, state-dict averaging.
     ``kind`` 'tensor': a TensorDataset over already normalised host tensors; 'image': the
-    torchvision pattern, uint8 images transformed per sample."""
+    torchvision pattern, uint8 images transformed per sample. Returns (one_round, train
+    samples per round); ``one_round()`` runs a round with its evaluation and returns seconds."""
     parser = common.base_parser("bench")
-    flags = [f for i, f in enumerate(flags) if f != "--parallel-clients" and flags[i - 1] != "--parallel-clients"]
     args = common.parse_args(parser, ["--dataset", npz, "--device", device, *flags])
     device = common.resolve_device(device)
     torch.manual_seed(0)
@@ -125,8 +132,8 @@ def naive(kind, flags, npz, rounds, device):
     raw = (images, tuple(images.reshape(-1, 3).mean(0) / 255), tuple(images.reshape(-1, 3).std(0) / 255))
     global_model = common.build_model(args.model, data).to(device)
     rng = np.random.default_rng(0)
-    times = []
-    for _ in range(rounds):
+
+    def one_round():
         start = time.perf_counter()
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
         states, sizes = [], []
@@ -164,9 +171,53 @@ def naive(kind, flags, npz, rounds, device):
                     total += len(yb)
         if device.type == "cuda":
             torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
+        return time.perf_counter() - start
+
     train_samples = sum(len(i) for i in data.train_idx) * args.join_ratio * args.local_epochs
-    return times, train_samples
+    return one_round, train_samples
+
+
+def interleaved(npz, rounds, device):
+    """FedAvg's round (the code fedavg.py runs each round: fedavg_round, then evaluate_global) with
+    all clients' threads and one client at a time, FedALA's round (fedala_round with evaluation)
+    and the two straightforward rounds, taken in turn in one process: the machine's speed drifts
+    by 20% and more between runs on a shared VM, and alternating cancels that out of the ratios."""
+    flags = SETTINGS["fedavg"][1]
+    args = fedavg.parse_args(["--dataset", npz, "--device", device, *flags])
+    args_ala = fedala.parse_args(["--dataset", npz, "--device", device, *flags])
+    dev = common.resolve_device(device)
+    data = common.load_federated_data(args, dev)
+    clients = list(range(args.num_clients))
+    build = lambda: common.build_model("cnn", data)  # noqa: E731
+    torch.manual_seed(0)
+    global_avg, global_seq, global_ala = build().to(dev), build().to(dev), build().to(dev)
+    workers = common.client_workers(args, build, dev, len(clients))
+    stack = torch.empty(len(clients), sum(v.numel() for v in common.float_state(global_avg)), device=dev)
+    ala = fedala.ALA(global_ala, args.num_clients, batch_size=args.batch_size)
+    local_models = common.flatten_state(global_ala).repeat(args.num_clients, 1)
+    naive_image, _ = straightforward("image", flags, npz, device)
+    naive_tensor, _ = straightforward("tensor", flags, npz, device)
+
+    def timed(fn):
+        start = time.perf_counter()
+        fn()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    seconds = {name: [] for name in ("fedavg", "fedavg-1-at-a-time", "fedala", "naive-image", "naive-tensor")}
+    for round_ in range(1, rounds + 1):
+        seconds["fedavg"].append(timed(lambda: (
+            fedavg.fedavg_round(global_avg, workers, data, clients, args, round_, stack),
+            common.evaluate_global(global_avg, data))))
+        seconds["fedavg-1-at-a-time"].append(timed(lambda: (
+            fedavg.fedavg_round(global_seq, workers[:1], data, clients, args, round_, stack),
+            common.evaluate_global(global_seq, data))))
+        seconds["fedala"].append(timed(lambda: fedala.fedala_round(
+            global_ala, workers, local_models, ala, data, clients, args_ala, round_, evaluate=True)))
+        seconds["naive-image"].append(naive_image())
+        seconds["naive-tensor"].append(naive_tensor())
+    return {name: float(np.median(values[2:])) for name, values in seconds.items()}, len(workers)
 
 
 def device_name(device):
@@ -187,7 +238,8 @@ def main():
     a = p.parse_args()
     if a.naive_child:  # internal: the straightforward round in its own process, for a clean memory peak
         kind, npz, rounds, device, *flags = a.naive_child
-        times, samples = naive(kind, flags, npz, int(rounds), device)
+        one_round, samples = straightforward(kind, flags, npz, device)
+        times = [one_round() for _ in range(int(rounds))]
         print(json.dumps({"times": times, "samples": samples,
                           "peak_host_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
         return
@@ -220,7 +272,8 @@ def main():
         line = f"{name:16s} {clients:13d} {ours:9.3f} {samples / ours:10.0f} {summary['peak_host_mb']:12.0f} " \
                f"{(f'{dev:.0f}' if dev else '-'):>11s}"
         results[name] = {"sec_per_round": ours, "rows": rows}
-        for kind in [] if a.no_naive else ["image", "tensor"]:
+        for kind in [] if a.no_naive else ["image", "tensor"] if name.startswith("fedavg") and "resnet" not in name \
+                else ["image"]:
             r = subprocess.run([sys.executable, __file__, "--naive-child", kind, npz, str(a.rounds - 2), a.device, *flags],
                                capture_output=True, text=True)
             if r.returncode != 0:
@@ -230,9 +283,16 @@ def main():
             width = 19 if kind == "image" else 20
             line += f" | {slow:{width}.3f} {child['peak_host_mb']:8.0f} {slow / ours:7.2f}x"
         print(line, flush=True)
-    if "fedala" in results and "fedavg" in results:
-        print(f"FedALA / FedAvg round time after the initial stage: "
-              f"{results['fedala']['sec_per_round'] / results['fedavg']['sec_per_round']:.2f}x (paper: 1.21x)")
+    if not a.no_naive and {"fedavg", "fedala"} <= set(a.only):
+        npz = os.path.join(work, f"cifar_{a.samples}.npz")
+        t, workers = interleaved(npz, a.rounds + 1, a.device)
+        print(f"\ninterleaved in one process, median s/round of rounds 3-{a.rounds + 1} (FedALA's initial stage is "
+              f"round 2): " + ", ".join(f"{k} {v:.3f}" for k, v in t.items()))
+        print(f"FedAvg ({workers} client(s) at a time) against the straightforward loop: "
+              f"{t['naive-image'] / t['fedavg']:.2f}x (naive-image), {t['naive-tensor'] / t['fedavg']:.2f}x "
+              f"(naive-tensor); one client at a time: {t['naive-image'] / t['fedavg-1-at-a-time']:.2f}x, "
+              f"{t['naive-tensor'] / t['fedavg-1-at-a-time']:.2f}x")
+        print(f"FedALA / FedAvg round time after the initial stage: {t['fedala'] / t['fedavg']:.2f}x (paper: 1.21x)")
     if "fedpake" in results and "fedavg-resnet18" in results:
         agg_cols = [k for k in results["fedpake"]["rows"][0] if "agg" in k and "sec" in k]
         if agg_cols:

@@ -1,6 +1,6 @@
 """Round-time benchmark (run by hand; pytest does not collect it).
 
-    python tests/bench_round.py                  # every algorithm, CIFAR-10-shaped data, ~9 min on 2 CPU cores
+    python tests/bench_round.py                  # every algorithm, CIFAR-10-shaped data, ~8.5 min on 2 CPU cores
     python tests/bench_round.py --only fedavg fedala --samples 60000   # the full CIFAR-10 size
     python tests/bench_round.py --scale          # 1000 clients at join ratio 0.1: memory over rounds
 

@@ -237,7 +237,8 @@ def main(argv=None):
     client_stack = torch.empty(clients_per_round, num_params, device=run.device)
     model_bytes = common.state_bytes(global_model)
     print(f"[fedpake] model {global_model.__class__.__name__}: {num_params} parameters, {model_bytes / 2**20:.2f} MB; "
-          f"{len(workers)} client(s) at a time; kappa {args.kappa}, n_micro {args.n_micro}, n_macro {args.n_macro}, delta {args.delta}"
+          f"{len(workers)} client(s) at a time; kappa {args.kappa}, n_micro {args.n_micro}, n_macro {args.n_macro}, "
+          f"delta {args.delta}"
           + (f", ablate {args.ablate}" if args.ablate else ""))
 
     for round_ in range(start, args.rounds + 1):

@@ -148,7 +148,8 @@ def hypernetwork_step(hypernetworks, theta_bar, delta, hn_lr):
 
 def pfedla_round(hypernetworks, client_models, worker, data, clients, args, round_, sizes):
     """One round of Alg. 1 (Alg. 2 for k > 0) over ``clients``. ``client_models`` (N, D) is
-    updated in place; ``worker``: one model or a list (see common.for_each_client). Returns (mean train loss, bytes server->client, bytes client->server)."""
+    updated in place; ``worker``: one model or a list (see common.for_each_client). Returns
+    (mean train loss, bytes server->client, bytes client->server)."""
     ids = torch.as_tensor(clients, device=client_models.device)
     alpha = hypernetworks(ids)                                            # Eq. (3)-(4)
     keep = retained_layers(alpha.detach(), ids, args.k)                   # Alg. 2 l. 6, Eq. (12)
@@ -163,8 +164,9 @@ def pfedla_round(hypernetworks, client_models, worker, data, clients, args, roun
         return loss
 
     workers = worker if isinstance(worker, list) else [worker]
-    losses = [common.check_finite(loss, round_, client) for client, loss in
-              zip(clients, common.for_each_client(train_one, clients, workers, [len(data.train_idx[c]) for c in clients]))]
+    client_sizes = [len(data.train_idx[c]) for c in clients]
+    losses = [common.check_finite(loss, round_, client)
+              for client, loss in zip(clients, common.for_each_client(train_one, clients, workers, client_sizes))]
     delta = trained - theta_bar.detach()                                  # Delta theta_i, sent to the server
     hypernetwork_step(hypernetworks, theta_bar, delta, args.hn_lr)        # l. 8, Eq. (10)-(11)
     client_models[ids] = trained  # l. 7: theta_i := theta_bar_i + Delta theta_i, i.e. the trained model (bit-exact)

@@ -890,13 +890,15 @@ def local_train(model, data, idx, args, seed, epochs=None):
 
 
 def for_each_client(train_one, clients, workers, sizes=None):
-    """``train_one(worker, slot, client)`` for every client, results in client order. With one
-    worker model the clients run one after another on all torch threads; with several
-    (``--parallel-clients``, CPU) that many clients train at once on threads, one torch thread
-    each, which uses the cores far better than splitting one small batch over them. Each idle
+    """``train_one(worker, slot, client)`` for every client, results in client order. ``workers``
+    is one model or a list. With one worker the clients run one after another on all torch
+    threads; with several (``--parallel-clients``, CPU) that many clients train at once on
+    threads, one torch thread each, which uses the cores far better than splitting one small
+    batch over them. Each idle
     worker takes the next client, the largest (``sizes``) first, so the threads finish together.
     Clients are independent: the results do not depend on the schedule, only on whether a
     client ran on one torch thread or on all of them."""
+    workers = workers if isinstance(workers, list) else [workers]
     if len(workers) == 1:
         return [train_one(workers[0], slot, client) for slot, client in enumerate(clients)]
     from concurrent.futures import ThreadPoolExecutor

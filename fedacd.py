@@ -210,8 +210,7 @@ def fedacd_round(global_model, worker, data, clients, args, round_, client_stack
         common.flatten_state(model, out=client_stack[slot])
         return loss, score, kl, local_risk
 
-    workers = worker if isinstance(worker, list) else [worker]
-    outputs = common.for_each_client(train_one, clients, workers, [len(data.train_idx[c]) for c in clients])
+    outputs = common.for_each_client(train_one, clients, worker, [len(data.train_idx[c]) for c in clients])
     losses = [common.check_finite(out[0], round_, client) for client, out in zip(clients, outputs)]
     _, scores, kls, risks = zip(*outputs)
     risks = [r for r in risks if r is not None]

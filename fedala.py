@@ -174,9 +174,8 @@ def fedala_round(global_model, worker, local_models, ala, data, clients, args, r
         common.flatten_state(model, out=local_models[client])
         return loss, ala_epochs, result
 
-    workers = worker if isinstance(worker, list) else [worker]
     sizes = [len(data.train_idx[c]) for c in clients]
-    outputs = common.for_each_client(train_one, clients, workers, sizes)
+    outputs = common.for_each_client(train_one, clients, worker, sizes)
     losses = [common.check_finite(loss, round_, client) for client, (loss, _, _) in zip(clients, outputs)]
     ala_epochs = [epochs for _, epochs, _ in outputs]
     common.load_flat_state(global_model, common.weighted_average(local_models[clients], sizes))  # l. 18
@@ -185,9 +184,10 @@ def fedala_round(global_model, worker, local_models, ala, data, clients, args, r
         results = [None] * data.num_clients
         for client, (_, _, result) in zip(clients, outputs):
             results[client] = result
+        evaluator = worker[0] if isinstance(worker, list) else worker
         for client in sorted(set(range(data.num_clients)) - set(clients)):
-            common.load_flat_state(workers[0], local_models[client])
-            results[client] = common.evaluate(workers[0], data, [data.test_idx[client]])
+            common.load_flat_state(evaluator, local_models[client])
+            results[client] = common.evaluate(evaluator, data, [data.test_idx[client]])
         results = tuple(torch.cat([r[i] for r in results]) for i in range(3))
     return sum(losses) / len(losses), sum(ala_epochs) / len(ala_epochs), results
 

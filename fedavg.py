@@ -44,10 +44,9 @@ def fedavg_round(global_model, worker, data, clients, args, round_, client_stack
         common.flatten_state(model, out=client_stack[slot])
         return loss
 
-    workers = worker if isinstance(worker, list) else [worker]
     sizes = [len(data.train_idx[c]) for c in clients]
     losses = [common.check_finite(loss, round_, client)
-              for client, loss in zip(clients, common.for_each_client(train_one, clients, workers, sizes))]
+              for client, loss in zip(clients, common.for_each_client(train_one, clients, worker, sizes))]
     common.load_flat_state(global_model, aggregate(client_stack[:len(clients)], sizes))
     return sum(losses) / len(losses)
 

@@ -163,10 +163,9 @@ def pfedla_round(hypernetworks, client_models, worker, data, clients, args, roun
         common.flatten_state(model, out=trained[slot])
         return loss
 
-    workers = worker if isinstance(worker, list) else [worker]
     client_sizes = [len(data.train_idx[c]) for c in clients]
     losses = [common.check_finite(loss, round_, client)
-              for client, loss in zip(clients, common.for_each_client(train_one, clients, workers, client_sizes))]
+              for client, loss in zip(clients, common.for_each_client(train_one, clients, worker, client_sizes))]
     delta = trained - theta_bar.detach()                                  # Delta theta_i, sent to the server
     hypernetwork_step(hypernetworks, theta_bar, delta, args.hn_lr)        # l. 8, Eq. (10)-(11)
     client_models[ids] = trained  # l. 7: theta_i := theta_bar_i + Delta theta_i, i.e. the trained model (bit-exact)

@@ -1,4 +1,6 @@
-"""Shared test helpers: the repository root on sys.path, and running a script as a user would."""
+"""Shared test helpers: the repository root on sys.path, running a script as a user would, and
+reading what a run wrote."""
+import csv
 import os
 import subprocess
 import sys
@@ -20,6 +22,12 @@ def run_dir(out):
     """The single run folder created under ``out``."""
     (name,) = [d for d in os.listdir(out) if not d.startswith(".")]
     return os.path.join(out, name)
+
+
+def metrics_rows(folder):
+    """The rows of a run folder's metrics.csv, as dicts of strings."""
+    with open(os.path.join(folder, "metrics.csv")) as f:
+        return list(csv.DictReader(f))
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from PIL import Image
 
 import common
 import fedavg
-from conftest import ROOT, run_dir, run_script
+from conftest import ROOT, metrics_rows, run_dir, run_script
 
 # No download may leave this machine during tests, with or without a network: urllib sends
 # everything to a closed local port and fails at once.
@@ -245,9 +245,8 @@ def test_models_on_64x64():
 
 # ----------------------------------------------------------------------------- command line
 
-def metrics_rows(out):
-    with open(os.path.join(run_dir(out), "metrics.csv")) as f:
-        return list(csv.DictReader(f))
+def out_rows(out):
+    return metrics_rows(run_dir(out))
 
 
 def test_fedavg_trains_on_tinyimagenet(tmp_path):
@@ -257,7 +256,7 @@ def test_fedavg_trains_on_tinyimagenet(tmp_path):
                         env=NO_NETWORK)
     assert result.returncode == 0, result.stderr
     assert "input (3, 64, 64)" in result.stdout and "4 classes" in result.stdout
-    (row,) = metrics_rows(tmp_path / "runs")
+    (row,) = out_rows(tmp_path / "runs")
     assert row["round"] == "1" and 0 <= float(row["test_acc"]) <= 100 and np.isfinite(float(row["train_loss"]))
 
 
@@ -270,7 +269,7 @@ def test_fasttext_trains_on_agnews(tmp_path, script):
                         "--num-clients", 2, "--partition", "iid", "--out", tmp_path / "runs", env=NO_NETWORK)
     assert result.returncode == 0, result.stderr
     assert "input (200,)" in result.stdout and "FastText" in result.stdout
-    (row,) = metrics_rows(tmp_path / "runs")
+    (row,) = out_rows(tmp_path / "runs")
     assert 0 <= float(row["test_acc"]) <= 100 and np.isfinite(float(row["train_loss"]))
 
 

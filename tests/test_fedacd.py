@@ -1,7 +1,6 @@
 """FedACD (fedacd.py): losses Eq. (7)-(9), P^m, score Eq. (10), aggregation Eq. (11), the
 evaluation protocol (Tables 1-3) and the command line."""
 import copy
-import csv
 import json
 import math
 import os
@@ -15,7 +14,7 @@ import torch.nn.functional as F
 
 import common
 import fedacd
-from conftest import run_dir
+from conftest import metrics_rows, run_dir
 
 CPU = torch.device("cpu")
 
@@ -310,23 +309,15 @@ METRICS = ("round", "global_acc", "global_loss", "test_acc", "test_acc_mean", "t
            "train_loss", "local_kl", "score_min", "score_max", "local_risk", "mb_down", "mb_up")
 
 
-# One intra-op thread: on a shared, loaded CPU, tiny models run several times slower with more.
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}
-
-
-def _rows(folder):
-    with open(os.path.join(folder, "metrics.csv")) as f:
-        return list(csv.DictReader(f))
 
 
 def test_default_synthetic_run_is_fast_and_logs_all_three_tables(script, tmp_path):
     start = time.time()
-    result = script("fedacd.py", "--dataset", "synthetic", "--rounds", "10", "--device", "cpu", "--out", tmp_path,
-                    env=ONE_THREAD)
+    result = script("fedacd.py", "--dataset", "synthetic", "--rounds", "10", "--device", "cpu", "--out", tmp_path)
     assert result.returncode == 0, result.stderr
     assert time.time() - start < 60
     folder = run_dir(tmp_path)
-    rows = _rows(folder)
+    rows = metrics_rows(folder)
     assert len(rows) == 10
     for key in ("global_acc", "test_acc", "test_acc_mean", "local_risk", "local_kl", "train_loss"):
         assert all(r[key] != "" and math.isfinite(float(r[key])) for r in rows), key
@@ -348,11 +339,11 @@ def test_resume_gives_the_uninterrupted_result(tmp_path, capsys):
         common.run_main(fedacd.main, [*flags, "--out", str(tmp_path / "part"), "--stop-after", "3"])
     assert stop.value.code == 0
     folder = run_dir(tmp_path / "part")
-    assert len(_rows(folder)) == 3  # round 3 was logged after the last checkpoint (round 2)
+    assert len(metrics_rows(folder)) == 3  # round 3 was logged after the last checkpoint (round 2)
     common.run_main(fedacd.main, ["--resume", folder])
     assert "resumed" in capsys.readouterr().out
     metrics = lambda rows: [[r[k] for k in METRICS] for r in rows]  # all but time and memory
-    assert metrics(_rows(folder)) == metrics(_rows(run_dir(tmp_path / "full")))
+    assert metrics(metrics_rows(folder)) == metrics(metrics_rows(run_dir(tmp_path / "full")))
 
 
 def test_bad_tau_is_one_line_exit_2(tmp_path, capsys):

@@ -1,7 +1,6 @@
 """FedALA: Eq. (4) initialisation, Eq. (5)/(7) weight learning, the range p, Alg. 1's stages,
 the subset, personalisation against FedAvg, and the command line (quick start, resume)."""
 import copy
-import csv
 import json
 import os
 import time
@@ -16,7 +15,7 @@ from torch.func import functional_call
 import common
 import fedala
 import fedavg
-from conftest import run_dir, run_script
+from conftest import metrics_rows, run_dir, run_script
 
 
 @pytest.fixture(autouse=True)
@@ -293,8 +292,7 @@ def test_personalised_accuracy_beats_fedavg_on_label_skew():
 
 def read_metrics(folder, columns=("round", "test_acc", "test_acc_mean", "test_acc_std", "test_loss", "train_loss",
                                   "ala_epochs")):
-    with open(os.path.join(folder, "metrics.csv")) as f:
-        return [[row[c] for c in columns] for row in csv.DictReader(f)]
+    return [[row[c] for c in columns] for row in metrics_rows(folder)]
 
 
 def test_quick_start_under_a_minute(tmp_path):

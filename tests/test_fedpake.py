@@ -1,6 +1,5 @@
 """FedPake (fedpake.py): every stage of the aggregation (SPEC 5) on cases small enough to check by
 hand or by an independent computation, then the script end to end."""
-import csv
 import json
 import math
 import os
@@ -15,15 +14,14 @@ import torch
 import common
 import fedavg
 import fedpake
-from conftest import run_dir, run_script
+from conftest import metrics_rows, run_dir, run_script
 
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # the test machine is shared: OpenMP threads would wait on each other
 MEASURED = {"seconds", "sec_per_round", "host_mb", "device_mb", "agg_seconds"}  # differ between identical runs
 
 
 @pytest.fixture
 def one_thread():
-    """In-process runs with one thread, as ONE_THREAD does for subprocesses."""
+    """In-process runs with one thread, as run_script gives subprocesses."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -38,8 +36,7 @@ def skewed_stack(num_clients=10, dim=300, seed=0):
 
 
 def read_rows(folder, drop=()):
-    with open(os.path.join(folder, "metrics.csv")) as f:
-        return [{k: v for k, v in row.items() if k not in drop} for row in csv.DictReader(f)]
+    return [{k: v for k, v in row.items() if k not in drop} for row in metrics_rows(folder)]
 
 
 # ----------------------------------------------------------------------------- 1. parameter division, FedAvg limit
@@ -252,7 +249,7 @@ def test_bad_flags_are_user_errors():
 
 def test_quick_start_runs_on_cpu_in_under_a_minute(tmp_path):
     start = time.perf_counter()
-    result = run_script("fedpake.py", "--dataset", "synthetic", "--rounds", 20, "--out", tmp_path, env=ONE_THREAD)
+    result = run_script("fedpake.py", "--dataset", "synthetic", "--rounds", 20, "--out", tmp_path)
     assert result.returncode == 0, result.stderr
     assert time.perf_counter() - start < 60
     folder = run_dir(tmp_path)

@@ -1,6 +1,5 @@
 """Foundation: models, FedAvg aggregation, real loaders on fabricated files, CLI behaviour."""
 import copy
-import csv
 import gzip
 import json
 import os
@@ -14,7 +13,7 @@ import torch
 
 import common
 import fedavg
-from conftest import run_dir, run_script
+from conftest import metrics_rows, run_dir, run_script
 
 
 def fake_data(shape, classes=10):
@@ -302,8 +301,7 @@ def test_missing_files_without_network_is_one_line(tmp_path, dataset, expected):
 # ----------------------------------------------------------------------------- the command line (items 2, 3, 4, 9, 10)
 
 def read_metrics(folder, columns=("round", "test_acc", "test_acc_mean", "test_acc_std", "test_loss", "train_loss")):
-    with open(os.path.join(folder, "metrics.csv")) as f:
-        return [[row[c] for c in columns] for row in csv.DictReader(f)]
+    return [[row[c] for c in columns] for row in metrics_rows(folder)]
 
 
 def test_quick_start_under_a_minute(tmp_path):

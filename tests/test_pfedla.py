@@ -2,7 +2,6 @@
 and its sign, Alg. 2 / Eq. (12) top-k retention and its byte count, group discovery, memory, CLI."""
 import argparse
 import copy
-import csv
 import gc
 import json
 import os
@@ -15,7 +14,7 @@ import torch
 
 import common
 import pfedla
-from conftest import run_dir
+from conftest import metrics_rows, run_dir
 
 
 @pytest.fixture(autouse=True)
@@ -25,6 +24,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def seeded_setup(data):
+    """Seed 0: an MLP worker, its layer sizes, every client's stored model (the worker's initial
+    state, Alg. 1 l. 1) and the N hypernetworks."""
+    torch.manual_seed(0)
+    worker = common.MLP(20, data.num_classes)
+    sizes = pfedla.layer_sizes(worker)
+    client_models = common.flatten_state(worker).detach().repeat(data.num_clients, 1)
+    return worker, sizes, client_models, pfedla.LayerHypernetworks(data.num_clients, len(sizes))
 
 
 def make_args(**kw):
@@ -167,11 +176,7 @@ def _run_rounds(k, rounds, favour_layer=None, monkeypatch=None):
     from and the model it trained, per round."""
     data = group_data()
     n = data.num_clients
-    torch.manual_seed(0)
-    worker = common.MLP(20, data.num_classes)
-    sizes = pfedla.layer_sizes(worker)
-    client_models = common.flatten_state(worker).detach().repeat(n, 1)
-    hn = pfedla.LayerHypernetworks(n, len(sizes))
+    worker, sizes, client_models, hn = seeded_setup(data)
     if favour_layer is not None:
         with torch.no_grad():  # make layer `favour_layer` the top self-weight layer of every client
             hn.head_bias[torch.arange(n), favour_layer, torch.arange(n)] += 3.0
@@ -230,11 +235,7 @@ def test_k0_is_pfedla_and_k1_retains_top_self_weight_layer(monkeypatch):
 def test_clients_weight_their_own_label_group_highest():
     data = group_data()
     n, group = data.num_clients, torch.arange(data.num_clients) // 2
-    torch.manual_seed(0)
-    worker = common.MLP(20, data.num_classes)
-    sizes = pfedla.layer_sizes(worker)
-    client_models = common.flatten_state(worker).detach().repeat(n, 1)
-    hn = pfedla.LayerHypernetworks(n, len(sizes))
+    worker, sizes, client_models, hn = seeded_setup(data)
     args = make_args(hn_lr=2.0)
     for r in range(1, 9):
         pfedla.pfedla_round(hn, client_models, worker, data, list(range(n)), args, r, sizes)
@@ -256,12 +257,7 @@ def test_clients_weight_their_own_label_group_highest():
 
 def test_no_tensor_growth_over_rounds():
     data = group_data()
-    n = data.num_clients
-    torch.manual_seed(0)
-    worker = common.MLP(20, data.num_classes)
-    sizes = pfedla.layer_sizes(worker)
-    client_models = common.flatten_state(worker).detach().repeat(n, 1)
-    hn = pfedla.LayerHypernetworks(n, len(sizes))
+    worker, sizes, client_models, hn = seeded_setup(data)
     args, counts = make_args(), []
     for r in range(1, 7):
         pfedla.pfedla_round(hn, client_models, worker, data, [0, 2, 3], args, r, sizes)
@@ -274,19 +270,11 @@ def test_no_tensor_growth_over_rounds():
 
 # ----------------------------------------------------------------------------- 6. CLI
 
-# One intra-op thread: on a CPU shared with other jobs, torch's default thread pool makes these
-# tiny-model runs about 10x slower (measured: 119 s vs 10 s for the quick start at load 7 on 2 cores).
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}
-
-
-def _rows(path):
-    with open(os.path.join(path, "metrics.csv")) as f:
-        return list(csv.DictReader(f))
 
 
 def test_quick_start_synthetic_under_a_minute_prints_hn_size_and_counts_bytes(script, tmp_path):
     t0 = time.time()
-    r = script("pfedla.py", "--dataset", "synthetic", "--rounds", 10, "--out", tmp_path, timeout=120, env=ONE_THREAD)
+    r = script("pfedla.py", "--dataset", "synthetic", "--rounds", 10, "--out", tmp_path, timeout=120)
     elapsed = time.time() - t0
     assert r.returncode == 0, r.stderr
     assert elapsed < 60, elapsed
@@ -295,7 +283,7 @@ def test_quick_start_synthetic_under_a_minute_prints_hn_size_and_counts_bytes(sc
     m = re.search(r"hypernetworks: (\d+) x (\d+) = (\d+) parameters", r.stdout)
     assert m and (int(m[1]), int(m[2]), int(m[3])) == (n, per_client, n * per_client), r.stdout
     d = 60 * 64 + 64 + 64 * 10 + 10
-    rows = _rows(run_dir(tmp_path))
+    rows = metrics_rows(run_dir(tmp_path))
     assert len(rows) == 10 and float(rows[-1]["test_acc_mean"]) > 50
     with open(os.path.join(run_dir(tmp_path), "summary.json")) as f:
         summary = json.load(f)
@@ -306,32 +294,27 @@ def test_resume_gives_the_uninterrupted_result(script, tmp_path):
     common_args = ["--dataset", "synthetic", "--rounds", 4, "--local-epochs", 1, "--num-clients", 5,
                    "--join-ratio", 0.6, "--k", 1, "--checkpoint-every", 2]
     full, part = tmp_path / "full", tmp_path / "part"
-    assert script("pfedla.py", *common_args, "--out", full, env=ONE_THREAD).returncode == 0
-    r = script("pfedla.py", *common_args, "--out", part, "--stop-after", 2, env=ONE_THREAD)
+    assert script("pfedla.py", *common_args, "--out", full).returncode == 0
+    r = script("pfedla.py", *common_args, "--out", part, "--stop-after", 2)
     assert r.returncode == 0, r.stderr
-    r = script("pfedla.py", "--resume", run_dir(part), env=ONE_THREAD)
+    r = script("pfedla.py", "--resume", run_dir(part))
     assert r.returncode == 0, r.stderr
     machine = {"seconds", "sec_per_round", "host_mb", "device_mb"}  # wall time and memory differ
     strip = lambda rows: [{k: v for k, v in row.items() if k not in machine} for row in rows]
-    assert strip(_rows(run_dir(part))) == strip(_rows(run_dir(full)))
+    assert strip(metrics_rows(run_dir(part))) == strip(metrics_rows(run_dir(full)))
 
 
 @pytest.mark.parametrize("flags", [["--k", "3"], ["--k", "-1"]])
 def test_bad_k_is_one_line_exit_2(script, tmp_path, flags):
-    r = script("pfedla.py", "--dataset", "synthetic", "--rounds", 1, "--out", tmp_path, *flags, env=ONE_THREAD)
+    r = script("pfedla.py", "--dataset", "synthetic", "--rounds", 1, "--out", tmp_path, *flags)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "--k" in r.stderr
 
 
 def test_clients_in_parallel_give_the_same_rounds_as_one_at_a_time():
     data = group_data()
-    n = data.num_clients
     outcomes = []
     for num_workers in (1, 3):
-        torch.manual_seed(0)
-        worker = common.MLP(20, data.num_classes)
-        sizes = pfedla.layer_sizes(worker)
-        client_models = common.flatten_state(worker).detach().repeat(n, 1)
-        hn = pfedla.LayerHypernetworks(n, len(sizes))
+        worker, sizes, client_models, hn = seeded_setup(data)
         workers = [worker] + [copy.deepcopy(worker) for _ in range(num_workers - 1)]
         for r in range(1, 4):
             loss, _, _ = pfedla.pfedla_round(hn, client_models, workers, data, [0, 2, 3, 5], make_args(), r, sizes)

@@ -1,8 +1,6 @@
 """The fast path stays fast: no model is built or deep-copied per client or per round, every
 script trains several clients at once when asked to, and the benchmark still runs."""
 import copy
-import csv
-import os
 import re
 
 import pytest
@@ -14,7 +12,7 @@ import fedala
 import fedavg
 import fedpake
 import pfedla
-from conftest import run_dir, run_script
+from conftest import metrics_rows, run_dir, run_script
 
 SCRIPTS = {"fedavg": fedavg, "fedala": fedala, "pfedla": pfedla, "fedpake": fedpake, "fedacd": fedacd}
 
@@ -37,8 +35,7 @@ def count_model_copies(monkeypatch, tmp_path, module, rounds, clients, workers):
     out = tmp_path / f"r{rounds}c{clients}w{workers}"
     module.main(["--dataset", "synthetic", "--rounds", str(rounds), "--num-clients", str(clients),
                  "--parallel-clients", str(workers), "--out", str(out), "--checkpoint-every", "1000"])
-    with open(os.path.join(run_dir(out), "metrics.csv")) as f:
-        assert len(list(csv.DictReader(f))) == rounds
+    assert len(metrics_rows(run_dir(out))) == rounds
     monkeypatch.undo()
     return calls["build"], calls["deepcopy"]
 

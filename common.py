@@ -50,8 +50,8 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def run_main(main, argv=None):
-    """Run a script's ``main`` and exit with its status. Bad input: one line and status 2;
-    divergence: one line and status 1; a second Ctrl-C: one line and status 130."""
+    """Run a script's ``main``. Bad input: one line and exit status 2; divergence: one line and
+    status 1; Ctrl-C: status 130 (``main`` returns a status when it stops early)."""
     code = 0
     try:
         code = main(argv) or 0
@@ -66,7 +66,8 @@ def run_main(main, argv=None):
         code = 130
     finally:
         close_runs(failed=code != 0, diverged=code == 1)
-    sys.exit(code)
+    if code:
+        sys.exit(code)
 
 
 def _parallel_clients(text):
@@ -132,12 +133,14 @@ RESUME_MAY_CHANGE = {"rounds", "device", "parallel_clients", "data_dir", "out", 
 
 def _given_flags(parser, argv):
     """The flags given on the command line, with their parsed values."""
-    defaults = [(action, action.default) for action in parser._actions]
+    defaults, parser_defaults = [(action, action.default) for action in parser._actions], parser._defaults
     for action, _ in defaults:
         action.default = argparse.SUPPRESS
+    parser._defaults = {}
     try:
         return vars(parser.parse_args(argv))
     finally:
+        parser._defaults = parser_defaults
         for action, default in defaults:
             action.default = default
 
@@ -992,13 +995,18 @@ class ClientPool:
     independent, so results do not depend on the schedule, only on whether each client ran on
     one torch thread or on all of them. No model is built or copied per client."""
 
-    def __init__(self, args, build, device, data):
+    def __init__(self, models, client_sizes):
+        self.models, self.client_sizes = models, client_sizes
+
+    @classmethod
+    def build(cls, args, build_model, device, data):
+        """A pool of ``--parallel-clients`` models made by ``build_model``, for ``data``'s clients."""
         n = args.parallel_clients
         if n == "auto":
             n = torch.get_num_threads() if device.type == "cpu" else 1
         clients_per_round = max(1, round(args.join_ratio * args.num_clients))
-        self.models = [build().to(device) for _ in range(max(1, min(n, clients_per_round)))]
-        self.client_sizes = [len(i) for i in data.train_idx]
+        return cls([build_model().to(device) for _ in range(max(1, min(n, clients_per_round)))],
+                   [len(i) for i in data.train_idx])
 
     def __len__(self):
         return len(self.models)
@@ -1311,15 +1319,15 @@ class Run:
     # -- checkpoints, stopping and resuming
 
     def stop_requested(self, round_):
-        """After a Ctrl-C, or at ``--stop-after`` (tests: a run killed after that round)."""
+        """After a Ctrl-C, or at ``--stop-after`` (tests: a run killed after that round, so no
+        extra checkpoint is written for it)."""
         return self.interrupted or (self.args.stop_after is not None and round_ >= self.args.stop_after)
 
     def checkpoint(self, round_, state, rng):
         """Every ``--checkpoint-every`` rounds, at the last round and before a requested stop:
         the algorithm ``state`` (modules and objects by their state_dict, tensors as they are),
         every RNG state and the metrics so far, as tensors and plain containers."""
-        if not (round_ % self.args.checkpoint_every == 0 or round_ == self.args.rounds
-                or self.stop_requested(round_)):
+        if not (round_ % self.args.checkpoint_every == 0 or round_ == self.args.rounds or self.interrupted):
             return
         blob = {"algorithm": self.algo, "round": round_, "rows": self.rows,
                 "bytes": [self.bytes_down, self.bytes_up],
@@ -1336,7 +1344,8 @@ class Run:
             print(f"interrupted after round {round_}; continue with: {command}", file=sys.stderr, flush=True)
             return 130
         print(f"[{self.algo}] stopping after round {round_} (--stop-after); continue with: {command}")
-        return 0
+        self.close()
+        sys.exit(0)  # as if killed here
 
     def resume(self, state, rng):
         """With ``--resume``: load the checkpoint into ``state`` in place (modules and objects by

@@ -221,7 +221,7 @@ def main(argv=None):
         raise common.UserError("input mixup needs real-valued inputs; use --no-mixup for token data")
     auto_image = "resnet18" if args.dataset == "tinyimagenet" else "simplecnn"
     global_model = common.build_model(args.model, data, auto_image=auto_image).to(device)
-    pool = common.ClientPool(args, lambda: common.build_model(args.model, data, auto_image=auto_image), device, data)
+    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=auto_image), device, data)
     model_bytes = common.state_bytes(global_model)
     counts = torch.as_tensor(data.train_counts, dtype=torch.float64, device=device)
     present = counts > 0

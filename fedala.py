@@ -180,7 +180,7 @@ def main(argv=None):
     ala = ALA(global_model, args.num_clients, p=args.p, eta=args.eta, s=args.s, batch_size=args.batch_size,
               threshold=args.threshold, num_pre_loss=args.num_pre_loss, max_init_epochs=args.max_init_epochs)
     local_models = common.flatten_state(global_model).repeat(args.num_clients, 1)  # Alg. 1 l. 1
-    pool = common.ClientPool(args, lambda: common.build_model(args.model, data, auto_image="cnn"), device, data)
+    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="cnn"), device, data)
     model_bytes = common.state_bytes(global_model)
     run = common.Run("fedala", args, data, device, headline_metric="test_acc",
                      headline="best test_acc (FedALA Table 2: best accuracy of the local models)")

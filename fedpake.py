@@ -216,7 +216,7 @@ def main(argv=None):
     rng = common.seed_everything(args.seed)
     data = common.load_federated_data(args, device)
     global_model = common.build_model(args.model, data, auto_image="resnet18").to(device)
-    pool = common.ClientPool(args, lambda: common.build_model(args.model, data, auto_image="resnet18"), device, data)
+    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="resnet18"), device, data)
     model_bytes = common.state_bytes(global_model)
     run = common.Run("fedpake", args, data, device, headline_metric="test_acc",
                      headline="last10_mean of test_acc (FedPake Table 1: mean over the last 10 rounds)")

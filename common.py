@@ -1212,19 +1212,13 @@ class Run:
         if args.resume:
             self.lock = _lock(self.dir)
         _OPEN_RUNS.append(self)
-        config = {"algorithm": algo, "script": self.script,
-                  "args": {**vars(args), "resume": None, "stop_after": None}, "command": sys.argv,
-                  "device": str(device), "device_name": torch.cuda.get_device_name(device)
-                  if device.type == "cuda" else platform.processor() or platform.machine(),
-                  "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                               "numpy": np.__version__},
-                  "num_classes": data.num_classes, "input_shape": list(data.x.shape[1:])}
-        if args.resume:  # keep the original record; only --rounds may have grown
-            with open(os.path.join(self.dir, "config.json")) as f:
-                saved = json.load(f)
-            saved["args"]["rounds"] = args.rounds
-            config = saved
-        atomic_write(os.path.join(self.dir, "config.json"), _json(config))
+        if not args.resume:  # a resumed run keeps its record (resume() updates --rounds)
+            atomic_write(os.path.join(self.dir, "config.json"), _json({
+                "algorithm": algo, "script": self.script, "args": {**vars(args), "resume": None, "stop_after": None},
+                "command": sys.argv, "device": str(device), "device_name": torch.cuda.get_device_name(device)
+                if device.type == "cuda" else platform.processor() or platform.machine(),
+                "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
+                "num_classes": data.num_classes, "input_shape": list(data.x.shape[1:])}))
         self._write_partition()
         self._t_last, self._last_round = time.perf_counter(), 0
         try:
@@ -1260,10 +1254,11 @@ class Run:
 
     def _write_partition(self):
         d = self.data
-        atomic_write(os.path.join(self.dir, "partition.json"), _json({
-            "train_class_counts": d.train_counts, "test_class_counts": d.test_counts,
-            "train_sizes": d.train_counts.sum(1), "test_sizes": d.test_counts.sum(1),
-            "global_test_size": 0 if d.global_test_idx is None else len(d.global_test_idx)}))
+        if not self.args.resume:
+            atomic_write(os.path.join(self.dir, "partition.json"), _json({
+                "train_class_counts": d.train_counts, "test_class_counts": d.test_counts,
+                "train_sizes": d.train_counts.sum(1), "test_sizes": d.test_counts.sum(1),
+                "global_test_size": 0 if d.global_test_idx is None else len(d.global_test_idx)}))
         n = d.num_clients
         print(f"[{self.algo}] {self.args.dataset}: {n} clients, {d.num_classes} classes, "
               f"input {tuple(d.x.shape[1:])}, device {self.device}, run folder {self.dir}")
@@ -1382,6 +1377,12 @@ class Run:
         if round_ > self.args.rounds:
             raise UserError(f"cannot resume: the run already has {round_} rounds; --rounds {self.args.rounds} "
                             f"must be at least that")
+        config_path = os.path.join(self.dir, "config.json")
+        with open(config_path) as f:
+            config = json.load(f)
+        if config["args"]["rounds"] != self.args.rounds:
+            config["args"]["rounds"] = self.args.rounds
+            atomic_write(config_path, _json(config))
         self.rows, self.bytes_down, self.bytes_up, self.elapsed = rows, int(down), int(up), elapsed
         self._write_metrics()  # drop rows logged after the checkpoint: they will be recomputed
         self._last_round = round_

@@ -5,6 +5,7 @@ partition, metrics, summary, checkpoints, ``--resume``). Each algorithm lives in
 """
 import argparse
 import atexit
+import contextlib
 import csv
 import gzip
 import json
@@ -13,6 +14,7 @@ import os
 import pickle
 import platform
 import queue
+import resource
 import shutil
 import signal
 import socket
@@ -740,7 +742,7 @@ def load_federated_data(args, device):
     return data
 
 
-# ----------------------------------------------------------------------------- models (SPEC 1.4)
+# ----------------------------------------------------------------------------- models
 
 def _pooled_side(size, convs=2):
     for _ in range(convs):
@@ -866,7 +868,8 @@ def build_model(name, data, auto_image="cnn"):
 
 
 def layers(model):
-    """Modules that own parameters, in registration (= forward) order: "layers" of SPEC 1.5."""
+    """Modules that own parameters, in registration (= forward) order: the "layers" that FedALA's
+    p and pFedLA's layer-wise weights count."""
     return [(n, m) for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))]
 
 
@@ -1130,58 +1133,39 @@ def current_host_mb():
         return 0.0
 
 
-def peak_host_mb():
-    """Peak resident memory of this process in MB (Linux reports ru_maxrss in KB)."""
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _fmt_time(seconds):
-    seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-
-
-def _process_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a killed child that its parent has not reaped yet is gone too
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+def _fmt_time(s):
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 def _lock(folder):
-    """Take the run folder's lock file: one process per run folder. A lock whose process is gone
-    (killed, crashed) is stale and taken over."""
+    """Create the run folder's lock file: one process per run folder. A lock whose process is gone
+    (killed, crashed; a zombie counts as gone) is stale and taken over."""
     path = os.path.join(folder, ".lock")
     for _ in range(3):
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+            with open(path, "x") as f:
+                f.write(f"{os.getpid()} {socket.gethostname()}\n")
+            return path
         except FileExistsError:
+            pid, host, alive = "?", "?", True
             try:
                 with open(path) as f:
                     pid, host = f.read().split()
-                pid = int(pid)
-            except (OSError, ValueError):
-                pid, host = None, "?"
-            if pid is not None and host == socket.gethostname() and not _process_alive(pid):
-                try:
-                    os.remove(path)
-                except FileNotFoundError:
-                    pass
-                continue
-            raise UserError(f"{folder} is in use by process {pid} on {host}; wait for it to end "
-                            f"(or delete {path} if that process is gone)")
+                os.kill(int(pid), 0)
+                with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:  # Linux: not a zombie
+                    alive = f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            except (ProcessLookupError, FileNotFoundError):
+                alive = False
+            except (OSError, ValueError):  # another user's process, or a lock being written right now
+                pass
+            if alive or host != socket.gethostname():
+                raise UserError(f"{folder} is in use by process {pid} on {host}; wait for it to end "
+                                f"(or delete {path} if that process is gone)")
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
         except OSError as e:
             raise UserError(f"cannot write in the run folder {folder} ({e.strerror})")
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{os.getpid()} {socket.gethostname()}\n")
-        return path
     raise UserError(f"cannot take the lock {path}; delete it if no run is using {folder}")
 
 
@@ -1396,7 +1380,8 @@ class Run:
                    "rounds_done": self.rows[-1]["round"] if self.rows else 0,
                    "headline_metric": self.headline_metric, "paper_reports": self.headline,
                    "seconds": round(self.elapsed, 2), "mb_down": self.bytes_down / 2 ** 20,
-                   "mb_up": self.bytes_up / 2 ** 20, "peak_host_mb": peak_host_mb(),
+                   "mb_up": self.bytes_up / 2 ** 20,
+                   "peak_host_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KB
                    "peak_device_mb": (torch.cuda.max_memory_allocated(self.device) / 2 ** 20
                                       if self.device.type == "cuda" else None), **(extra or {})}
         for key in [k for k in self.rows[0] if "acc" in k and not k.endswith("_std")] if self.rows else []:

@@ -193,7 +193,8 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
     shared = [
         (finite(args.beta) and args.beta > 0, f"--beta must be a finite number > 0, got {args.beta} "
                                               "(for identical label mixes use --partition iid)"),
-        (finite(args.join_ratio) and 0 < args.join_ratio <= 1, f"--join-ratio must be in (0, 1], got {args.join_ratio}"),
+        (finite(args.join_ratio) and 0 < args.join_ratio <= 1,
+         f"--join-ratio must be in (0, 1], got {args.join_ratio}"),
         (args.num_clients >= 1, f"--num-clients must be >= 1, got {args.num_clients}"),
         (args.dataset != "synthetic" or args.num_clients <= 10000,
          f"--num-clients {args.num_clients} is too many for synthetic data (at most 10000)"),
@@ -204,7 +205,8 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
         (finite(args.momentum) and 0 <= args.momentum < 1, f"--momentum must be in [0, 1), got {args.momentum}"),
         (finite(args.weight_decay) and args.weight_decay >= 0,
          f"--weight-decay must be a finite number >= 0, got {args.weight_decay}"),
-        (finite(args.train_ratio) and 0 < args.train_ratio < 1, f"--train-ratio must be in (0, 1), got {args.train_ratio}"),
+        (finite(args.train_ratio) and 0 < args.train_ratio < 1,
+         f"--train-ratio must be in (0, 1), got {args.train_ratio}"),
         (args.eval_every >= 1, f"--eval-every must be >= 1, got {args.eval_every}"),
         (args.checkpoint_every >= 1, f"--checkpoint-every must be >= 1, got {args.checkpoint_every}"),
         (0 <= args.seed < 2 ** 63, f"--seed must be an integer in [0, 2^63), got {args.seed}"),
@@ -1398,7 +1400,8 @@ class Run:
         print(f"[{self.algo}] summary ({self.headline} is what the paper reports):")
         for key, v in summary.items():
             if isinstance(v, dict) and {"best", "final", "last10_mean"} <= set(v):
-                print(f"  {key:>22s}: best {v['best']:.2f}  final {v['final']:.2f}  last-10 mean {v['last10_mean']:.2f}")
+                print(f"  {key:>22s}: best {v['best']:.2f}  final {v['final']:.2f}  "
+                      f"last-10 mean {v['last10_mean']:.2f}")
         print(f"  {self.elapsed:.1f} s, {summary['mb_down']:.1f} MB down, {summary['mb_up']:.1f} MB up; "
               f"files in {self.dir}")
         return summary

@@ -221,7 +221,8 @@ def main(argv=None):
         raise common.UserError("input mixup needs real-valued inputs; use --no-mixup for token data")
     auto_image = "resnet18" if args.dataset == "tinyimagenet" else "simplecnn"
     global_model = common.build_model(args.model, data, auto_image=auto_image).to(device)
-    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=auto_image), device, data)
+    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=auto_image), device,
+                                   data)
     model_bytes = common.state_bytes(global_model)
     counts = torch.as_tensor(data.train_counts, dtype=torch.float64, device=device)
     present = counts > 0
@@ -256,7 +257,8 @@ def main(argv=None):
         if run.stop_requested(round_):  # Ctrl-C: this round's checkpoint is written
             return run.stop(round_)
     risks = [float(r["local_risk"]) for r in run.rows]  # Table 3: lower is better, so "best" is the minimum
-    run.finish({"local_risk": {"best": min(risks), "final": risks[-1], "last10_mean": sum(risks[-10:]) / len(risks[-10:])}})
+    run.finish({"local_risk": {"best": min(risks), "final": risks[-1],
+                               "last10_mean": sum(risks[-10:]) / len(risks[-10:])}})
 
 
 if __name__ == "__main__":

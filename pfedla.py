@@ -200,7 +200,8 @@ def main(argv=None):
     # Alg. 1 l. 1: every client starts from the same initial model
     client_models = common.flatten_state(model).detach().repeat(args.num_clients, 1)
     hypernetworks = LayerHypernetworks(args.num_clients, len(sizes), args.embed_dim, args.hidden_dim).to(device)
-    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="lenet"), device, data)
+    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="lenet"), device,
+                                   data)
     run = common.Run(algo, args, data, device, script="pfedla", headline_metric="test_acc_mean",
                      headline="test_acc_mean (unweighted mean over clients; Table 1 after 600 rounds)")
     state = {"hypernetworks": hypernetworks, "client_models": client_models}

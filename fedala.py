@@ -34,7 +34,7 @@ import fedavg
 def parse_args(argv=None):
     parser = common.base_parser(__doc__.splitlines()[0], script="fedala", helps={"lr": fedavg.LR_HELP}, lr=None)
     a = parser.add_argument
-    a("--eta", type=float, default=1.0, help="learning rate of the ALA weights W (Eq. 5)")
+    a("--eta", type=float, default=1.0, help="learning rate eta of the ALA weights W (Alg. 1 l. 10)")
     a("--s", type=float, default=80, help="percent of the client's train data used by ALA each round")
     a("--p", type=int, default=1, help="ALA range: the top p layers (p=1: the last Linear layer)")
     a("--threshold", type=float, default=0.1,

@@ -52,11 +52,11 @@ def parse_args(argv=None):
 
     parser = common.base_parser(__doc__.splitlines()[0], script="fedpake", rounds=1000)
     a = parser.add_argument
-    a("--kappa", type=float, default=0.2, help="CV threshold of high dispersion, Eq. (4)-(5); inf gives FedAvg")
-    a("--n-micro", type=int, default=None, help="Micro-Classes, Eq. (6) "
+    a("--kappa", type=float, default=0.2, help="CV threshold kappa of high dispersion; inf gives FedAvg")
+    a("--n-micro", type=int, default=None, help="number of Micro-Classes "
       "(default: 4 on cifar10, 5 on cifar100, 8 on tinyimagenet, 4 otherwise)")
     a("--n-macro", type=int, default=None, help="maximum Macro-Classes (default: as --n-micro)")
-    a("--delta", type=float, default=0.2, help="merge clusters whose dissimilarity, Eq. (8), is at most this")
+    a("--delta", type=float, default=0.2, help="merge clusters whose dissimilarity D is at most this")
     a("--ablate", choices=["micro", "macro"], default=None,
       help="replace Micro- or Macro-Classes by random ones (Table 4; default: none)")
     return common.parse_args(parser, argv, resolve, checks=lambda args: [

@@ -48,7 +48,7 @@ def parse_args(argv=None):
     a("--embed-dim", type=int, default=100, help="size of the embedding v_i")
     a("--hidden-dim", type=int, default=100, help="width of the hypernetwork MLP (3 hidden layers)")
     a("--hn-lr", type=float, default=1.0,
-      help="step size of the hypernetwork update Eq. (10)-(11) (plain SGD; the paper gives none)")
+      help="step size of the hypernetwork update (Alg. 1 l. 8; plain SGD, the paper gives none)")
     return common.parse_args(parser, argv, pfedla_learning_rate, checks=lambda args: [
         (args.k >= 0, f"--k must be >= 0, got {args.k}"),
         (math.isfinite(args.hn_lr) and args.hn_lr >= 0, f"--hn-lr must be a finite number >= 0, got {args.hn_lr}"),

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import common
+import run_folder
 
 
 def parse_args(argv=None):
@@ -229,7 +230,7 @@ def main(argv=None):
     priors = counts / counts.sum(1, keepdim=True)  # pi^n of the average risk
     risk_test = data.global_test_idx if data.global_test_idx is not None else torch.cat(data.test_idx)
     class_test_idx = [risk_test[data.y[risk_test] == c] for c in range(data.num_classes)]
-    run = common.Run("fedacd", args, data, device, headline_metric="global_acc",
+    run = run_folder.Run("fedacd", args, data, device, headline_metric="global_acc",
                      headline="global_acc: global model on the uniform test set (FedACD Table 1; "
                               "the paper does not say best or final round)")
     state = {"global_model": global_model}

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 import common
 import fedavg
+import run_folder
 
 
 def parse_args(argv=None):
@@ -184,7 +185,7 @@ def main(argv=None):
     pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="cnn"), device,
                                    data)
     model_bytes = common.state_bytes(global_model)
-    run = common.Run("fedala", args, data, device, headline_metric="test_acc",
+    run = run_folder.Run("fedala", args, data, device, headline_metric="test_acc",
                      headline="best test_acc (FedALA Table 2: best accuracy of the local models)")
     state = {"global_model": global_model, "local_models": local_models, "ala": ala}
     start = run.resume(state, rng)

@@ -18,6 +18,7 @@ Details and our choices: docs/fedavg.md.
 import torch
 
 import common
+import run_folder
 
 
 def fedala_learning_rate(args):
@@ -59,7 +60,7 @@ def main(argv=None):
     pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="cnn"), device,
                                    data)
     model_bytes = common.state_bytes(global_model)
-    run = common.Run("fedavg", args, data, device, headline_metric="test_acc",
+    run = run_folder.Run("fedavg", args, data, device, headline_metric="test_acc",
                      headline="best test_acc (FedALA Table 2 reports FedAvg's best)")
     state = {"global_model": global_model}
     start = run.resume(state, rng)

@@ -39,6 +39,7 @@ import torch
 
 import common
 import fedavg
+import run_folder
 
 MICRO_MACRO = {"cifar10": 4, "cifar100": 5, "tinyimagenet": 8}  # Sec. 4.1; 4 (the smallest) elsewhere
 ABLATE_TAG = 7  # client_seed tag of the per-round ablation generator
@@ -226,7 +227,7 @@ def main(argv=None):
     pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="resnet18"), device,
                                    data)
     model_bytes = common.state_bytes(global_model)
-    run = common.Run("fedpake", args, data, device, headline_metric="test_acc",
+    run = run_folder.Run("fedpake", args, data, device, headline_metric="test_acc",
                      headline="last10_mean of test_acc (FedPake Table 1: mean over the last 10 rounds)")
     state = {"global_model": global_model}
     start = run.resume(state, rng)

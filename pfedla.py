@@ -32,6 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import common
+import run_folder
 
 
 def pfedla_learning_rate(args):
@@ -202,7 +203,7 @@ def main(argv=None):
     hypernetworks = LayerHypernetworks(args.num_clients, len(sizes), args.embed_dim, args.hidden_dim).to(device)
     pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="lenet"), device,
                                    data)
-    run = common.Run(algo, args, data, device, script="pfedla", headline_metric="test_acc_mean",
+    run = run_folder.Run(algo, args, data, device, script="pfedla", headline_metric="test_acc_mean",
                      headline="test_acc_mean (unweighted mean over clients; Table 1 after 600 rounds)")
     state = {"hypernetworks": hypernetworks, "client_models": client_models}
     start = run.resume(state, rng)

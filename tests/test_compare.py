@@ -1,7 +1,6 @@
 """compare.py: the table (grouping over seeds, settings kept apart, best/final per metric,
 statuses of unfinished, diverged, older-format and unreadable runs), the plot, and bad input.
 Most run folders are fabricated; one end-to-end case runs fedavg.py and fedala.py."""
-import csv
 import json
 import os
 import re

@@ -14,7 +14,6 @@ from torch.func import functional_call
 
 import common
 import fedala
-import fedavg
 from rounds import fedala_round, fedavg_round
 from conftest import metrics_rows, run_dir, run_script
 

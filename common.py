@@ -1,15 +1,10 @@
-"""Shared machinery for the five algorithm scripts (SPEC section 1).
-
-Data: datasets are loaded once into tensors on the training device; a client is
-a pair of index tensors (train, test) into those tensors; a batch is an index
-slice. Models: the papers' networks. Training: plain minibatch SGD over index
-batches. Evaluation: batched, with one host sync per evaluation. Run: the run
-folder (config, partition, metrics, summary, checkpoint), progress lines and
-`--resume`.
-
-Nothing here is specific to one algorithm; each script keeps its own method.
+"""What two or more of the algorithm scripts share, in reading order: the command line, the
+data (loaded once into tensors on the training device; a client is a pair of index tensors,
+a batch an index slice), the models, training and evaluation, and the run folder (config,
+partition, metrics, summary, checkpoints, ``--resume``). Each algorithm lives in its own file.
 """
 import argparse
+import atexit
 import csv
 import gzip
 import json
@@ -17,10 +12,12 @@ import math
 import os
 import pickle
 import platform
+import queue
+import shutil
+import signal
 import socket
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -32,7 +29,7 @@ import torch.nn.functional as F
 import data_partition as dp
 
 
-# ----------------------------------------------------------------------------- errors and CLI
+# ----------------------------------------------------------------------------- command line
 
 class UserError(Exception):
     """Bad input: reported as one line and exit status 2."""
@@ -47,16 +44,30 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(message)
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    def _get_help_string(self, action):  # a help text that states its own default keeps it
+        return action.help if "default" in (action.help or "") else super()._get_help_string(action)
+
+
 def run_main(main, argv=None):
-    """Run a script's ``main``; bad input ends with one line and exit status 2."""
+    """Run a script's ``main``. Bad input: one line and exit status 2; divergence: one line and
+    status 1; Ctrl-C: status 130 (``main`` returns a status when it stops early)."""
+    code = 0
     try:
-        main(argv)
+        code = main(argv) or 0
     except (UserError, dp.PartitionError) as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        code = 2
     except DivergedError as e:
         print(f"stopped: {e}", file=sys.stderr)
-        sys.exit(1)
+        code = 1
+    except KeyboardInterrupt:
+        print("interrupted; the run folder keeps its last checkpoint", file=sys.stderr)
+        code = 130
+    finally:
+        close_runs(failed=code != 0, diverged=code == 1)
+    if code:
+        sys.exit(code)
 
 
 def _parallel_clients(text):
@@ -71,75 +82,135 @@ def _parallel_clients(text):
     return value
 
 
-def base_parser(description, **defaults):
-    """The flags every script shares (SPEC 1.6); ``defaults`` are the script's paper setting."""
-    p = _Parser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def base_parser(description, script=None, helps=None, **defaults):
+    """The flags every script shares; ``defaults`` are the script ``script``'s paper setting and
+    ``helps`` replaces the help text of flags whose default depends on the data."""
+    p = _Parser(prog=f"{script}.py" if script else None, description=description, formatter_class=_HelpFormatter)
     a = p.add_argument
     a("--dataset", default="cifar10", help="mnist, fmnist, emnist, cifar10, cifar100, tinyimagenet, agnews, "
       "synthetic, or path/to/file.npz with x, y (optional x_test, y_test)")
     a("--data-dir", default="./data", help="where datasets are downloaded and read")
-    a("--partition", default="dir", choices=["iid", "pat", "dir", "pfedla1", "pfedla2"])
+    a("--partition", default="dir", choices=["iid", "pat", "dir", "pfedla1", "pfedla2"], help="label partition")
     a("--beta", type=float, default=0.1, help="Dirichlet concentration for --partition dir")
     a("--classes-per-client", type=int, default=None,
       help="pat: classes per client (default 2, 10 for 100 classes, 20 for 200); "
       "pfedla1: 4 (12 for 100 classes); pfedla2: dominant classes 2 (6 for 100 classes)")
     a("--balance", action="store_true", help="pat: equal shares of each class")
-    a("--num-clients", type=int, default=20)
+    a("--num-clients", type=int, default=20, help="number of clients N")
     a("--join-ratio", type=float, default=1.0, help="fraction of clients sampled each round")
-    a("--rounds", type=int, default=2000)
-    a("--local-epochs", type=int, default=1)
-    a("--batch-size", type=int, default=10)
-    a("--lr", type=float, default=0.005)
-    a("--momentum", type=float, default=0.0)
-    a("--weight-decay", type=float, default=0.0)
+    a("--rounds", type=int, default=2000, help="communication rounds")
+    a("--local-epochs", type=int, default=1, help="local epochs per round")
+    a("--batch-size", type=int, default=10, help="local minibatch size")
+    a("--lr", type=float, default=0.005, help="local learning rate")
+    a("--momentum", type=float, default=0.0, help="local SGD momentum")
+    a("--weight-decay", type=float, default=0.0, help="local SGD weight decay")
     a("--model", default="auto", help="auto, cnn, lenet, simplecnn, resnet18, resnet34, mlp, fasttext")
     a("--test-split", default="client", choices=["client", "global"],
-      help="client: merge train+test and split each client's data; global: official test set (SPEC 1.2)")
-    a("--train-ratio", type=float, default=0.75)
-    a("--eval-every", type=int, default=1)
-    a("--checkpoint-every", type=int, default=50)
-    a("--seed", type=int, default=0)
+      help="client: merge train+test and split each client's data; global: the official test set")
+    a("--train-ratio", type=float, default=0.75, help="share of each client's data used for training")
+    a("--eval-every", type=int, default=1, help="evaluate every this many rounds (and at the last)")
+    a("--checkpoint-every", type=int, default=50, help="write a checkpoint every this many rounds")
+    a("--seed", type=int, default=0, help="fixes partition, sampling, initialisation and batch order")
     a("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     a("--parallel-clients", type=_parallel_clients, default="auto",
       help="train this many clients at once on CPU threads, one torch thread each (1: one client at a time on "
       "all threads; auto: one per torch thread on CPU, 1 on a GPU); results depend on whether this is 1, "
       "not on the schedule")
     a("--out", default="runs", help="folder under which the run folder is created")
-    a("--resume", default=None, metavar="RUN_DIR", help="continue a stopped run from its last checkpoint")
-    a("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: exit after round N as if killed
+    a("--resume", default=None, metavar="RUN_DIR",
+      help="continue a stopped run from its last checkpoint (default: a new run)")
+    a("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: stop after round N as if killed
     p.set_defaults(**defaults)
+    for action in p._actions:
+        action.help = (helps or {}).get(action.dest, action.help)
     return p
 
 
-def parse_args(parser, argv=None, resolve=None):
-    """Parse and validate; ``resolve(args)`` fills dataset-dependent defaults. With ``--resume``
-    the run's saved settings replace the command line."""
+# flags that may differ on --resume: they do not change what is computed (--rounds extends the run)
+RESUME_MAY_CHANGE = {"rounds", "device", "parallel_clients", "data_dir", "out", "resume", "stop_after",
+                     "checkpoint_every"}
+
+
+def _given_flags(parser, argv):
+    """The flags given on the command line, with their parsed values."""
+    defaults, parser_defaults = [(action, action.default) for action in parser._actions], parser._defaults
+    for action, _ in defaults:
+        action.default = argparse.SUPPRESS
+    parser._defaults = {}
+    try:
+        return vars(parser.parse_args(argv))
+    finally:
+        parser._defaults = parser_defaults
+        for action, default in defaults:
+            action.default = default
+
+
+def _resumed_args(parser, argv):
+    """The saved arguments of ``--resume RUN_DIR``, with the flags given now that may change."""
+    given = _given_flags(parser, argv)
+    folder = given["resume"]
+    path = os.path.join(folder, "config.json")
+    try:
+        with open(path) as f:
+            config = json.load(f)
+        saved, script = config["args"], config.get("script")
+        if not isinstance(saved, dict):
+            raise ValueError("args is not a mapping")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"cannot resume: {path} is missing or not a run's config ({e.__class__.__name__}: {e})")
+    if script is None:  # older run folders: the algorithm names the script
+        script = {"heurpfedla": "pfedla"}.get(config.get("algorithm"), config.get("algorithm"))
+    if f"{script}.py" != parser.prog:
+        raise UserError(f"cannot resume: {folder} is a run of {script}.py, not {parser.prog}; "
+                        f"use python {script}.py --resume {folder}")
+    defaults = vars(parser.parse_args([]))
+    missing = sorted(set(defaults) - set(saved) - RESUME_MAY_CHANGE)
+    if missing:
+        raise UserError(f"cannot resume: {path} lacks the settings {', '.join(missing)}")
+    changed = [f"--{k.replace('_', '-')} {saved[k]} (now {v})" for k, v in sorted(given.items())
+               if k not in RESUME_MAY_CHANGE and k in saved and v != saved[k]]
+    if changed:
+        raise UserError(f"cannot resume with other settings: {'; '.join(changed)}; only --rounds may change")
+    args = argparse.Namespace(**{**defaults, **{k: v for k, v in saved.items() if k in defaults}})
+    for k in RESUME_MAY_CHANGE & set(given):
+        setattr(args, k, given[k])
+    args.resume, args.stop_after = folder, given.get("stop_after")
+    return args
+
+
+def parse_args(parser, argv=None, resolve=None, checks=()):
+    """Parse and validate every flag before anything is written. ``resolve(args)`` fills the
+    dataset-dependent defaults; ``checks`` are the script's own (ok, message) pairs as a
+    function of args. With ``--resume`` the run's saved settings are used (see _resumed_args)."""
     args = parser.parse_args(argv)
-    if resolve and not args.resume:
-        resolve(args)
     if args.resume:
-        path = os.path.join(args.resume, "config.json")
-        try:
-            with open(path) as f:
-                saved = json.load(f)["args"]
-        except (OSError, ValueError, KeyError) as e:
-            raise UserError(f"cannot resume: {path} is missing or unreadable ({e.__class__.__name__})")
-        stop_after, resume = args.stop_after, args.resume
-        args = argparse.Namespace(**saved)
-        args.resume, args.stop_after = resume, stop_after
-    checks = [
-        (args.beta > 0, f"--beta must be > 0, got {args.beta}"),
-        (0 < args.join_ratio <= 1, f"--join-ratio must be in (0, 1], got {args.join_ratio}"),
+        args = _resumed_args(parser, argv)
+    elif resolve:
+        resolve(args)
+    finite = lambda v: v is not None and math.isfinite(v)
+    shared = [
+        (finite(args.beta) and args.beta > 0, f"--beta must be a finite number > 0, got {args.beta} "
+                                              "(for identical label mixes use --partition iid)"),
+        (finite(args.join_ratio) and 0 < args.join_ratio <= 1, f"--join-ratio must be in (0, 1], got {args.join_ratio}"),
         (args.num_clients >= 1, f"--num-clients must be >= 1, got {args.num_clients}"),
+        (args.dataset != "synthetic" or args.num_clients <= 10000,
+         f"--num-clients {args.num_clients} is too many for synthetic data (at most 10000)"),
         (args.rounds >= 1, f"--rounds must be >= 1, got {args.rounds}"),
         (args.local_epochs >= 1, f"--local-epochs must be >= 1, got {args.local_epochs}"),
         (args.batch_size >= 1, f"--batch-size must be >= 1, got {args.batch_size}"),
-        (args.lr > 0, f"--lr must be > 0, got {args.lr}"),
-        (0 < args.train_ratio < 1, f"--train-ratio must be in (0, 1), got {args.train_ratio}"),
-        (args.eval_every >= 1 and args.checkpoint_every >= 1, "--eval-every and --checkpoint-every must be >= 1"),
-        (args.classes_per_client is None or args.classes_per_client >= 1, "--classes-per-client must be >= 1"),
+        (finite(args.lr) and args.lr > 0, f"--lr must be a finite number > 0, got {args.lr}"),
+        (finite(args.momentum) and 0 <= args.momentum < 1, f"--momentum must be in [0, 1), got {args.momentum}"),
+        (finite(args.weight_decay) and args.weight_decay >= 0,
+         f"--weight-decay must be a finite number >= 0, got {args.weight_decay}"),
+        (finite(args.train_ratio) and 0 < args.train_ratio < 1, f"--train-ratio must be in (0, 1), got {args.train_ratio}"),
+        (args.eval_every >= 1, f"--eval-every must be >= 1, got {args.eval_every}"),
+        (args.checkpoint_every >= 1, f"--checkpoint-every must be >= 1, got {args.checkpoint_every}"),
+        (0 <= args.seed < 2 ** 63, f"--seed must be an integer in [0, 2^63), got {args.seed}"),
+        (args.classes_per_client is None or args.classes_per_client >= 1,
+         f"--classes-per-client must be >= 1, got {args.classes_per_client}"),
+        (args.stop_after is None or args.stop_after >= 1, "--stop-after must be >= 1"),
     ]
-    for ok, message in checks:
+    for ok, message in [*shared, *(checks(args) if callable(checks) else checks)]:
         if not ok:
             raise UserError(message)
     return args
@@ -842,7 +913,32 @@ def state_bytes(model):
     return sum(v.numel() * v.element_size() for v in model.state_dict().values())
 
 
-# ----------------------------------------------------------------------------- training and evaluation (SPEC 1.5)
+# ----------------------------------------------------------------------------- training and evaluation
+
+def resolve_device(name):
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"unknown --device '{name}'; use auto, cpu or cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda asked for, but no CUDA GPU is available; use --device cpu")
+    return device
+
+
+def seed_everything(seed):
+    """Seed torch (model initialisation) and return the numpy generator that samples clients and
+    draws the algorithms' own randomness; the data partition has its own stream (seed, 0)."""
+    torch.manual_seed(seed)
+    return np.random.default_rng([seed, 1])
+
+
+def sample_clients(rng, num_clients, join_ratio):
+    """round(join_ratio * N) clients (at least 1), without replacement, in increasing order."""
+    k = max(1, int(round(join_ratio * num_clients)))
+    return sorted(int(c) for c in rng.choice(num_clients, k, replace=False))
+
 
 def client_seed(seed, round_, client, tag=0):
     """A seed for one client in one round, independent across (round, client, tag)."""
@@ -889,51 +985,62 @@ def local_train(model, data, idx, args, seed, epochs=None):
     return total / max(steps, 1)
 
 
-def for_each_client(train_one, clients, workers, sizes=None):
-    """``train_one(worker, slot, client)`` for every client, results in client order. ``workers``
-    is one model or a list. With one worker the clients run one after another on all torch
-    threads; with several (``--parallel-clients``, CPU) that many clients train at once on
-    threads, one torch thread each, which uses the cores far better than splitting one small
-    batch over them. Each idle
-    worker takes the next client, the largest (``sizes``) first, so the threads finish together.
-    Clients are independent: the results do not depend on the schedule, only on whether a
-    client ran on one torch thread or on all of them."""
-    workers = workers if isinstance(workers, list) else [workers]
-    if len(workers) == 1:
-        return [train_one(workers[0], slot, client) for slot, client in enumerate(clients)]
-    from concurrent.futures import ThreadPoolExecutor
-    order = sorted(range(len(clients)), key=lambda slot: -sizes[slot]) if sizes else list(range(len(clients)))
-    queue, lock, results = iter(order), threading.Lock(), [None] * len(clients)
+class ClientPool:
+    """The reusable models that run a round's client updates, and ``map`` over the clients.
 
-    def work(worker):
-        while True:
-            with lock:
-                slot = next(queue, None)
-            if slot is None:
-                return
-            results[slot] = train_one(worker, slot, clients[slot])
+    ``--parallel-clients`` models (auto: one per torch thread on a CPU, where a small batch
+    leaves most cores idle; one on a GPU). With one model the clients run one after another on
+    all torch threads. With several, that many clients run at once on threads, one torch thread
+    each, the largest clients first so the threads finish together. Client updates are
+    independent, so results do not depend on the schedule, only on whether each client ran on
+    one torch thread or on all of them. No model is built or copied per client."""
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with ThreadPoolExecutor(len(workers)) as pool:
-            list(pool.map(work, workers))
-    finally:
-        torch.set_num_threads(threads)
-    return results
+    def __init__(self, models, client_sizes):
+        self.models, self.client_sizes = models, client_sizes
 
+    @classmethod
+    def build(cls, args, build_model, device, data):
+        """A pool of ``--parallel-clients`` models made by ``build_model``, for ``data``'s clients."""
+        n = args.parallel_clients
+        if n == "auto":
+            n = torch.get_num_threads() if device.type == "cpu" else 1
+        clients_per_round = max(1, round(args.join_ratio * args.num_clients))
+        return cls([build_model().to(device) for _ in range(max(1, min(n, clients_per_round)))],
+                   [len(i) for i in data.train_idx])
 
-def client_workers(args, build, device, clients_per_round):
-    """The reusable models that train a round's clients: ``--parallel-clients`` of them (auto: one
-    per torch thread on CPU, where small batches leave most of the cores idle; one on a GPU)."""
-    n = getattr(args, "parallel_clients", 1)
-    if n == "auto":
-        n = torch.get_num_threads() if device.type == "cpu" else 1
-    return [build().to(device) for _ in range(max(1, min(n, clients_per_round)))]
+    def __len__(self):
+        return len(self.models)
+
+    def map(self, client_update, clients):
+        """``[client_update(model, client) for client in clients]``, each call given a free model."""
+        if len(self.models) == 1:
+            return [client_update(self.models[0], client) for client in clients]
+        from concurrent.futures import ThreadPoolExecutor
+        free = queue.SimpleQueue()
+        for model in self.models:
+            free.put(model)
+
+        def run(client):
+            model = free.get()
+            try:
+                return client_update(model, client)
+            finally:
+                free.put(model)
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with ThreadPoolExecutor(len(self.models)) as executor:
+                futures = {client: executor.submit(run, client)
+                           for client in sorted(clients, key=lambda c: -self.client_sizes[c])}
+                return [futures[client].result() for client in clients]
+        finally:
+            torch.set_num_threads(threads)
 
 
 def check_finite(loss, round_, client):
-    """One host sync per client: stop the run when training diverged."""
+    """One host sync per client: stop the run when training diverged (the data was checked to be
+    finite when loaded, so the step size is to blame)."""
     value = float(loss)
     if not math.isfinite(value):
         raise DivergedError(f"training loss became {value} in round {round_} on client {client}; "
@@ -986,36 +1093,32 @@ def evaluate_global(model, data):
     return metrics
 
 
-# ----------------------------------------------------------------------------- run folder, logging, checkpoints (SPEC 1.6)
+# ----------------------------------------------------------------------------- run folder
 
-def atomic_write(path, text_or_bytes):
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
-    with os.fdopen(fd, "wb") as f:
-        f.write(text_or_bytes.encode() if isinstance(text_or_bytes, str) else text_or_bytes)
-    os.replace(tmp, path)
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
+def atomic_write(path, content):
+    """Write ``content`` (str, bytes, or a function that writes to a binary file) to ``path``
+    through a temporary file and a rename: a reader never sees half a file. The file gets the
+    user's umask (mkstemp alone would make it private)."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if callable(content):
+                content(f)
+            else:
+                f.write(content.encode() if isinstance(content, str) else content)
+        os.chmod(tmp, 0o666 & ~_UMASK)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def _json(obj):
     return json.dumps(obj, indent=1, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
-
-
-def resolve_device(name):
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"unknown --device '{name}'; use auto, cpu or cuda")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda asked for, but no CUDA GPU is available; use --device cpu")
-    return device
-
-
-def sample_clients(rng, num_clients, join_ratio):
-    """round(join_ratio * N) clients (at least 1), without replacement, in increasing order."""
-    k = max(1, int(round(join_ratio * num_clients)))
-    return sorted(int(c) for c in rng.choice(num_clients, k, replace=False))
 
 
 def current_host_mb():
@@ -1038,45 +1141,122 @@ def _fmt_time(seconds):
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
+def _process_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a killed child that its parent has not reaped yet is gone too
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _lock(folder):
+    """Take the run folder's lock file: one process per run folder. A lock whose process is gone
+    (killed, crashed) is stale and taken over."""
+    path = os.path.join(folder, ".lock")
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+        except FileExistsError:
+            try:
+                with open(path) as f:
+                    pid, host = f.read().split()
+                pid = int(pid)
+            except (OSError, ValueError):
+                pid, host = None, "?"
+            if pid is not None and host == socket.gethostname() and not _process_alive(pid):
+                try:
+                    os.remove(path)
+                except FileNotFoundError:
+                    pass
+                continue
+            raise UserError(f"{folder} is in use by process {pid} on {host}; wait for it to end "
+                            f"(or delete {path} if that process is gone)")
+        except OSError as e:
+            raise UserError(f"cannot write in the run folder {folder} ({e.strerror})")
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()} {socket.gethostname()}\n")
+        return path
+    raise UserError(f"cannot take the lock {path}; delete it if no run is using {folder}")
+
+
+_OPEN_RUNS = []
+
+
+def close_runs(failed, diverged=False):
+    """Release every run folder of this process (``run_main`` calls it on the way out)."""
+    for run in list(_OPEN_RUNS):
+        run.close(failed, diverged)
+
+
 class Run:
     """The run folder and the bookkeeping around the training loop (not the algorithm).
 
-    Creates ``--out/<algo>-<dataset>-s<seed>-<time>/`` (or reuses ``--resume RUN_DIR``),
-    seeds everything, loads the federated data, writes config.json and partition.json,
-    and then logs evaluations, writes checkpoints and the summary.
-    """
+    Creates ``--out/<algo>-<dataset>-s<seed>-<time>/`` (or takes ``--resume RUN_DIR``), locks
+    it, writes config.json and partition.json; then records evaluations (metrics.csv),
+    checkpoints (checkpoint.pt: tensors and plain containers only) and the summary. Build it
+    once set-up has succeeded: a run that fails before its first round leaves no folder.
+    The first Ctrl-C asks the loop to stop at the end of the round (``stop_requested``)."""
 
-    def __init__(self, algo, args, headline):
-        self.algo, self.args, self.headline = algo, args, headline
-        self.device = resolve_device(args.device)
-        torch.manual_seed(args.seed)
-        self.rng = np.random.default_rng([args.seed, 1])  # client sampling and algorithm randomness
-        self.data = load_federated_data(args, self.device)
+    def __init__(self, algo, args, data, device, headline, headline_metric="test_acc", script=None):
+        self.algo, self.args, self.data, self.device = algo, args, data, device
+        self.headline, self.headline_metric, self.script = headline, headline_metric, script or algo
         self.rows, self.bytes_down, self.bytes_up, self.elapsed = [], 0, 0, 0.0
+        self.created, self.interrupted, self.finished = False, False, False
         self.dir = args.resume or self._new_dir()
-        os.makedirs(self.dir, exist_ok=True)
-        if not args.resume:
-            atomic_write(os.path.join(self.dir, "config.json"), _json(self._config()))
+        if args.resume:
+            self.lock = _lock(self.dir)
+        _OPEN_RUNS.append(self)
+        config = {"algorithm": algo, "script": self.script,
+                  "args": {**vars(args), "resume": None, "stop_after": None}, "command": sys.argv,
+                  "device": str(device), "device_name": torch.cuda.get_device_name(device)
+                  if device.type == "cuda" else platform.processor() or platform.machine(),
+                  "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                               "numpy": np.__version__},
+                  "num_classes": data.num_classes, "input_shape": list(data.x.shape[1:])}
+        if args.resume:  # keep the original record; only --rounds may have grown
+            with open(os.path.join(self.dir, "config.json")) as f:
+                saved = json.load(f)
+            saved["args"]["rounds"] = args.rounds
+            config = saved
+        atomic_write(os.path.join(self.dir, "config.json"), _json(config))
         self._write_partition()
-        self._t_last = time.perf_counter()
-        self._last_round = 0
+        self._t_last, self._last_round = time.perf_counter(), 0
+        try:
+            self._previous_handler = signal.signal(signal.SIGINT, self._on_sigint)
+        except ValueError:  # not the main thread: Ctrl-C keeps its default
+            self._previous_handler = None
 
     def _new_dir(self):
         name = os.path.basename(self.args.dataset).replace(".npz", "")
         base = os.path.join(self.args.out, f"{self.algo}-{name}-s{self.args.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
         path, n = base, 1
-        while os.path.exists(path):  # never overwrite an earlier run
-            path, n = f"{base}-{n}", n + 1
+        while True:
+            try:
+                os.makedirs(path)  # never an existing folder: never overwrite an earlier run
+                break
+            except FileExistsError:
+                if not os.path.isdir(os.path.dirname(path) or "."):
+                    raise UserError(f"--out {self.args.out} is not a folder")
+                path, n = f"{base}-{n}", n + 1
+            except OSError as e:
+                raise UserError(f"cannot create a run folder under --out {self.args.out} ({e.strerror})")
+        self.created = True
+        self.lock = _lock(path)
         return path
 
-    def _config(self):
-        import torchvision
-        return {"algorithm": self.algo, "args": vars(self.args), "command": sys.argv,
-                "device": str(self.device),
-                "device_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else platform.processor() or platform.machine(),
-                "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                             "torchvision": torchvision.__version__, "numpy": np.__version__},
-                "num_classes": self.data.num_classes, "input_shape": list(self.data.x.shape[1:])}
+    def _on_sigint(self, signum, frame):
+        if self.interrupted:  # the second Ctrl-C stops at once
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        self.interrupted = True
+        print(f"\n[{self.algo}] Ctrl-C: stopping at the end of this round (Ctrl-C again stops at once)",
+              file=sys.stderr, flush=True)
 
     def _write_partition(self):
         d = self.data
@@ -1099,14 +1279,22 @@ class Run:
         self.bytes_down += int(down)
         self.bytes_up += int(up)
 
+    def should_eval(self, round_):
+        return round_ % self.args.eval_every == 0 or round_ == self.args.rounds
+
     def log(self, round_, metrics):
         """Record one evaluation: a row in metrics.csv (rewritten atomically) and a progress line."""
         now = time.perf_counter()
         self.elapsed += now - self._t_last
         per_round = (now - self._t_last) / max(round_ - self._last_round, 1)
         self._t_last, self._last_round = now, round_
-        row = {"round": round_, **{k: (round(float(v), 6) if isinstance(v, (float, np.floating)) else v)
-                                   for k, v in metrics.items()},
+
+        def plain(v):  # checkpoints hold plain numbers only
+            if isinstance(v, (bool, int, np.integer)):
+                return int(v)
+            return round(float(v), 6) if isinstance(v, (float, np.floating, torch.Tensor)) else str(v)
+
+        row = {"round": round_, **{k: plain(v) for k, v in metrics.items()},
                "seconds": round(self.elapsed, 3), "sec_per_round": round(per_round, 4),
                "mb_down": round(self.bytes_down / 2 ** 20, 3), "mb_up": round(self.bytes_up / 2 ** 20, 3),
                "host_mb": round(current_host_mb(), 1)}
@@ -1125,59 +1313,87 @@ class Run:
 
     def _write_metrics(self):
         keys = list(dict.fromkeys(k for r in self.rows for k in r))
-        lines = [",".join(keys)] + [",".join(str(r.get(k, "")) for k in keys) for r in self.rows]
-        atomic_write(os.path.join(self.dir, "metrics.csv"), "\n".join(lines) + "\n")
+        with_header = [keys] + [[r.get(k, "") for k in keys] for r in self.rows]
+        atomic_write(os.path.join(self.dir, "metrics.csv"), "".join(",".join(map(str, r)) + "\n" for r in with_header))
 
-    def should_eval(self, round_):
-        return round_ % self.args.eval_every == 0 or round_ == self.args.rounds
+    # -- checkpoints, stopping and resuming
 
-    # -- checkpoints
+    def stop_requested(self, round_):
+        """After a Ctrl-C, or at ``--stop-after`` (tests: a run killed after that round, so no
+        extra checkpoint is written for it)."""
+        return self.interrupted or (self.args.stop_after is not None and round_ >= self.args.stop_after)
 
-    def checkpoint(self, round_, state):
-        """Every ``--checkpoint-every`` rounds (and at the end): algorithm ``state`` (modules are
-        saved by state_dict), all RNG states and the metrics so far. Then honour ``--stop-after``."""
-        if round_ % self.args.checkpoint_every == 0 or round_ == self.args.rounds:
-            blob = {"round": round_, "rows": self.rows, "bytes": (self.bytes_down, self.bytes_up),
-                    "elapsed": self.elapsed + time.perf_counter() - self._t_last,
-                    "state": {k: (v.state_dict() if hasattr(v, "state_dict") else v) for k, v in state.items()},
-                    "rng": self.rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
-                    "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-            tmp = os.path.join(self.dir, "checkpoint.pt.tmp")
-            torch.save(blob, tmp)
-            os.replace(tmp, os.path.join(self.dir, "checkpoint.pt"))
-        if self.args.stop_after is not None and round_ >= self.args.stop_after:
-            print(f"[{self.algo}] stopping after round {round_} (--stop-after)")
-            sys.exit(0)
+    def checkpoint(self, round_, state, rng):
+        """Every ``--checkpoint-every`` rounds, at the last round and before a requested stop:
+        the algorithm ``state`` (modules and objects by their state_dict, tensors as they are),
+        every RNG state and the metrics so far, as tensors and plain containers."""
+        if not (round_ % self.args.checkpoint_every == 0 or round_ == self.args.rounds or self.interrupted):
+            return
+        blob = {"algorithm": self.algo, "round": round_, "rows": self.rows,
+                "bytes": [self.bytes_down, self.bytes_up],
+                "elapsed": self.elapsed + time.perf_counter() - self._t_last,
+                "state": {k: (v.state_dict() if hasattr(v, "state_dict") else v) for k, v in state.items()},
+                "rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+        atomic_write(os.path.join(self.dir, "checkpoint.pt"), lambda f: torch.save(blob, f))
 
-    def resume(self, state):
-        """With ``--resume``: load the checkpoint into ``state`` (modules in place, other entries
-        replaced) and return the first round to run; else return 1."""
+    def stop(self, round_):
+        """Report a requested stop after ``round_`` (checkpoint written) and return the exit status."""
+        command = f"python {self.script}.py --resume {self.dir}"
+        if self.interrupted:
+            print(f"interrupted after round {round_}; continue with: {command}", file=sys.stderr, flush=True)
+            return 130
+        print(f"[{self.algo}] stopping after round {round_} (--stop-after); continue with: {command}")
+        self.close()
+        sys.exit(0)  # as if killed here
+
+    def resume(self, state, rng):
+        """With ``--resume``: load the checkpoint into ``state`` in place (modules and objects by
+        load_state_dict, tensors by copy) and into ``rng``, and return the first round to run;
+        else return 1. Only tensors and plain containers are read (weights_only): a crafted
+        file cannot run code."""
         if not self.args.resume:
             return 1
         path = os.path.join(self.dir, "checkpoint.pt")
+        if not os.path.exists(path):
+            raise UserError(f"cannot resume: {self.dir} has no checkpoint.pt (the run stopped before its first "
+                            "checkpoint; start it again)")
         try:
-            blob = torch.load(path, map_location=self.device, weights_only=False)
+            blob = torch.load(path, map_location=self.device, weights_only=True)
+            if set(blob["state"]) != set(state) or blob["algorithm"] != self.algo:
+                raise ValueError("it holds another algorithm's state")
             for k, v in blob["state"].items():
-                if hasattr(state.get(k), "load_state_dict"):
+                if hasattr(state[k], "load_state_dict"):
                     state[k].load_state_dict(v)
+                elif isinstance(state[k], torch.Tensor) and isinstance(v, torch.Tensor) and v.shape == state[k].shape:
+                    state[k].copy_(v)
                 else:
-                    state[k] = v
-        except Exception as e:
-            raise UserError(f"cannot resume from {path}: unreadable checkpoint ({e.__class__.__name__})")
-        self.rows, (self.bytes_down, self.bytes_up), self.elapsed = blob["rows"], blob["bytes"], blob["elapsed"]
-        self.rng.bit_generator.state = blob["rng"]
-        torch.set_rng_state(blob["torch_rng"].cpu())
-        if blob["cuda_rng"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([s.cpu() for s in blob["cuda_rng"]])
+                    raise ValueError(f"entry {k} does not fit this run")
+            rows, (down, up), elapsed, round_ = list(blob["rows"]), blob["bytes"], float(blob["elapsed"]), blob["round"]
+            if not (isinstance(round_, int) and round_ >= 1 and all(isinstance(r, dict) for r in rows)):
+                raise ValueError("bad round or metrics")
+            rng.bit_generator.state = blob["rng"]
+            torch.set_rng_state(blob["torch_rng"].cpu())
+            if blob["cuda_rng"] is not None and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all([s.cpu() for s in blob["cuda_rng"]])
+        except Exception as e:  # noqa: BLE001  anything wrong with the file is the same answer
+            message = str(e).splitlines()[0][:150] if str(e) else e.__class__.__name__
+            raise UserError(f"cannot resume: {path} is not a valid checkpoint of this run ({message})")
+        if round_ > self.args.rounds:
+            raise UserError(f"cannot resume: the run already has {round_} rounds; --rounds {self.args.rounds} "
+                            f"must be at least that")
+        self.rows, self.bytes_down, self.bytes_up, self.elapsed = rows, int(down), int(up), elapsed
         self._write_metrics()  # drop rows logged after the checkpoint: they will be recomputed
-        self._last_round = blob["round"]
-        print(f"[{self.algo}] resumed {self.dir} after round {blob['round']}")
-        return blob["round"] + 1
+        self._last_round = round_
+        print(f"[{self.algo}] resumed {self.dir} after round {round_}")
+        return round_ + 1
 
-    def finish(self, extra=None):
-        """summary.json: best, final and mean of the last 10 evaluations of every accuracy column,
-        and which of them the paper reports."""
-        summary = {"algorithm": self.algo, "rounds": self.args.rounds, "paper_reports": self.headline,
+    def summary(self, extra=None, status="finished"):
+        """best, final and mean of the last 10 evaluations of every accuracy column, and which of
+        them the paper reports (``headline_metric``)."""
+        summary = {"algorithm": self.algo, "status": status, "rounds": self.args.rounds,
+                   "rounds_done": self.rows[-1]["round"] if self.rows else 0,
+                   "headline_metric": self.headline_metric, "paper_reports": self.headline,
                    "seconds": round(self.elapsed, 2), "mb_down": self.bytes_down / 2 ** 20,
                    "mb_up": self.bytes_up / 2 ** 20, "peak_host_mb": peak_host_mb(),
                    "peak_device_mb": (torch.cuda.max_memory_allocated(self.device) / 2 ** 20
@@ -1187,6 +1403,12 @@ class Run:
             summary[key] = {"best": float(values.max()), "final": float(values[-1]),
                             "last10_mean": float(values[-10:].mean())}
         atomic_write(os.path.join(self.dir, "summary.json"), _json(summary))
+        return summary
+
+    def finish(self, extra=None):
+        """Write summary.json and print it."""
+        summary = self.summary(extra)
+        self.finished = True
         print(f"[{self.algo}] summary ({self.headline} is what the paper reports):")
         for key, v in summary.items():
             if isinstance(v, dict) and {"best", "final", "last10_mean"} <= set(v):
@@ -1194,3 +1416,24 @@ class Run:
         print(f"  {self.elapsed:.1f} s, {summary['mb_down']:.1f} MB down, {summary['mb_up']:.1f} MB up; "
               f"files in {self.dir}")
         return summary
+
+    def close(self, failed=False, diverged=False):
+        """Release the folder: a new run that failed before writing any result leaves nothing behind;
+        a run that stopped with results keeps them (a diverged one says so in summary.json)."""
+        if self not in _OPEN_RUNS:
+            return
+        _OPEN_RUNS.remove(self)
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGINT, self._previous_handler)
+        if failed and self.created and not self.rows and not os.path.exists(os.path.join(self.dir, "checkpoint.pt")):
+            shutil.rmtree(self.dir, ignore_errors=True)
+            return
+        if diverged and self.rows and not self.finished:
+            self.summary(status="diverged")
+        try:
+            os.remove(self.lock)
+        except OSError:
+            pass
+
+
+atexit.register(close_runs, failed=False)

@@ -1,6 +1,6 @@
 """FedACD (Zhou et al., IJCAI 2025): adaptability of local models over client distributions.
 
-Each round (Eq. 11, Appendix A.1; SPEC section 6):
+Each round (Eq. 11, Appendix A.1; our choices where the paper is silent: docs/fedacd.md):
   1. the server samples round(join_ratio * N) clients and sends them the global model;
   2. each client m estimates its probability matrix P^m with the received model, then
      trains on L = L1 + lambda * L2 (Eq. 7-9) with input mixup, re-estimating P^m from
@@ -29,23 +29,24 @@ def parse_args(argv=None):
             args.weight_decay = 1e-3 if args.dataset == "tinyimagenet" else 1e-5
 
     parser = common.base_parser(
-        __doc__.splitlines()[0], num_clients=20, join_ratio=0.4, local_epochs=5, batch_size=64, lr=0.01,
-        momentum=0.9, weight_decay=None, rounds=200, beta=0.1, partition="dir", test_split="global")
-    parser.add_argument("--lam", type=float, default=1.0, help="lambda of Eq. (9): weight of L2")
-    parser.add_argument("--tau", type=float, default=1 - 1e-5, help="diagonal of the template matrix Q, Eq. (10)")
-    parser.add_argument("--missing-delta", type=float, default=0.01,
-                        help="Delta_yi for classes i the client has no samples of (Sec. 3, 'a small value')")
-    parser.add_argument("--no-mixup", dest="mixup", action="store_false",
-                        help="input mixup is on (%(default)s); this flag turns it off (Table 5, w/o Input Mixup)")
-    parser.add_argument("--uniform-agg", action="store_true", help="plain mean of the local models (FedACD_base)")
-    parser.add_argument("--score-kl", default="sum", choices=["sum", "mean"],
-                        help="KL(P^m||Q) in Eq. (10): sum over the rows (as written) or mean over the rows")
-    args = common.parse_args(parser, argv, resolve)
-    if not 0 < args.tau < 1:
-        raise common.UserError(f"--tau must be in (0, 1), got {args.tau}")
-    if args.missing_delta <= 0 or args.lam < 0:
-        raise common.UserError("--missing-delta must be > 0 and --lam >= 0")
-    return args
+        __doc__.splitlines()[0], script="fedacd", num_clients=20, join_ratio=0.4, local_epochs=5, batch_size=64,
+        lr=0.01, momentum=0.9, weight_decay=None, rounds=200, beta=0.1, partition="dir", test_split="global",
+        helps={"weight_decay": "local SGD weight decay (default: 1e-3 on tinyimagenet, else 1e-5)"})
+    a = parser.add_argument
+    a("--lam", type=float, default=1.0, help="lambda of Eq. (9): weight of L2")
+    a("--tau", type=float, default=1 - 1e-5, help="diagonal of the template matrix Q, Eq. (10)")
+    a("--missing-delta", type=float, default=0.01,
+      help="Delta_yi for classes i the client has no samples of (Sec. 3, 'a small value')")
+    a("--no-mixup", dest="mixup", action="store_false",
+      help="turn input mixup off (Table 5, w/o Input Mixup; default: mixup on)")
+    a("--uniform-agg", action="store_true", help="plain mean of the local models (FedACD_base)")
+    a("--score-kl", default="sum", choices=["sum", "mean"],
+      help="KL(P^m||Q) in Eq. (10): sum over the rows (as written) or mean over the rows")
+    return common.parse_args(parser, argv, resolve, checks=lambda args: [
+        (0 < args.tau < 1, f"--tau must be in (0, 1), got {args.tau}"),
+        (math.isfinite(args.missing_delta) and args.missing_delta > 0,
+         f"--missing-delta must be a finite number > 0, got {args.missing_delta}"),
+        (math.isfinite(args.lam) and args.lam >= 0, f"--lam must be a finite number >= 0, got {args.lam}")])
 
 
 # ----------------------------------------------------------------------------- local objective (Eq. 7-9)
@@ -143,7 +144,7 @@ def aggregation_weights(scores, uniform=False):
 # ----------------------------------------------------------------------------- client and round
 
 def local_train(model, data, idx, present, args, batch_seed, mixup_seed):
-    """Local update of Eq. (11), argmin L1 + lambda L2 from the received model, with input mixup
+    """The local update (Sec. 3, Appendix A.1): minimise fedacd_loss from the received model, with input mixup
     (x = mix x_a + (1 - mix) x_b, mix ~ Beta(1, 1) = U(0, 1), one per batch). P^m is estimated
     before the first epoch with the received model, accumulated (detached, with the mixup
     weights) during each epoch and replaced at the end of it. Returns the mean loss (0-dim)
@@ -192,75 +193,70 @@ def average_risk(errors, priors):
     return (priors @ errors.to(priors.dtype)).mean()
 
 
-def fedacd_round(global_model, worker, data, clients, args, round_, client_stack, present, risk=None):
-    """One FedACD round (Appendix A.1): local training and scoring on each client, then the
-    score-weighted average (Eq. 11). With ``risk = (class_test_idx, priors)`` the local models'
-    average risk (Eq. 3, Table 3) is measured as well. ``worker``: one model or a list (see
-    common.for_each_client). Returns a dict of round statistics."""
-    global_flat = common.flatten_state(global_model)
+def client_update(model, global_state, data, client, present, args, round_, risk=None):
+    """Client m (Appendix A.1): local training from the global model (flat), then P^m of the
+    trained model and its score V_m. With ``risk = (class_test_idx, priors)`` also the trained
+    model's average risk (Table 3). Returns (the trained model, flat; mean loss; V_m; KL; risk)."""
+    common.load_flat_state(model, global_state)
+    idx = data.train_idx[client]
+    seeds = common.client_seed(args.seed, round_, client), common.client_seed(args.seed, round_, client, tag=1)
+    loss, _ = local_train(model, data, idx, present[client], args, *seeds)
+    P = probability_matrix(model, data.x, data.y, idx, data.num_classes)  # P^m of the trained model
+    score, kl = aggregation_score(P, present[client], args.tau, args.score_kl)
+    local_risk = average_risk(per_class_errors(model, data, risk[0]), risk[1]) if risk is not None else None
+    return common.flatten_state(model), loss, score, kl, local_risk
 
-    def train_one(model, slot, client):
-        common.load_flat_state(model, global_flat)  # the server sends the global model
-        idx = data.train_idx[client]
-        seeds = common.client_seed(args.seed, round_, client), common.client_seed(args.seed, round_, client, tag=1)
-        loss, _ = local_train(model, data, idx, present[client], args, *seeds)
-        P = probability_matrix(model, data.x, data.y, idx, data.num_classes)  # P^m of the trained model
-        score, kl = aggregation_score(P, present[client], args.tau, args.score_kl)
-        local_risk = average_risk(per_class_errors(model, data, risk[0]), risk[1]) if risk is not None else None
-        common.flatten_state(model, out=client_stack[slot])
-        return loss, score, kl, local_risk
 
-    outputs = common.for_each_client(train_one, clients, worker, [len(data.train_idx[c]) for c in clients])
-    losses = [common.check_finite(out[0], round_, client) for client, out in zip(clients, outputs)]
-    _, scores, kls, risks = zip(*outputs)
-    risks = [r for r in risks if r is not None]
-    scores = torch.stack(scores)
-    weights = aggregation_weights(scores, args.uniform_agg)
-    common.load_flat_state(global_model, common.weighted_average(client_stack[:len(clients)], weights))
-    stats = {"train_loss": sum(losses) / len(losses), "local_kl": float(torch.stack(kls).mean()),
-             "score_min": float(scores.min()), "score_max": float(scores.max())}
-    if risks:
-        stats["local_risk"] = float(torch.stack(risks).mean())
-    return stats
+def server_update(client_states, scores, uniform=False):
+    """The server's step: the score-weighted average of the local models (FedACD_base: the mean)."""
+    return common.weighted_average(torch.stack(client_states), aggregation_weights(torch.stack(scores), uniform))
 
 
 def main(argv=None):
     args = parse_args(argv)
-    run = common.Run("fedacd", args, headline="global_acc: global model on the uniform test set (FedACD Table 1; "
-                                              "the paper does not say best or final round)")
-    data = run.data
+    device = common.resolve_device(args.device)
+    rng = common.seed_everything(args.seed)
+    data = common.load_federated_data(args, device)
     if args.mixup and not data.x.is_floating_point():
         raise common.UserError("input mixup needs real-valued inputs; use --no-mixup for token data")
     auto_image = "resnet18" if args.dataset == "tinyimagenet" else "simplecnn"
-    global_model = common.build_model(args.model, data, auto_image=auto_image).to(run.device)
-    state = {"global_model": global_model}
-    start = run.resume(state)
-    num_params = sum(v.numel() for v in common.float_state(global_model))
-    clients_per_round = max(1, round(args.join_ratio * args.num_clients))
-    workers = common.client_workers(args, lambda: common.build_model(args.model, data, auto_image=auto_image),
-                                    run.device, clients_per_round)
-    client_stack = torch.empty(clients_per_round, num_params, device=run.device)
+    global_model = common.build_model(args.model, data, auto_image=auto_image).to(device)
+    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=auto_image), device, data)
     model_bytes = common.state_bytes(global_model)
-    counts = torch.as_tensor(data.train_counts, dtype=torch.float64, device=run.device)
+    counts = torch.as_tensor(data.train_counts, dtype=torch.float64, device=device)
     present = counts > 0
-    priors = counts / counts.sum(1, keepdim=True)  # pi^n of Eq. (3)
+    priors = counts / counts.sum(1, keepdim=True)  # pi^n of the average risk
     risk_test = data.global_test_idx if data.global_test_idx is not None else torch.cat(data.test_idx)
     class_test_idx = [risk_test[data.y[risk_test] == c] for c in range(data.num_classes)]
-    print(f"[fedacd] model {global_model.__class__.__name__}: {num_params} parameters, {model_bytes / 2**20:.2f} MB; "
-          f"{len(workers)} client(s) at a time")
+    run = common.Run("fedacd", args, data, device, headline_metric="global_acc",
+                     headline="global_acc: global model on the uniform test set (FedACD Table 1; "
+                              "the paper does not say best or final round)")
+    state = {"global_model": global_model}
+    start = run.resume(state, rng)
+    print(f"[fedacd] model {global_model.__class__.__name__}: {common.flatten_state(global_model).numel()} "
+          f"parameters, {model_bytes / 2**20:.2f} MB; {len(pool)} client(s) at a time")
 
     for round_ in range(start, args.rounds + 1):
-        clients = common.sample_clients(run.rng, args.num_clients, args.join_ratio)
+        clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
         evaluate = run.should_eval(round_)
-        stats = fedacd_round(global_model, workers, data, clients, args, round_, client_stack, present,
-                             risk=(class_test_idx, priors) if evaluate else None)
+        risk = (class_test_idx, priors) if evaluate else None
+        global_state = common.flatten_state(global_model)
+        updates = pool.map(lambda model, client: client_update(model, global_state, data, client, present, args,
+                                                               round_, risk), clients)
+        losses = [common.check_finite(u[1], round_, client) for client, u in zip(clients, updates)]
+        states, _, scores, kls, risks = zip(*updates)
+        common.load_flat_state(global_model, server_update(states, scores, args.uniform_agg))
         run.add_bytes(down=model_bytes * len(clients), up=(model_bytes + 8) * len(clients))  # + the score V_m
         if evaluate:
-            run.log(round_, {**common.evaluate_global(global_model, data), **stats})
-        run.checkpoint(round_, state)
+            scores = torch.stack(scores)
+            run.log(round_, {**common.evaluate_global(global_model, data), "train_loss": sum(losses) / len(losses),
+                             "local_kl": float(torch.stack(kls).mean()), "score_min": float(scores.min()),
+                             "score_max": float(scores.max()), "local_risk": float(torch.stack(risks).mean())})
+        run.checkpoint(round_, state, rng)
+        if run.stop_requested(round_):  # Ctrl-C: this round's checkpoint is written
+            return run.stop(round_)
     risks = [float(r["local_risk"]) for r in run.rows]  # Table 3: lower is better, so "best" is the minimum
-    last10 = sum(risks[-10:]) / len(risks[-10:])
-    run.finish({"local_risk": {"best": min(risks), "final": risks[-1], "last10_mean": last10}})
+    run.finish({"local_risk": {"best": min(risks), "final": risks[-1], "last10_mean": sum(risks[-10:]) / len(risks[-10:])}})
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """FedALA: Adaptive Local Aggregation for personalized FL (Zhang et al., AAAI 2023).
 
 FedAvg, except that a joining client does not overwrite its old local model with the
-downloaded global model. It initialises its local model element-wise (Alg. 1, SPEC 3):
+downloaded global model. It initialises its local model element-wise (Alg. 1; our choices: docs/fedala.md):
 
   Eq. (4)  Theta_hat_i = Theta_i + (Theta - Theta_i) (.) [1 for the lower |Theta|-p layers; W_i^p]
   Eq. (5)  W_i^p <- sigma(W_i^p - eta * dL(Theta_hat_i, D_i^s) / dW_i^p),  sigma = clip to [0, 1]
@@ -21,20 +21,18 @@ model (its last trained one). Headline: the best pooled test accuracy over round
     python fedala.py --dataset synthetic --rounds 20        # offline quick start
     python fedala.py --dataset cifar10 --beta 0.1           # Table 2, Dir(0.1) CIFAR-10
 """
+import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 import common
+import fedavg
 
 
 def parse_args(argv=None):
-    def resolve(args):  # the paper: 0.005 for the 4-layer CNN, 0.1 on MNIST and for fastText and ResNet-18
-        if args.lr is None:
-            fast = args.dataset in ("mnist", "agnews") or args.model in ("fasttext", "resnet18")
-            args.lr = 0.1 if fast else 0.005
-
-    parser = common.base_parser(__doc__.splitlines()[0], lr=None)
+    parser = common.base_parser(__doc__.splitlines()[0], script="fedala", helps={"lr": fedavg.LR_HELP}, lr=None)
     a = parser.add_argument
     a("--eta", type=float, default=1.0, help="learning rate of the ALA weights W (Eq. 5)")
     a("--s", type=float, default=80, help="percent of the client's train data used by ALA each round")
@@ -44,24 +42,20 @@ def parse_args(argv=None):
     a("--num-pre-loss", type=int, default=10, help="epoch losses looked at by the initial-stage rule")
     a("--max-init-epochs", type=int, default=100, help="hard cap on the initial stage's weight-learning epochs")
     a("--no-ala", action="store_true", help="overwrite with the global model (FedAvg with personal copies)")
-    args = common.parse_args(parser, argv, resolve)
-    checks = [(args.eta > 0, f"--eta must be > 0, got {args.eta}"),
-              (0 < args.s <= 100, f"--s is a percent in (0, 100], got {args.s}"),
-              (args.p >= 1, f"--p must be >= 1, got {args.p}"),
-              (args.threshold >= 0, f"--threshold must be >= 0, got {args.threshold}"),
-              (args.num_pre_loss >= 2, f"--num-pre-loss must be >= 2, got {args.num_pre_loss}"),
-              (args.max_init_epochs >= 1, f"--max-init-epochs must be >= 1, got {args.max_init_epochs}")]
-    for ok, message in checks:
-        if not ok:
-            raise common.UserError(message)
-    return args
+    return common.parse_args(parser, argv, fedavg.fedala_learning_rate, checks=lambda args: [
+        (math.isfinite(args.eta) and args.eta > 0, f"--eta must be a finite number > 0, got {args.eta}"),
+        (0 < args.s <= 100, f"--s is a percent in (0, 100], got {args.s}"),
+        (args.p >= 1, f"--p must be >= 1, got {args.p}"),
+        (math.isfinite(args.threshold) and args.threshold >= 0, f"--threshold must be >= 0, got {args.threshold}"),
+        (args.num_pre_loss >= 2, f"--num-pre-loss must be >= 2, got {args.num_pre_loss}"),
+        (args.max_init_epochs >= 1, f"--max-init-epochs must be >= 1, got {args.max_init_epochs}")])
 
 
 class ALA:
     """Adaptive Local Aggregation for ``num_clients`` clients of the architecture ``model``.
 
-    p counts layers, i.e. modules that own parameters (``common.layers``), from the output
-    down. Holds each client's element-wise weights W_i^p (one flat row per client, ones at the
+    p counts layers, i.e. modules that own parameters, from the output down. Needs only torch
+    and numpy: it can be pasted into any client code. Holds each client's element-wise weights W_i^p (one flat row per client, ones at the
     start, Alg. 1 l. 2) and whether the client is still in its initial stage. ``initialise``
     works on plain nn.Modules: it learns W_i^p with the global and local models frozen and
     writes Theta_hat_i (Eq. 4) into the local model in place.
@@ -69,9 +63,9 @@ class ALA:
 
     def __init__(self, model, num_clients, p=1, eta=1.0, s=80, batch_size=10, threshold=0.1, num_pre_loss=10,
                  max_init_epochs=100):
-        layers = common.layers(model)
+        layers = [(name, m) for name, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))]
         if not 1 <= p <= len(layers):
-            raise common.UserError(f"--p {p} is outside 1..{len(layers)}, the layers of {model.__class__.__name__}")
+            raise ValueError(f"p={p} is outside 1..{len(layers)}, the layers of {model.__class__.__name__}")
         self.top = [f"{name}.{k}" if name else k  # parameter names of the top p layers
                     for name, m in layers[-p:] for k, _ in m.named_parameters(recurse=False)]
         self.shapes = [model.get_parameter(k).shape for k in self.top]
@@ -117,7 +111,10 @@ class ALA:
         while True:
             order = subset[torch.randperm(len(subset), generator=generator)].to(y.device)
             total, steps = torch.zeros((), device=y.device), 0
-            for start, end in common.batch_bounds(len(order), self.batch_size):
+            starts = list(range(0, len(order), self.batch_size))
+            if len(starts) > 1 and len(order) - starts[-1] == 1:  # no batch of one sample (BatchNorm)
+                starts.pop()
+            for start, end in zip(starts, starts[1:] + [len(order)]):
                 batch = order[start:end]
                 loss = F.cross_entropy(local_model(x[batch]), y[batch])
                 grads = torch.autograd.grad(loss, top)  # dL / dTheta_hat^p
@@ -152,78 +149,74 @@ class ALA:
         self.init_losses = [list(l) for l in state["init_losses"]]
 
 
-def fedala_round(global_model, worker, local_models, ala, data, clients, args, round_, evaluate=False):
-    """One round of Alg. 1 (l. 4-18). ``local_models`` holds every client's local model as a flat row
-    (updated in place); ``worker`` is one reusable model, or a list of them to train several clients
-    at once (``--parallel-clients``, see common.for_each_client). Returns the mean training loss, the
-    mean number of ALA epochs of the joining clients and, if ``evaluate``, per-client test results
-    (correct, count, summed loss) of the evaluated models (see the module docstring)."""
-    global_flat = common.flatten_state(global_model)
-
-    def train_one(model, slot, client):
-        idx = data.train_idx[client]
-        if round_ == 1 or args.no_ala:  # ALA is off in round 1: Theta^0 = Theta_i^0 (l. 8, 12)
-            common.load_flat_state(model, global_flat)
-            ala_epochs = 0
-        else:
-            common.load_flat_state(model, local_models[client])  # old local model Theta_i^{t-1}
-            generator = torch.Generator().manual_seed(common.client_seed(args.seed, round_, client, tag=1))
-            ala_epochs = ala.initialise(client, global_model, model, data.x[idx], data.y[idx], generator)
-        result = common.evaluate(model, data, [data.test_idx[client]]) if evaluate else None
-        loss = common.local_train(model, data, idx, args, common.client_seed(args.seed, round_, client))  # l. 16
-        common.flatten_state(model, out=local_models[client])
-        return loss, ala_epochs, result
-
-    sizes = [len(data.train_idx[c]) for c in clients]
-    outputs = common.for_each_client(train_one, clients, worker, sizes)
-    losses = [common.check_finite(loss, round_, client) for client, (loss, _, _) in zip(clients, outputs)]
-    ala_epochs = [epochs for _, epochs, _ in outputs]
-    common.load_flat_state(global_model, common.weighted_average(local_models[clients], sizes))  # l. 18
-    results = None
-    if evaluate:
-        results = [None] * data.num_clients
-        for client, (_, _, result) in zip(clients, outputs):
-            results[client] = result
-        evaluator = worker[0] if isinstance(worker, list) else worker
-        for client in sorted(set(range(data.num_clients)) - set(clients)):
-            common.load_flat_state(evaluator, local_models[client])
-            results[client] = common.evaluate(evaluator, data, [data.test_idx[client]])
-        results = tuple(torch.cat([r[i] for r in results]) for i in range(3))
-    return sum(losses) / len(losses), sum(ala_epochs) / len(ala_epochs), results
+def client_update(model, global_model, local_state, ala, data, client, args, round_, evaluate=False):
+    """Client i in round t (Alg. 1 l. 7-17): ALA initialises the local model from the old one
+    (``local_state``, flat) and the global model (l. 7-15), then local training (l. 16).
+    ALA is off in round 1, where Theta^0 = Theta_i^0. Returns (the trained local model, flat;
+    the mean training loss, 0-dim; the number of ALA epochs; and, if ``evaluate``, the test
+    result (correct, count, summed loss) of the ALA-initialised model)."""
+    idx = data.train_idx[client]
+    if round_ == 1 or args.no_ala:
+        model.load_state_dict(global_model.state_dict())
+        ala_epochs = 0
+    else:
+        common.load_flat_state(model, local_state)  # the old local model Theta_i^{t-1}
+        generator = torch.Generator().manual_seed(common.client_seed(args.seed, round_, client, tag=1))
+        ala_epochs = ala.initialise(client, global_model, model, data.x[idx], data.y[idx], generator)
+    result = common.evaluate(model, data, [data.test_idx[client]]) if evaluate else None
+    loss = common.local_train(model, data, idx, args, common.client_seed(args.seed, round_, client))
+    return common.flatten_state(model), loss, ala_epochs, result
 
 
 def main(argv=None):
     args = parse_args(argv)
-    run = common.Run("fedala", args, headline="best test_acc (FedALA Table 2: best accuracy of the local models)")
-    data = run.data
-    global_model = common.build_model(args.model, data, auto_image="cnn").to(run.device)
+    device = common.resolve_device(args.device)
+    rng = common.seed_everything(args.seed)
+    data = common.load_federated_data(args, device)
+    global_model = common.build_model(args.model, data, auto_image="cnn").to(device)
+    if args.p > len(common.layers(global_model)):
+        raise common.UserError(f"--p {args.p} is more than the {len(common.layers(global_model))} layers of "
+                               f"{global_model.__class__.__name__}")
     ala = ALA(global_model, args.num_clients, p=args.p, eta=args.eta, s=args.s, batch_size=args.batch_size,
               threshold=args.threshold, num_pre_loss=args.num_pre_loss, max_init_epochs=args.max_init_epochs)
     local_models = common.flatten_state(global_model).repeat(args.num_clients, 1)  # Alg. 1 l. 1
-    state = {"global_model": global_model, "local_models": local_models, "ala": ala}
-    start = run.resume(state)
-    local_models = state["local_models"]
-    workers = common.client_workers(args, lambda: common.build_model(args.model, data, auto_image="cnn"),
-                                    run.device, max(1, round(args.join_ratio * args.num_clients)))
+    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="cnn"), device, data)
     model_bytes = common.state_bytes(global_model)
+    run = common.Run("fedala", args, data, device, headline_metric="test_acc",
+                     headline="best test_acc (FedALA Table 2: best accuracy of the local models)")
+    state = {"global_model": global_model, "local_models": local_models, "ala": ala}
+    start = run.resume(state, rng)
     print(f"[fedala] model {global_model.__class__.__name__}: {local_models.shape[1]} parameters; ALA on the top "
           f"p={args.p} layer(s) ({', '.join(ala.top)}): {ala.num_weights()} learnable weights per client"
-          f"{' (off: --no-ala)' if args.no_ala else ''}; {len(workers)} client(s) at a time")
+          f"{' (off: --no-ala)' if args.no_ala else ''}; {len(pool)} client(s) at a time")
 
     for round_ in range(start, args.rounds + 1):
-        clients = common.sample_clients(run.rng, args.num_clients, args.join_ratio)
+        clients = common.sample_clients(rng, args.num_clients, args.join_ratio)  # Alg. 1 l. 4-5
         evaluate = run.should_eval(round_)
         in_initial_stage = [c for c in clients if ala.start_phase[c]]
-        train_loss, ala_epochs, results = fedala_round(global_model, workers, local_models, ala, data, clients, args,
-                                                       round_, evaluate)
+        updates = pool.map(lambda model, client: client_update(model, global_model, local_models[client], ala, data,
+                                                               client, args, round_, evaluate), clients)
+        for client, (local_state, _, _, _) in zip(clients, updates):
+            local_models[client] = local_state
+        losses = [common.check_finite(loss, round_, client) for client, (_, loss, _, _) in zip(clients, updates)]
+        num_samples = [len(data.train_idx[client]) for client in clients]
+        common.load_flat_state(global_model, common.weighted_average(local_models[clients], num_samples))  # l. 18
         done = [c for c in in_initial_stage if not ala.start_phase[c]]
         if done:
             print(f"[fedala] round {round_}: initial stage (Alg. 1 l. 8-11) done on {len(done)} client(s) after "
                   f"{[len(ala.init_losses[c]) for c in done]} weight-learning epochs")
         run.add_bytes(down=model_bytes * len(clients), up=model_bytes * len(clients))
-        if evaluate:
-            run.log(round_, {**common.accuracy_metrics(*results), "train_loss": train_loss, "ala_epochs": ala_epochs})
-        run.checkpoint(round_, state)
+        if evaluate:  # joining clients: their ALA-initialised models; the others: their current local models
+            results = dict(zip(clients, (result for _, _, _, result in updates)))
+            for client in sorted(set(range(args.num_clients)) - set(clients)):
+                common.load_flat_state(pool.models[0], local_models[client])
+                results[client] = common.evaluate(pool.models[0], data, [data.test_idx[client]])
+            totals = [torch.cat([results[c][i] for c in range(args.num_clients)]) for i in range(3)]
+            run.log(round_, {**common.accuracy_metrics(*totals), "train_loss": sum(losses) / len(losses),
+                             "ala_epochs": sum(u[2] for u in updates) / len(updates)})
+        run.checkpoint(round_, state, rng)
+        if run.stop_requested(round_):  # Ctrl-C: this round's checkpoint is written
+            return run.stop(round_)
     run.finish({"ala_weights_per_client": ala.num_weights(),
                 "initial_stage_epochs": [len(losses) for losses in ala.init_losses]})
 

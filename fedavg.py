@@ -1,15 +1,16 @@
 """FedAvg (McMahan et al., AISTATS 2017), the common baseline of the other four scripts.
 
-Each round (SPEC section 2):
+Each round (FedAvg's Algorithm 1, "FederatedAveraging"):
   1. the server samples round(join_ratio * N) clients and sends them the global model;
-  2. each client runs --local-epochs epochs of minibatch SGD on its own train data;
-  3. the server sets the global model to the average of the returned models weighted
-     by the clients' numbers of train samples (parameters and float buffers).
+  2. ClientUpdate: each client runs --local-epochs epochs of minibatch SGD on its own data;
+  3. the server sets the global model to the average of the returned models weighted by
+     the clients' numbers of training samples, w <- sum_k n_k / n w^k (float buffers too).
 The global model is evaluated on every client's test data (pooled accuracy, and the
 mean and std over clients), and on the uniform test set under --test-split global.
 
 Defaults follow FedALA's setup (20 clients, join ratio 1, batch 10, lr 0.005, or 0.1 on
 MNIST and for fastText and ResNet-18, 1 local epoch, 2000 rounds, 4-layer CNN, Dir(0.1)).
+Details and our choices: docs/fedavg.md.
 
     python fedavg.py --dataset synthetic --rounds 20        # offline quick start
     python fedavg.py --dataset cifar10 --beta 0.1           # the paper-scale run
@@ -19,61 +20,65 @@ import torch
 import common
 
 
+def fedala_learning_rate(args):
+    """FedALA's setup: 0.005 for the 4-layer CNN, 0.1 on MNIST and for fastText and ResNet-18."""
+    if args.lr is None:
+        fast = args.dataset in ("mnist", "agnews") or args.model in ("fasttext", "resnet18")
+        args.lr = 0.1 if fast else 0.005
+
+
+LR_HELP = "local learning rate (default: 0.1 on mnist and agnews and for fasttext and resnet18, else 0.005)"
+
+
 def parse_args(argv=None):
-    def resolve(args):  # FedALA's setup: 0.005 for the 4-layer CNN, 0.1 on MNIST and for fastText and ResNet-18
-        if args.lr is None:
-            fast = args.dataset in ("mnist", "agnews") or args.model in ("fasttext", "resnet18")
-            args.lr = 0.1 if fast else 0.005
-
-    parser = common.base_parser(__doc__.splitlines()[0], lr=None)
-    return common.parse_args(parser, argv, resolve)
+    parser = common.base_parser(__doc__.splitlines()[0], script="fedavg", helps={"lr": LR_HELP}, lr=None)
+    return common.parse_args(parser, argv, fedala_learning_rate)
 
 
-def fedavg_round(global_model, worker, data, clients, args, round_, client_stack,
-                 aggregate=common.weighted_average):
-    """One FedAvg round: local SGD from the global model on each client, then the
-    sample-weighted average of the returned models (``aggregate(stacked, sizes)``; FedPake
-    passes its own). ``worker`` is one reusable model (or a list of them for
-    ``--parallel-clients``) and ``client_stack`` a preallocated (clients x parameters)
-    buffer: no per-client copies of the model are created. Returns the mean training loss."""
-    global_flat = common.flatten_state(global_model)
+def client_update(model, global_state, data, client, args, round_):
+    """ClientUpdate(k, w): load the global model ``global_state`` (a flat vector) into ``model``,
+    run local SGD on client k's training data. Returns (the trained model as a flat vector, the
+    mean training loss as a 0-dim tensor)."""
+    common.load_flat_state(model, global_state)
+    loss = common.local_train(model, data, data.train_idx[client], args, common.client_seed(args.seed, round_, client))
+    return common.flatten_state(model), loss
 
-    def train_one(model, slot, client):
-        common.load_flat_state(model, global_flat)  # the server sends the global model
-        loss = common.local_train(model, data, data.train_idx[client], args, common.client_seed(args.seed, round_, client))
-        common.flatten_state(model, out=client_stack[slot])
-        return loss
 
-    sizes = [len(data.train_idx[c]) for c in clients]
-    losses = [common.check_finite(loss, round_, client)
-              for client, loss in zip(clients, common.for_each_client(train_one, clients, worker, sizes))]
-    common.load_flat_state(global_model, aggregate(client_stack[:len(clients)], sizes))
-    return sum(losses) / len(losses)
+def server_update(client_states, num_samples, aggregate=common.weighted_average):
+    """The server's step: the new global model from the clients' trained models (K x D) and their
+    sample counts. FedPake passes its own ``aggregate``."""
+    return aggregate(torch.stack(client_states), num_samples)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    run = common.Run("fedavg", args, headline="best test_acc (FedALA Table 2 reports FedAvg's best)")
-    data = run.data
-    global_model = common.build_model(args.model, data, auto_image="cnn").to(run.device)
-    state = {"global_model": global_model}
-    start = run.resume(state)
-    num_params = sum(v.numel() for v in common.float_state(global_model))
-    clients_per_round = max(1, round(args.join_ratio * args.num_clients))
-    workers = common.client_workers(args, lambda: common.build_model(args.model, data, auto_image="cnn"),
-                                    run.device, clients_per_round)
-    client_stack = torch.empty(clients_per_round, num_params, device=run.device)
+    device = common.resolve_device(args.device)
+    rng = common.seed_everything(args.seed)
+    data = common.load_federated_data(args, device)
+    global_model = common.build_model(args.model, data, auto_image="cnn").to(device)
+    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="cnn"), device, data)
     model_bytes = common.state_bytes(global_model)
-    print(f"[fedavg] model {global_model.__class__.__name__}: {num_params} parameters, {model_bytes / 2**20:.2f} MB; "
-          f"{len(workers)} client(s) at a time")
+    run = common.Run("fedavg", args, data, device, headline_metric="test_acc",
+                     headline="best test_acc (FedALA Table 2 reports FedAvg's best)")
+    state = {"global_model": global_model}
+    start = run.resume(state, rng)
+    print(f"[fedavg] model {global_model.__class__.__name__}: {common.flatten_state(global_model).numel()} parameters, "
+          f"{model_bytes / 2**20:.2f} MB; {len(pool)} client(s) at a time")
 
     for round_ in range(start, args.rounds + 1):
-        clients = common.sample_clients(run.rng, args.num_clients, args.join_ratio)
-        train_loss = fedavg_round(global_model, workers, data, clients, args, round_, client_stack)
+        clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
+        global_state = common.flatten_state(global_model)
+        updates = pool.map(lambda model, client: client_update(model, global_state, data, client, args, round_),
+                           clients)
+        losses = [common.check_finite(loss, round_, client) for client, (_, loss) in zip(clients, updates)]
+        num_samples = [len(data.train_idx[client]) for client in clients]
+        common.load_flat_state(global_model, server_update([state for state, _ in updates], num_samples))
         run.add_bytes(down=model_bytes * len(clients), up=model_bytes * len(clients))
         if run.should_eval(round_):
-            run.log(round_, {**common.evaluate_global(global_model, data), "train_loss": train_loss})
-        run.checkpoint(round_, state)
+            run.log(round_, {**common.evaluate_global(global_model, data), "train_loss": sum(losses) / len(losses)})
+        run.checkpoint(round_, state, rng)
+        if run.stop_requested(round_):  # Ctrl-C: this round's checkpoint is written
+            return run.stop(round_)
     run.finish()
 
 

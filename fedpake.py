@@ -3,8 +3,8 @@
 Each round (Alg. 1): the server samples clients, each runs --local-epochs of SGD from the
 global model exactly as in FedAvg, and the server aggregates the K returned models with
 ``fedpake_aggregate`` instead of the sample-weighted mean. The equations (2)-(11) were lost
-in our copy of the paper and no code is public: every formula below is the RECONSTRUCTION
-of SPEC section 5, implemented exactly. Over the stack X (K clients x D parameters, the
+in our copy of the paper and no code is public: every formula below is our
+reconstruction, implemented exactly (docs/fedpake.md says what was reconstructed and why). Over the stack X (K clients x D parameters, the
 flat model of each client, float buffers included):
 
   1. Parameter division, Eq. (2)-(5): mu = mean over clients, sigma = population std,
@@ -50,29 +50,23 @@ def parse_args(argv=None):
         args.n_micro = default if args.n_micro is None else args.n_micro
         args.n_macro = default if args.n_macro is None else args.n_macro
 
-    parser = common.base_parser(__doc__.splitlines()[0], rounds=1000)
-    parser.add_argument("--kappa", type=float, default=0.2, help="CV threshold of high dispersion, Eq. (4)-(5); "
-                        "inf gives FedAvg")
-    parser.add_argument("--n-micro", type=int, default=None, help="Micro-Classes, Eq. (6) "
-                        "(default 4 CIFAR-10, 5 CIFAR-100, 8 Tiny-ImageNet, 4 otherwise)")
-    parser.add_argument("--n-macro", type=int, default=None, help="maximum Macro-Classes (defaults as --n-micro)")
-    parser.add_argument("--delta", type=float, default=0.2, help="merge clusters whose dissimilarity, Eq. (8), "
-                        "is at most this")
-    parser.add_argument("--ablate", choices=["micro", "macro"], default=None,
-                        help="replace Micro- or Macro-Classes by random ones (Table 4)")
-    args = common.parse_args(parser, argv, resolve)
-    if not args.kappa >= 0:
-        raise common.UserError(f"--kappa must be >= 0 (inf for FedAvg), got {args.kappa}")
-    if not 1 <= args.n_micro <= 255:
-        raise common.UserError(f"--n-micro must be in [1, 255], got {args.n_micro}")
-    if args.n_macro < 1:
-        raise common.UserError(f"--n-macro must be >= 1, got {args.n_macro}")
-    if not args.delta >= 0:
-        raise common.UserError(f"--delta must be >= 0, got {args.delta}")
-    return args
+    parser = common.base_parser(__doc__.splitlines()[0], script="fedpake", rounds=1000)
+    a = parser.add_argument
+    a("--kappa", type=float, default=0.2, help="CV threshold of high dispersion, Eq. (4)-(5); inf gives FedAvg")
+    a("--n-micro", type=int, default=None, help="Micro-Classes, Eq. (6) "
+      "(default: 4 on cifar10, 5 on cifar100, 8 on tinyimagenet, 4 otherwise)")
+    a("--n-macro", type=int, default=None, help="maximum Macro-Classes (default: as --n-micro)")
+    a("--delta", type=float, default=0.2, help="merge clusters whose dissimilarity, Eq. (8), is at most this")
+    a("--ablate", choices=["micro", "macro"], default=None,
+      help="replace Micro- or Macro-Classes by random ones (Table 4; default: none)")
+    return common.parse_args(parser, argv, resolve, checks=lambda args: [
+        (args.kappa >= 0, f"--kappa must be >= 0 (inf for FedAvg), got {args.kappa}"),
+        (1 <= args.n_micro <= 255, f"--n-micro must be in [1, 255], got {args.n_micro}"),
+        (args.n_macro >= 1, f"--n-macro must be >= 1, got {args.n_macro}"),
+        (args.delta >= 0, f"--delta must be >= 0, got {args.delta}")])
 
 
-# ----------------------------------------------------------------------------- the aggregation (SPEC 5)
+# ----------------------------------------------------------------------------- the aggregation, Eq. (2)-(11)
 
 def parameter_division(values, kappa):
     """Eq. (2)-(5): True where the coefficient of variation over clients (rows) exceeds kappa."""
@@ -159,15 +153,15 @@ def aggregation_weights(mic, labels, sizes, n_micro):
 
 def fedpake_aggregate(stacked, weights, kappa=0.2, n_micro=4, n_macro=4, delta=0.2, ablate=None, seed=0,
                       stats=None, chunk_elems=2 ** 20):
-    """FedPake's server aggregation (SPEC 5, Eq. (2)-(11)), a drop-in replacement for
-    ``common.weighted_average(stacked, weights)``: ``stacked`` is (K clients x D), ``weights``
+    """FedPake's server aggregation, Eq. (2)-(11), a drop-in replacement for FedAvg's weighted
+    average of the rows of ``stacked`` (K clients x D) with ``weights``
     the clients' sample counts. Columns go in chunks of about ``chunk_elems`` values, in two
     passes (Micro-Classes are recomputed, not stored). ``ablate`` 'micro' or 'macro' draws
     random classes from ``seed`` (Table 4). ``stats``, if a dict, receives the share of
     high-dispersion parameters and the number of Macro-Classes."""
     num_clients, dim = stacked.shape
     sizes = torch.as_tensor(weights, dtype=stacked.dtype, device=stacked.device)
-    out = common.weighted_average(stacked, weights)  # Eq. (10) on L; H is overwritten below
+    out = (sizes / sizes.sum()) @ stacked  # Eq. (10) on L; H is overwritten below
     cols = max(1, chunk_elems // num_clients)
     chunks = [slice(s, s + cols) for s in range(0, dim, cols)]
     high = torch.cat([parameter_division(stacked[:, c], kappa) for c in chunks])
@@ -200,56 +194,57 @@ def fedpake_aggregate(stacked, weights, kappa=0.2, n_micro=4, n_macro=4, delta=0
     return out
 
 
-# ----------------------------------------------------------------------------- one round, evaluation, main
+# ----------------------------------------------------------------------------- server step and main
 
-def fedpake_round(global_model, workers, data, clients, args, round_, client_stack):
-    """Alg. 1: FedAvg's round (local SGD from the global model on each client; ``workers``: see
-    fedavg.fedavg_round) with
-    ``fedpake_aggregate`` as the server's aggregation. Returns the mean training loss and the
-    aggregation's statistics (with its time in seconds)."""
-    stats = {}
-
-    def aggregate(stacked, sizes):
-        start = time.perf_counter()
-        new_global = fedpake_aggregate(stacked, sizes, kappa=args.kappa, n_micro=args.n_micro, n_macro=args.n_macro,
-                                       delta=args.delta, ablate=args.ablate,
-                                       seed=common.client_seed(args.seed, round_, 0, ABLATE_TAG), stats=stats)
-        if new_global.is_cuda:
-            torch.cuda.synchronize(new_global.device)
-        stats["agg_seconds"] = time.perf_counter() - start
-        return new_global
-
-    train_loss = fedavg.fedavg_round(global_model, workers, data, clients, args, round_, client_stack, aggregate)
-    return train_loss, stats
+def server_update(client_states, num_samples, args, round_):
+    """Alg. 1's server step: ``fedpake_aggregate`` of the clients' trained models in place of
+    FedAvg's mean. Returns the new global model (flat) and the aggregation's statistics (with
+    its time in seconds)."""
+    stats, start = {}, time.perf_counter()
+    new_global = fedpake_aggregate(torch.stack(client_states), num_samples, kappa=args.kappa, n_micro=args.n_micro,
+                                   n_macro=args.n_macro, delta=args.delta, ablate=args.ablate,
+                                   seed=common.client_seed(args.seed, round_, 0, ABLATE_TAG), stats=stats)
+    if new_global.is_cuda:
+        torch.cuda.synchronize(new_global.device)
+    stats["agg_seconds"] = time.perf_counter() - start
+    return new_global, stats
 
 
 def main(argv=None):
     args = parse_args(argv)
-    run = common.Run("fedpake", args, headline="last10_mean of test_acc (FedPake Table 1: mean over the last 10 rounds)")
-    data = run.data
-    global_model = common.build_model(args.model, data, auto_image="resnet18").to(run.device)
-    state = {"global_model": global_model}
-    start = run.resume(state)
-    num_params = sum(v.numel() for v in common.float_state(global_model))
-    clients_per_round = max(1, round(args.join_ratio * args.num_clients))
-    workers = common.client_workers(args, lambda: common.build_model(args.model, data, auto_image="resnet18"),
-                                    run.device, clients_per_round)
-    client_stack = torch.empty(clients_per_round, num_params, device=run.device)
+    device = common.resolve_device(args.device)
+    rng = common.seed_everything(args.seed)
+    data = common.load_federated_data(args, device)
+    global_model = common.build_model(args.model, data, auto_image="resnet18").to(device)
+    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="resnet18"), device, data)
     model_bytes = common.state_bytes(global_model)
-    print(f"[fedpake] model {global_model.__class__.__name__}: {num_params} parameters, {model_bytes / 2**20:.2f} MB; "
-          f"{len(workers)} client(s) at a time; kappa {args.kappa}, n_micro {args.n_micro}, n_macro {args.n_macro}, "
-          f"delta {args.delta}"
+    run = common.Run("fedpake", args, data, device, headline_metric="test_acc",
+                     headline="last10_mean of test_acc (FedPake Table 1: mean over the last 10 rounds)")
+    state = {"global_model": global_model}
+    start = run.resume(state, rng)
+    print(f"[fedpake] model {global_model.__class__.__name__}: {common.flatten_state(global_model).numel()} "
+          f"parameters, {model_bytes / 2**20:.2f} MB; {len(pool)} client(s) at a time; kappa {args.kappa}, "
+          f"n_micro {args.n_micro}, n_macro {args.n_macro}, delta {args.delta}"
           + (f", ablate {args.ablate}" if args.ablate else ""))
 
     for round_ in range(start, args.rounds + 1):
-        clients = common.sample_clients(run.rng, args.num_clients, args.join_ratio)
-        train_loss, stats = fedpake_round(global_model, workers, data, clients, args, round_, client_stack)
+        clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
+        global_state = common.flatten_state(global_model)
+        updates = pool.map(lambda model, client: fedavg.client_update(model, global_state, data, client, args, round_),
+                           clients)  # Alg. 1: FedAvg's local training
+        losses = [common.check_finite(loss, round_, client) for client, (_, loss) in zip(clients, updates)]
+        num_samples = [len(data.train_idx[client]) for client in clients]
+        new_global, stats = server_update([state for state, _ in updates], num_samples, args, round_)
+        common.load_flat_state(global_model, new_global)
         run.add_bytes(down=model_bytes * len(clients), up=model_bytes * len(clients))
         if run.should_eval(round_):
-            run.log(round_, {**common.evaluate_global(global_model, data), "train_loss": train_loss, **stats})
+            run.log(round_, {**common.evaluate_global(global_model, data), "train_loss": sum(losses) / len(losses),
+                             **stats})
             print(f"[fedpake]   high-dispersion {100 * stats['high_fraction']:.1f}% | "
                   f"{stats['macro_classes']} Macro-Classes | aggregation {stats['agg_seconds']:.3f} s")
-        run.checkpoint(round_, state)
+        run.checkpoint(round_, state, rng)
+        if run.stop_requested(round_):  # Ctrl-C: this round's checkpoint is written
+            return run.stop(round_)
     run.finish()
 
 

@@ -1,8 +1,8 @@
 """pFedLA and HeurpFedLA (Ma et al., "Layer-wised Model Aggregation for Personalized
-Federated Learning", CVPR 2022), SPEC section 4.
+Federated Learning", CVPR 2022). Our choices where the paper is silent: docs/pfedla.md.
 
 The server keeps the latest trained model theta_j of every client (Alg. 1 "intermediate
-parameters", one row of an N x D tensor in common.flatten_state order) and one
+parameters", one row of an N x D tensor, the model's float state flattened) and one
 hypernetwork HN_i(v_i; psi_i) per client that outputs layer-wise aggregation weights
 alpha_i (Eq. 3-4). Each round (Alg. 1):
   l. 5   theta_bar_i^l = sum_j alpha_i^{l,j} theta_j^l for every layer l (Eq. 5-6);
@@ -14,7 +14,7 @@ alpha_i (Eq. 3-4). Each round (Alg. 1):
 HeurpFedLA (--k K, Alg. 2, Eq. 12): the K layers with the largest self-weight alpha_i^{l,i}
 are neither aggregated nor sent; client i keeps its own theta_i^l for them. K=0 is pFedLA.
 
-A "layer" is a module that owns parameters (common.layers); BatchNorm running statistics
+A "layer" is a module that owns parameters; BatchNorm running statistics
 are aggregated with their layer, integer buffers are not aggregated. The clients of a round
 are handled "in parallel" (Alg. 1 l. 4): all personalised models of a round are built from
 the stored models at the start of the round. Evaluated model: theta_bar_i, built from the
@@ -34,22 +34,26 @@ import torch.nn.functional as F
 import common
 
 
-def parse_args(argv=None):
-    def resolve(args):
-        if args.lr is None:  # Sec. 4.2: 0.01 for CIFAR, 0.005 for EMNIST and FashionMNIST
-            args.lr = 0.005 if args.dataset in ("emnist", "fmnist") else 0.01
+def pfedla_learning_rate(args):
+    if args.lr is None:  # Sec. 4.2: 0.01 for CIFAR, 0.005 for EMNIST and FashionMNIST
+        args.lr = 0.005 if args.dataset in ("emnist", "fmnist") else 0.01
 
-    parser = common.base_parser(__doc__.splitlines()[0], partition="pfedla1", num_clients=10, join_ratio=1.0,
-                                local_epochs=10, batch_size=32, lr=None, rounds=600, train_ratio=0.70)
-    parser.add_argument("--k", type=int, default=0, help="HeurpFedLA: layers kept local (top-k self-weight); 0 = pFedLA")
-    parser.add_argument("--embed-dim", type=int, default=100, help="size of the embedding v_i")
-    parser.add_argument("--hidden-dim", type=int, default=100, help="width of the hypernetwork MLP (3 hidden layers)")
-    parser.add_argument("--hn-lr", type=float, default=1.0,
-                        help="step size of the hypernetwork update Eq. (10)-(11) (plain SGD; the paper gives none)")
-    args = common.parse_args(parser, argv, resolve)
-    if args.k < 0 or args.hn_lr < 0 or args.embed_dim < 1 or args.hidden_dim < 1:
-        raise common.UserError("--k and --hn-lr must be >= 0, --embed-dim and --hidden-dim >= 1")
-    return args
+
+def parse_args(argv=None):
+    parser = common.base_parser(__doc__.splitlines()[0], script="pfedla", partition="pfedla1", num_clients=10,
+                                join_ratio=1.0, local_epochs=10, batch_size=32, lr=None, rounds=600, train_ratio=0.70,
+                                helps={"lr": "local learning rate (default: 0.005 on emnist and fmnist, else 0.01)"})
+    a = parser.add_argument
+    a("--k", type=int, default=0, help="HeurpFedLA: layers kept local (top-k self-weight); 0 = pFedLA")
+    a("--embed-dim", type=int, default=100, help="size of the embedding v_i")
+    a("--hidden-dim", type=int, default=100, help="width of the hypernetwork MLP (3 hidden layers)")
+    a("--hn-lr", type=float, default=1.0,
+      help="step size of the hypernetwork update Eq. (10)-(11) (plain SGD; the paper gives none)")
+    return common.parse_args(parser, argv, pfedla_learning_rate, checks=lambda args: [
+        (args.k >= 0, f"--k must be >= 0, got {args.k}"),
+        (math.isfinite(args.hn_lr) and args.hn_lr >= 0, f"--hn-lr must be a finite number >= 0, got {args.hn_lr}"),
+        (1 <= args.embed_dim <= 100000 and 1 <= args.hidden_dim <= 100000,
+         "--embed-dim and --hidden-dim must be in [1, 100000]")])
 
 
 class LayerHypernetworks(nn.Module):
@@ -88,23 +92,24 @@ class LayerHypernetworks(nn.Module):
 
 
 def layer_sizes(model):
-    """Length of each layer's block in the flat state (common.flatten_state order). A layer's
-    float parameters and buffers are consecutive there, and the layers cover the whole vector."""
-    offsets, offset = {}, 0
-    for key, v in model.state_dict().items():
-        if v.is_floating_point():
-            offsets[key] = (offset, offset + v.numel())
-            offset += v.numel()
-    sizes, end = [], 0
-    for keys in common.layer_state_keys(model):
-        spans = [offsets[k] for k in keys if k in offsets]
-        if spans[0][0] != end or any(a[1] != b[0] for a, b in zip(spans, spans[1:])):
-            raise common.UserError("pfedla.py needs each layer's parameters and buffers to be consecutive in the "
-                                   "model's state_dict")
-        sizes.append(spans[-1][1] - end)
-        end = spans[-1][1]
-    if end != offset:
-        raise common.UserError("pfedla.py: the model has float buffers outside parameter-owning modules")
+    """Length of each layer's block in the model's flat float state (the float entries of its
+    state_dict, in order). A layer is a module that owns parameters; its parameters and float
+    buffers (BatchNorm's running statistics) must be consecutive, and the layers must cover the
+    whole vector in their registration order."""
+    layers = [(name, m) for name, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))]
+    owner = {(f"{name}." if name else "") + k: i for i, (name, m) in enumerate(layers)
+             for k, _ in [*m.named_parameters(recurse=False), *m.named_buffers(recurse=False)]}
+    sizes = [0] * len(layers)
+    order = []
+    for key, value in model.state_dict().items():
+        if value.is_floating_point():
+            if key not in owner:
+                raise ValueError(f"float buffer {key} is outside the parameter-owning modules")
+            if not order or order[-1] != owner[key]:
+                order.append(owner[key])
+            sizes[owner[key]] += value.numel()
+    if order != list(range(len(layers))):
+        raise ValueError("each layer's parameters and buffers must be consecutive in the state_dict")
     return sizes
 
 
@@ -146,34 +151,20 @@ def hypernetwork_step(hypernetworks, theta_bar, delta, hn_lr):
             p.sub_(hn_lr * g)
 
 
-def pfedla_round(hypernetworks, client_models, worker, data, clients, args, round_, sizes):
-    """One round of Alg. 1 (Alg. 2 for k > 0) over ``clients``. ``client_models`` (N, D) is
-    updated in place; ``worker``: one model or a list (see common.for_each_client). Returns
-    (mean train loss, bytes server->client, bytes client->server)."""
-    ids = torch.as_tensor(clients, device=client_models.device)
-    alpha = hypernetworks(ids)                                            # Eq. (3)-(4)
-    keep = retained_layers(alpha.detach(), ids, args.k)                   # Alg. 2 l. 6, Eq. (12)
-    theta_bar = personalised_models(alpha, client_models, ids, sizes, keep)  # Alg. 1 l. 5, Eq. (5)-(6)
-    trained = torch.empty(theta_bar.shape, device=theta_bar.device)
+def client_update(model, theta_bar_i, data, client, args, round_):
+    """Client i (Alg. 1 l. 10-14): set its model to the received theta_bar_i (flat) and run local
+    SGD. Returns (the trained model, flat; the mean training loss, 0-dim). The client sends
+    Delta theta_i = trained - theta_bar_i."""
+    common.load_flat_state(model, theta_bar_i)
+    loss = common.local_train(model, data, data.train_idx[client], args, common.client_seed(args.seed, round_, client))
+    return common.flatten_state(model), loss
 
-    def train_one(model, slot, client):
-        common.load_flat_state(model, theta_bar[slot].detach())           # l. 10-11: client sets theta_i
-        loss = common.local_train(model, data, data.train_idx[client], args,
-                                  common.client_seed(args.seed, round_, client))  # l. 12-14
-        common.flatten_state(model, out=trained[slot])
-        return loss
 
-    client_sizes = [len(data.train_idx[c]) for c in clients]
-    losses = [common.check_finite(loss, round_, client)
-              for client, loss in zip(clients, common.for_each_client(train_one, clients, worker, client_sizes))]
-    delta = trained - theta_bar.detach()                                  # Delta theta_i, sent to the server
-    hypernetwork_step(hypernetworks, theta_bar, delta, args.hn_lr)        # l. 8, Eq. (10)-(11)
-    client_models[ids] = trained  # l. 7: theta_i := theta_bar_i + Delta theta_i, i.e. the trained model (bit-exact)
-    element, num_params = client_models.element_size(), client_models.shape[1]
-    retained = int((keep.long() * torch.as_tensor(sizes, device=keep.device)).sum())
-    bytes_down = (len(clients) * num_params - retained) * element         # retained layers are not sent
-    bytes_up = len(clients) * num_params * element                        # Delta theta_i of the whole model
-    return sum(losses) / len(losses), bytes_down, bytes_up
+def server_update(hypernetworks, client_models, clients, theta_bar, trained, hn_lr):
+    """The server after the round (Alg. 1 l. 7-8): the hypernetwork step with Delta theta_i,
+    then theta_i := theta_bar_i + Delta theta_i stored, i.e. the trained model (bit-exact)."""
+    hypernetwork_step(hypernetworks, theta_bar, trained - theta_bar.detach(), hn_lr)
+    client_models[clients] = trained
 
 
 @torch.no_grad()
@@ -196,36 +187,51 @@ def evaluate_personalised(hypernetworks, client_models, worker, data, sizes, k):
 def main(argv=None):
     args = parse_args(argv)
     algo = "heurpfedla" if args.k > 0 else "pfedla"
-    run = common.Run(algo, args, headline="test_acc_mean (unweighted mean over clients; Table 1 after 600 rounds)")
-    data = run.data
-    worker = common.build_model(args.model, data, auto_image="lenet").to(run.device)
-    sizes = layer_sizes(worker)
+    device = common.resolve_device(args.device)
+    rng = common.seed_everything(args.seed)
+    data = common.load_federated_data(args, device)
+    model = common.build_model(args.model, data, auto_image="lenet").to(device)
+    try:
+        sizes = layer_sizes(model)
+    except ValueError as e:
+        raise common.UserError(f"pfedla.py cannot split --model {args.model} into layers: {e}")
     if args.k > len(sizes):
         raise common.UserError(f"--k {args.k} is more than the model's {len(sizes)} layers")
     # Alg. 1 l. 1: every client starts from the same initial model
-    client_models = common.flatten_state(worker).detach().repeat(args.num_clients, 1)
-    hypernetworks = LayerHypernetworks(args.num_clients, len(sizes), args.embed_dim, args.hidden_dim).to(run.device)
+    client_models = common.flatten_state(model).detach().repeat(args.num_clients, 1)
+    hypernetworks = LayerHypernetworks(args.num_clients, len(sizes), args.embed_dim, args.hidden_dim).to(device)
+    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="lenet"), device, data)
+    run = common.Run(algo, args, data, device, script="pfedla", headline_metric="test_acc_mean",
+                     headline="test_acc_mean (unweighted mean over clients; Table 1 after 600 rounds)")
     state = {"hypernetworks": hypernetworks, "client_models": client_models}
-    start = run.resume(state)
-    client_models = state["client_models"]
-    workers = common.client_workers(args, lambda: common.build_model(args.model, data, auto_image="lenet"),
-                                    run.device, max(1, round(args.join_ratio * args.num_clients)))
-    print(f"[{algo}] model {worker.__class__.__name__}: {client_models.shape[1]} parameters in {len(sizes)} layers; "
+    start = run.resume(state, rng)
+    element, num_params = client_models.element_size(), client_models.shape[1]
+    print(f"[{algo}] model {model.__class__.__name__}: {num_params} parameters in {len(sizes)} layers; "
           f"hypernetworks: {args.num_clients} x {hypernetworks.params_per_client()} = "
-          f"{sum(p.numel() for p in hypernetworks.parameters())} parameters; {len(workers)} client(s) at a time")
+          f"{sum(p.numel() for p in hypernetworks.parameters())} parameters; {len(pool)} client(s) at a time")
 
     for round_ in range(start, args.rounds + 1):
-        clients = common.sample_clients(run.rng, args.num_clients, args.join_ratio)
-        train_loss, down, up = pfedla_round(hypernetworks, client_models, workers, data, clients, args, round_, sizes)
-        run.add_bytes(down=down, up=up)
+        clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
+        ids = torch.as_tensor(clients, device=device)
+        alpha = hypernetworks(ids)                                               # Alg. 1 l. 5
+        keep = retained_layers(alpha.detach(), ids, args.k)                      # Alg. 2 l. 6
+        theta_bar = personalised_models(alpha, client_models, ids, sizes, keep)  # Alg. 1 l. 5, Alg. 2 l. 7
+        updates = pool.map(lambda model, client: client_update(model, theta_bar[clients.index(client)].detach(), data,
+                                                               client, args, round_), clients)
+        losses = [common.check_finite(loss, round_, client) for client, (_, loss) in zip(clients, updates)]
+        server_update(hypernetworks, client_models, ids, theta_bar, torch.stack([t for t, _ in updates]), args.hn_lr)
+        retained = int((keep.long() * torch.as_tensor(sizes, device=device)).sum())  # retained layers are not sent
+        run.add_bytes(down=(len(clients) * num_params - retained) * element, up=len(clients) * num_params * element)
         if run.should_eval(round_):
-            run.log(round_, {**evaluate_personalised(hypernetworks, client_models, worker, data, sizes, args.k),
-                             "train_loss": train_loss})
-        run.checkpoint(round_, state)
+            run.log(round_, {**evaluate_personalised(hypernetworks, client_models, pool.models[0], data, sizes, args.k),
+                             "train_loss": sum(losses) / len(losses)})
+        run.checkpoint(round_, state, rng)
+        if run.stop_requested(round_):  # Ctrl-C: this round's checkpoint is written
+            return run.stop(round_)
     with torch.no_grad():  # Fig. 7: the weight each layer gives to the client's own model, mean over clients
-        ids = torch.arange(args.num_clients, device=run.device)
+        ids = torch.arange(args.num_clients, device=device)
         self_weight = hypernetworks(ids)[ids, :, ids].mean(0).tolist()
-    per_layer = [[name, round(w, 4)] for (name, _), w in zip(common.layers(worker), self_weight)]
+    per_layer = [[name, round(w, 4)] for (name, _), w in zip(common.layers(model), self_weight)]
     print(f"[{algo}] mean self-weight alpha_i^(l,i) per layer: " + ", ".join(f"{n} {w:.3f}" for n, w in per_layer))
     run.finish({"self_weight_per_layer": per_layer})
 

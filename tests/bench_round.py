@@ -46,6 +46,7 @@ sys.path.insert(0, ROOT)
 import common  # noqa: E402
 import fedala  # noqa: E402
 import fedavg  # noqa: E402
+from rounds import fedala_round, fedavg_round  # noqa: E402
 
 # algorithm -> (script, flags of the paper's shape, share of the samples it gets)
 SETTINGS = {
@@ -178,8 +179,9 @@ def straightforward(kind, flags, npz, device):
 
 
 def interleaved(npz, rounds, device):
-    """FedAvg's round (the code fedavg.py runs each round: fedavg_round, then evaluate_global) with
-    all clients' threads and one client at a time, FedALA's round (fedala_round with evaluation)
+    """FedAvg's round (what fedavg.py's main runs each round: client_update on every client,
+    server_update, evaluate_global; tests/rounds.py) with all clients' threads and one client at
+    a time, FedALA's round (likewise, with evaluation)
     and the two straightforward rounds, taken in turn in one process: the machine's speed drifts
     by 20% and more between runs on a shared VM, and alternating cancels that out of the ratios."""
     flags = SETTINGS["fedavg"][1]
@@ -191,8 +193,7 @@ def interleaved(npz, rounds, device):
     build = lambda: common.build_model("cnn", data)  # noqa: E731
     torch.manual_seed(0)
     global_avg, global_seq, global_ala = build().to(dev), build().to(dev), build().to(dev)
-    workers = common.client_workers(args, build, dev, len(clients))
-    stack = torch.empty(len(clients), sum(v.numel() for v in common.float_state(global_avg)), device=dev)
+    workers = common.ClientPool.build(args, build, dev, data).models
     ala = fedala.ALA(global_ala, args.num_clients, batch_size=args.batch_size)
     local_models = common.flatten_state(global_ala).repeat(args.num_clients, 1)
     naive_image, _ = straightforward("image", flags, npz, device)
@@ -208,12 +209,12 @@ def interleaved(npz, rounds, device):
     seconds = {name: [] for name in ("fedavg", "fedavg-1-at-a-time", "fedala", "naive-image", "naive-tensor")}
     for round_ in range(1, rounds + 1):
         seconds["fedavg"].append(timed(lambda: (
-            fedavg.fedavg_round(global_avg, workers, data, clients, args, round_, stack),
+            fedavg_round(global_avg, workers, data, clients, args, round_),
             common.evaluate_global(global_avg, data))))
         seconds["fedavg-1-at-a-time"].append(timed(lambda: (
-            fedavg.fedavg_round(global_seq, workers[:1], data, clients, args, round_, stack),
+            fedavg_round(global_seq, workers[:1], data, clients, args, round_),
             common.evaluate_global(global_seq, data))))
-        seconds["fedala"].append(timed(lambda: fedala.fedala_round(
+        seconds["fedala"].append(timed(lambda: fedala_round(
             global_ala, workers, local_models, ala, data, clients, args_ala, round_, evaluate=True)))
         seconds["naive-image"].append(naive_image())
         seconds["naive-tensor"].append(naive_tensor())

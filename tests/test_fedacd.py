@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import common
 import fedacd
+from rounds import fedacd_round
 from conftest import metrics_rows, run_dir
 
 CPU = torch.device("cpu")
@@ -241,7 +242,7 @@ def test_round_aggregates_with_scores_of_the_trained_models(uniform):
     D = sum(v.numel() for v in common.float_state(global_model))
     stack = torch.empty(len(clients), D)
     present = torch.as_tensor(data.train_counts > 0)
-    fedacd.fedacd_round(global_model, worker, data, clients, args, 1, stack, present)
+    fedacd_round(global_model, worker, data, clients, args, 1, stack, present)
     scores = []
     for slot, c in enumerate(clients):  # V_m recomputed from each uploaded model
         common.load_flat_state(check, stack[slot])
@@ -368,7 +369,7 @@ def test_clients_in_parallel_give_the_same_round_as_one_at_a_time():
         global_model = common.build_model("auto", data)
         workers = [copy.deepcopy(global_model) for _ in range(num_workers)]
         stack = torch.empty(3, sum(v.numel() for v in common.float_state(global_model)))
-        stats = fedacd.fedacd_round(global_model, workers, data, [0, 2, 3], args, 1, stack, present, risk=risk)
+        stats = fedacd_round(global_model, workers, data, [0, 2, 3], args, 1, stack, present, risk=risk)
         outcomes.append((common.flatten_state(global_model), stats))
     (g1, s1), (g3, s3) = outcomes
     assert torch.equal(g1, g3) and s1 == s3 and s1["score_min"] < s1["score_max"]

@@ -13,6 +13,7 @@ import torch
 
 import common
 import fedavg
+from rounds import fedavg_round
 from conftest import metrics_rows, run_dir, run_script
 
 
@@ -106,7 +107,7 @@ def test_fedavg_round_equals_hand_computation():
     worker = copy.deepcopy(global_model)
     clients = [0, 2, 3]
     stack = torch.empty(3, sum(v.numel() for v in common.float_state(global_model)))
-    fedavg.fedavg_round(global_model, worker, data, clients, args, 5, stack)
+    fedavg_round(global_model, worker, data, clients, args, 5, stack)
     trained = []
     for c in clients:  # the straightforward way: a fresh copy per client
         m = copy.deepcopy(start)
@@ -128,57 +129,60 @@ def test_parallel_clients_give_the_same_round_on_any_schedule():
     for workers in (1, 2, 3, 2):
         model = copy.deepcopy(start)
         stack = torch.empty(5, sum(v.numel() for v in common.float_state(model)))
-        fedavg.fedavg_round(model, [copy.deepcopy(start) for _ in range(workers)], data, [0, 1, 2, 3, 4], args, 1, stack)
+        fedavg_round(model, [copy.deepcopy(start) for _ in range(workers)], data, [0, 1, 2, 3, 4], args, 1, stack)
         results.append(common.flatten_state(model))
     assert torch.equal(results[1], results[2]) and torch.equal(results[1], results[3])  # 1 torch thread per client
     torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-6)  # all threads on one client at a time
     assert not torch.equal(results[1], common.flatten_state(start))
 
 
-def test_idle_workers_take_the_largest_client_left_and_results_keep_client_order():
+def test_idle_models_take_the_largest_client_left_and_results_keep_client_order():
     import threading
     started, lock = [], threading.Lock()
 
-    def train_one(worker, slot, client):
+    def client_update(model, client):
         with lock:
-            started.append(slot)
-            pause = {1: 0.2, 2: 0.6}.get(len(started), 0)  # one worker takes all the rest while the other is busy
+            started.append(client)
+            pause = {1: 0.2, 2: 0.6}.get(len(started), 0)  # one model takes all the rest while the other is busy
         time.sleep(pause)
-        return client * 10
+        return model, client * 10
 
-    sizes = [1, 9, 3, 7, 5]
-    results = common.for_each_client(train_one, ["a", "b", "c", "d", "e"], ["w1", "w2"], sizes)
-    assert results == ["a" * 10, "b" * 10, "c" * 10, "d" * 10, "e" * 10]
-    assert set(started[:2]) == {1, 3} and started[2:] == [4, 2, 0]  # largest first: 9, 7, then 5, 3, 1
+    pool = common.ClientPool(["w1", "w2"], {"a": 1, "b": 9, "c": 3, "d": 7, "e": 5})
+    results = pool.map(client_update, ["a", "b", "c", "d", "e"])
+    assert [r for _, r in results] == ["a" * 10, "b" * 10, "c" * 10, "d" * 10, "e" * 10]
+    assert {m for m, _ in results} == {"w1", "w2"}
+    assert set(started[:2]) == {"b", "d"} and started[2:] == ["e", "c", "a"]  # largest first: 9, 7, then 5, 3, 1
 
 
 def test_a_failing_client_stops_the_round_and_restores_torch_threads():
     threads = torch.get_num_threads()
 
-    def train_one(worker, slot, client):
+    def client_update(model, client):
         if client == 2:
             raise RuntimeError("client 2 failed")
         return client
 
     with pytest.raises(RuntimeError, match="client 2 failed"):
-        common.for_each_client(train_one, [0, 1, 2, 3], ["w1", "w2"], [1, 1, 1, 1])
+        common.ClientPool(["w1", "w2"], [1, 1, 1, 1]).map(client_update, [0, 1, 2, 3])
     assert torch.get_num_threads() == threads
 
 
-def test_parallel_clients_auto_is_one_worker_per_cpu_thread_and_one_on_a_gpu():
+def test_parallel_clients_auto_is_one_model_per_cpu_thread_and_one_on_a_gpu():
     class Model:
         def to(self, device):
             return self
 
-    def workers(value, device="cpu", clients=20):
-        return len(common.client_workers(SimpleNamespace(parallel_clients=value), Model, torch.device(device), clients))
+    def models(value, device="cpu", clients=20):
+        args = SimpleNamespace(parallel_clients=value, join_ratio=1.0, num_clients=clients)
+        data = SimpleNamespace(train_idx=[[0]] * clients)
+        return len(common.ClientPool.build(args, Model, torch.device(device), data))
 
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert workers("auto") == 2 and workers("auto", clients=1) == 1
-        assert workers("auto", device="cuda") == 1
-        assert workers(3) == 3 and workers(3, clients=2) == 2 and workers(1) == 1
+        assert models("auto") == 2 and models("auto", clients=1) == 1
+        assert models("auto", device="cuda") == 1
+        assert models(3) == 3 and models(3, clients=2) == 2 and models(1) == 1
     finally:
         torch.set_num_threads(threads)
 

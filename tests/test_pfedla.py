@@ -14,6 +14,7 @@ import torch
 
 import common
 import pfedla
+from rounds import pfedla_round
 from conftest import metrics_rows, run_dir
 
 
@@ -193,7 +194,7 @@ def _run_rounds(k, rounds, favour_layer=None, monkeypatch=None):
     args, traffic = make_args(k=k), []
     for r in range(1, rounds + 1):
         log.append([])
-        _, down, up = pfedla.pfedla_round(hn, client_models, worker, data, list(range(n)), args, r, sizes)
+        _, down, up = pfedla_round(hn, client_models, worker, data, list(range(n)), args, r, sizes)
         traffic.append((down, up))
     return log, traffic, sizes, hn, client_models
 
@@ -238,7 +239,7 @@ def test_clients_weight_their_own_label_group_highest():
     worker, sizes, client_models, hn = seeded_setup(data)
     args = make_args(hn_lr=2.0)
     for r in range(1, 9):
-        pfedla.pfedla_round(hn, client_models, worker, data, list(range(n)), args, r, sizes)
+        pfedla_round(hn, client_models, worker, data, list(range(n)), args, r, sizes)
     with torch.no_grad():
         alpha = hn(torch.arange(n))  # (client, layer, client)
     same = group[:, None] == group[None, :]
@@ -260,7 +261,7 @@ def test_no_tensor_growth_over_rounds():
     worker, sizes, client_models, hn = seeded_setup(data)
     args, counts = make_args(), []
     for r in range(1, 7):
-        pfedla.pfedla_round(hn, client_models, worker, data, [0, 2, 3], args, r, sizes)
+        pfedla_round(hn, client_models, worker, data, [0, 2, 3], args, r, sizes)
         pfedla.evaluate_personalised(hn, client_models, worker, data, sizes, 0)
         gc.collect()
         counts.append(sum(1 for o in gc.get_objects() if issubclass(type(o), torch.Tensor)))
@@ -317,7 +318,7 @@ def test_clients_in_parallel_give_the_same_rounds_as_one_at_a_time():
         worker, sizes, client_models, hn = seeded_setup(data)
         workers = [worker] + [copy.deepcopy(worker) for _ in range(num_workers - 1)]
         for r in range(1, 4):
-            loss, _, _ = pfedla.pfedla_round(hn, client_models, workers, data, [0, 2, 3, 5], make_args(), r, sizes)
+            loss, _, _ = pfedla_round(hn, client_models, workers, data, [0, 2, 3, 5], make_args(), r, sizes)
         outcomes.append((client_models, common.flatten_state(hn), loss))
     (m1, h1, l1), (m3, h3, l3) = outcomes
     assert torch.equal(m1, m3) and torch.equal(h1, h3) and l1 == l3

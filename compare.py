@@ -1,0 +1,321 @@
+"""Compare finished (or unfinished) runs: one table, optionally a plot.
+
+    python compare.py runs/                          # every run folder under runs/
+    python compare.py runs/a runs/b --metric test_loss --plot curves.png
+
+Each PATH is a run folder (it holds metrics.csv or config.json) or a folder searched
+recursively for run folders. Finished runs whose settings are equal except for the seed
+are grouped into one row showing mean ± std (sample std, n-1) over seeds; unfinished,
+diverged, older-format and unreadable runs get a row of their own and a status saying so.
+By default each row uses its algorithm's headline metric, as its summary.json names it.
+"""
+import argparse
+import csv
+import json
+import math
+import os
+import re
+import sys
+
+import numpy as np
+
+# Flags that cannot change results: runs differing only in these (and the seed) are grouped.
+NO_EFFECT = {"seed", "out", "resume", "device", "data_dir", "parallel_clients", "stop_after",
+             "eval_every", "checkpoint_every"}
+# metrics.csv columns that are bookkeeping, not metrics.
+BOOKKEEPING = {"round", "seconds", "sec_per_round", "mb_down", "mb_up", "host_mb", "device_mb"}
+SHOWN = {"algorithm", "dataset", "partition", "num_clients", "rounds"}  # already their own columns
+OLD_NAME = re.compile(r"^([^-]+)-(.+)-s(\d+)(?:-.*)?$")  # <algo>-<dataset>-s<seed>-<time>
+
+
+def fail(message):
+    """Report bad input as one line on stderr and exit with status 2."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def lower_is_better(metric):
+    return "loss" in metric or "risk" in metric
+
+
+def to_float(text):
+    """A csv cell as a float ('nan' and 'inf' included), or None for an empty or bad cell."""
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def read_json(path):
+    """(dict, None) for a readable JSON object; (None, None) if absent; (None, 'unreadable')."""
+    if not os.path.exists(path):
+        return None, None
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None, "unreadable"
+    return (data, None) if isinstance(data, dict) else (None, "unreadable")
+
+
+def read_metrics(path):
+    """metrics.csv as (columns, {column: [(round, value), ...]}); None if missing, unreadable,
+    or without rows. Cells that are empty or not numbers are left out."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except (OSError, ValueError, csv.Error):
+        return None
+    columns = [c for c in (rows[0].keys() if rows else []) if c]
+    if "round" not in columns:
+        return None
+    series = {c: [] for c in columns}
+    for row in rows:
+        r = to_float(row.get("round"))
+        if r is None or not math.isfinite(r):
+            continue
+        for c in columns:
+            v = to_float(row.get(c))
+            if v is not None:
+                series[c].append((int(r), v))
+    return (columns, series) if series["round"] else None
+
+
+def find_runs(paths):
+    """Every run folder at or under the given paths, sorted and without duplicates."""
+    found = set()
+    for path in paths:
+        if not os.path.exists(path):
+            fail(f"no such path: {path}")
+        if not os.path.isdir(path):
+            fail(f"not a folder: {path}")
+        before = len(found)
+        for folder, subdirs, files in os.walk(path):
+            if "metrics.csv" in files or "config.json" in files:
+                found.add(os.path.realpath(folder))
+                subdirs[:] = []  # a run folder holds no further runs
+            subdirs.sort()
+        if len(found) == before:
+            fail(f"no run folder (with metrics.csv or config.json) in {path}")
+    return sorted(found)
+
+
+def load_run(folder):
+    """Everything the table needs from one run folder, as a dict; never raises."""
+    run = {"folder": folder, "flags": [], "metrics": None, "columns": [], "config": False}
+    config, config_err = read_json(os.path.join(folder, "config.json"))
+    summary, summary_err = read_json(os.path.join(folder, "summary.json"))
+    run["summary"] = summary or {}
+    if config and isinstance(config.get("algorithm"), str) and isinstance(config.get("args"), dict):
+        run["algorithm"], run["args"], run["config"] = config["algorithm"], config["args"], True
+    else:  # older format: what the folder name says
+        m = OLD_NAME.match(os.path.basename(folder))
+        run["algorithm"], dataset, seed = m.groups() if m else (os.path.basename(folder), "?", "?")
+        run["args"] = {"dataset": dataset, "seed": int(seed) if seed.isdigit() else "?"}
+        run["flags"].append("unreadable config.json" if config_err else "older format")
+    if summary_err:
+        run["flags"].append("unreadable summary.json")
+    loaded = read_metrics(os.path.join(folder, "metrics.csv"))
+    if loaded is None:
+        run["flags"].append("unreadable metrics.csv")
+    else:
+        run["columns"], run["metrics"] = loaded
+    planned = run["args"].get("rounds", run["summary"].get("rounds"))
+    run["planned"] = planned if isinstance(planned, int) else None
+    run["done"] = max((r for r, _ in run["metrics"]["round"]), default=0) if run["metrics"] else 0
+    values = [v for c, pts in (run["metrics"] or {}).items() if c not in BOOKKEEPING for _, v in pts]
+    if run["summary"].get("status") == "diverged" or any(not math.isfinite(v) for v in values):
+        run["flags"].append("diverged")
+    elif run["metrics"] and (not summary or (run["planned"] and run["done"] < run["planned"])):
+        run["flags"].append(f"unfinished {run['done']}/{run['planned'] or '?'}")
+    return run
+
+
+def headline(run, by_algorithm):
+    """The metric a run is judged by: summary's headline_metric, else the first metrics.csv column
+    named in paper_reports, else that of a finished run of the same algorithm, else test_acc."""
+    s, columns = run["summary"], run["columns"]
+    if s.get("headline_metric") in columns:
+        return s["headline_metric"]
+    for word in re.findall(r"\w+", str(s.get("paper_reports", ""))):
+        if word in columns:
+            return word
+    return by_algorithm.get(run["algorithm"], "test_acc")
+
+
+def best_final(run, metric):
+    """(best, round of best, final, [(round, value)...]) of a metric; best skips non-finite values."""
+    points = (run["metrics"] or {}).get(metric, [])
+    finite = [(r, v) for r, v in points if math.isfinite(v)]
+    if not finite:
+        return None, None, (points[-1][1] if points else None), points
+    pick = min if lower_is_better(metric) else max
+    best_round, best = pick(finite, key=lambda p: p[1])
+    return best, best_round, points[-1][1], points
+
+
+def last(run, column):
+    points = (run["metrics"] or {}).get(column, [])
+    return points[-1][1] if points else None
+
+
+def group_runs(runs, metric_of):
+    """Rows of runs: finished runs of equal settings (all args but seed and NO_EFFECT, and the
+    metric) share a row; every other run has a row of its own."""
+    groups = {}
+    for i, run in enumerate(runs):
+        if run["flags"]:
+            key = ("single", i)
+        else:
+            settings = {k: v for k, v in run["args"].items() if k not in NO_EFFECT}
+            key = (run["algorithm"], metric_of[i], json.dumps(settings, sort_keys=True, default=str))
+        groups.setdefault(key, []).append(i)
+    seed = lambda i: runs[i]["args"].get("seed") if isinstance(runs[i]["args"].get("seed"), int) else -1
+    rows = [sorted(members, key=lambda i: (seed(i), runs[i]["folder"])) for members in groups.values()]
+    return sorted(rows, key=lambda m: (runs[m[0]]["algorithm"], str(runs[m[0]]["args"].get("dataset")),
+                                       runs[m[0]]["folder"]))
+
+
+def varying_settings(runs, rows):
+    """Per row, 'k=v' for the args that differ between rows of the same algorithm (rows whose
+    settings are known from config.json)."""
+    out = []
+    for members in rows:
+        run = runs[members[0]]
+        peers = [runs[m[0]]["args"] for m in rows
+                 if runs[m[0]]["algorithm"] == run["algorithm"] and runs[m[0]]["config"]]
+        if not run["config"]:
+            peers = []
+        keys = sorted({k for a in peers for k in a} - NO_EFFECT - SHOWN)
+        out.append(" ".join(f"{k}={run['args'].get(k)}" for k in keys
+                            if len({json.dumps(a.get(k), default=str) for a in peers}) > 1))
+    return out
+
+
+def fmt(values, digits):
+    """One value, or mean ± std (n-1) of several; '-' when there is none."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{np.mean(values):.{digits}f} ± {np.std(values, ddof=1):.{digits}f}"
+
+
+def table_rows(runs, rows, metric_of):
+    """The printed table as a list of lists of strings (header first)."""
+    header = ["algorithm", "dataset", "partition", "clients", "seeds", "rounds", "metric", "best",
+              "@round", "final", "s/round", "MB", "settings", "status"]
+    lines = [header]
+    for members, settings in zip(rows, varying_settings(runs, rows)):
+        group = [runs[i] for i in members]
+        first, metric = group[0], metric_of[members[0]]
+        args, digits = first["args"], (4 if lower_is_better(metric) else 2)
+        stats = [best_final(r, metric) for r in group]
+        best_rounds = sorted({s[1] for s in stats if s[1] is not None})
+        secs = [last(r, "seconds") / r["done"] if last(r, "seconds") is not None and r["done"] else None
+                for r in group]
+        mbs = [last(r, "mb_down") + last(r, "mb_up") if None not in (last(r, "mb_down"), last(r, "mb_up"))
+               else None for r in group]
+        partition = str(args.get("partition", "?"))
+        if partition == "dir" and "beta" in args:
+            partition += f"({args['beta']})"
+        lines.append([
+            first["algorithm"], os.path.basename(str(args.get("dataset", "?"))), partition,
+            str(args.get("num_clients", "?")), ",".join(str(r["args"].get("seed", "?")) for r in group),
+            f"{max(r['done'] for r in group) if first['metrics'] else '?'}/{first['planned'] or '?'}", metric,
+            fmt([s[0] for s in stats], digits),
+            "-" if not best_rounds else "-".join(str(r) for r in sorted({best_rounds[0], best_rounds[-1]})),
+            fmt([s[2] for s in stats], digits), fmt(secs, 3), fmt(mbs, 1), settings or "-",
+            ", ".join(first["flags"]) or "ok"])
+    return lines
+
+
+def print_table(lines):
+    widths = [max(len(line[c]) for line in lines) for c in range(len(lines[0]))]
+    for n, line in enumerate(lines):
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def plot(runs, rows, metric_of, table, path):
+    """Metric against round and against MB communicated, one line per row, with a min..max band
+    over the seeds of a group."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (by_round, by_mb) = plt.subplots(1, 2, figsize=(9, 3.5), dpi=100)
+    for members, line in zip(rows, table[1:]):
+        metric = metric_of[members[0]]
+        curves = [dict(best_final(runs[i], metric)[3]) for i in members]
+        mb = [{r: d + u for (r, d), (_, u) in zip(runs[i]["metrics"]["mb_down"], runs[i]["metrics"]["mb_up"])}
+              if runs[i]["metrics"] and "mb_down" in runs[i]["metrics"] else {} for i in members]
+        rounds = sorted(set.intersection(*(set(c) for c in curves)))
+        if not rounds:
+            continue
+        y = np.array([[c[r] for r in rounds] for c in curves], dtype=float)
+        y[~np.isfinite(y)] = np.nan
+        label = f"{line[0]} {line[1]} {line[2]}" + (f" {line[12]}" if line[12] != "-" else "") + \
+            (f" ({len(members)} seeds)" if len(members) > 1 else "") + f" [{metric}]" + \
+            (f" {line[13]}" if line[13] != "ok" else "")
+        style = "-" if line[13] == "ok" else "--"
+        drawn = by_round.plot(rounds, y.mean(0), style, lw=1.4, label=label)[0]
+        if len(members) > 1:
+            by_round.fill_between(rounds, y.min(0), y.max(0), color=drawn.get_color(), alpha=0.2, lw=0)
+        mb_rounds = [r for r in rounds if all(r in m for m in mb)]
+        if mb_rounds:
+            x = np.array([np.mean([m[r] for m in mb]) for r in mb_rounds])
+            ym = y[:, [rounds.index(r) for r in mb_rounds]]
+            by_mb.plot(x, ym.mean(0), style, lw=1.4, color=drawn.get_color())
+            if len(members) > 1:
+                by_mb.fill_between(x, ym.min(0), ym.max(0), color=drawn.get_color(), alpha=0.2, lw=0)
+    metrics = sorted({metric_of[m[0]] for m in rows})
+    ylabel = metrics[0] if len(metrics) == 1 else "metric (see legend)"
+    for ax, xlabel in ((by_round, "round"), (by_mb, "MB communicated (down + up)")):
+        ax.set_title(f"by {xlabel.split(' (')[0]}: mean over seeds, band min..max", fontsize=9)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    by_round.legend(fontsize=6.5, loc="best")
+    fig.tight_layout()
+    try:
+        fig.savefig(path)
+    except (OSError, ValueError) as e:
+        fail(f"cannot write {path}: {e}")
+    plt.close(fig)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.error = fail  # one line, not a usage block
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="run folders, or folders holding run folders")
+    parser.add_argument("--metric", help="metrics.csv column to compare (default: each algorithm's headline)")
+    parser.add_argument("--plot", metavar="FILE.png", help="also plot the metric against round and MB")
+    args = parser.parse_args(argv)
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            fail("--plot needs matplotlib: pip install matplotlib")
+    runs = [load_run(folder) for folder in find_runs(args.paths)]
+    available = sorted({c for r in runs for c in r["columns"]} - BOOKKEEPING)
+    if not available:
+        fail("no readable metrics.csv in the run folders found")
+    if args.metric and args.metric not in available:
+        fail(f"unknown metric {args.metric!r}; available: {', '.join(available)}")
+    by_algorithm = {}
+    for run in runs:
+        if not run["flags"] and run["summary"]:
+            by_algorithm.setdefault(run["algorithm"], headline(run, {}))
+    metric_of = [args.metric or headline(run, by_algorithm) for run in runs]
+    rows = group_runs(runs, metric_of)
+    table = table_rows(runs, rows, metric_of)
+    print_table(table)
+    if args.plot:
+        plot(runs, rows, metric_of, table, args.plot)
+        print(f"plot written to {args.plot}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""One round of each algorithm as its script's main() runs it, composed from the script's own
+client update and server step, for tests that drive rounds directly (``worker`` is one model
+or a list of them, as in common.ClientPool)."""
+import torch
+
+import common
+import fedacd
+import fedala
+import fedavg
+import pfedla
+
+
+def pool_of(worker, data):
+    return common.ClientPool(worker if isinstance(worker, list) else [worker], [len(i) for i in data.train_idx])
+
+
+def fedavg_round(global_model, worker, data, clients, args, round_, client_stack=None,
+                 aggregate=common.weighted_average):
+    """Returns the mean train loss; ``client_stack``, if given, receives the uploaded models."""
+    global_state = common.flatten_state(global_model)
+    updates = pool_of(worker, data).map(
+        lambda model, client: fedavg.client_update(model, global_state, data, client, args, round_), clients)
+    if client_stack is not None:
+        client_stack[:len(clients)] = torch.stack([s for s, _ in updates])
+    num_samples = [len(data.train_idx[c]) for c in clients]
+    common.load_flat_state(global_model, fedavg.server_update([s for s, _ in updates], num_samples, aggregate))
+    return sum(float(loss) for _, loss in updates) / len(updates)
+
+
+def fedala_round(global_model, worker, local_models, ala, data, clients, args, round_, evaluate=False):
+    """Returns (mean train loss, mean ALA epochs, per-client test results of every client or None)."""
+    updates = pool_of(worker, data).map(lambda model, client: fedala.client_update(
+        model, global_model, local_models[client], ala, data, client, args, round_, evaluate), clients)
+    for client, update in zip(clients, updates):
+        local_models[client] = update[0]
+    num_samples = [len(data.train_idx[c]) for c in clients]
+    common.load_flat_state(global_model, common.weighted_average(local_models[clients], num_samples))
+    results = None
+    if evaluate:
+        evaluator = worker[0] if isinstance(worker, list) else worker
+        by_client = dict(zip(clients, (u[3] for u in updates)))
+        for client in sorted(set(range(data.num_clients)) - set(clients)):
+            common.load_flat_state(evaluator, local_models[client])
+            by_client[client] = common.evaluate(evaluator, data, [data.test_idx[client]])
+        results = tuple(torch.cat([by_client[c][i] for c in range(data.num_clients)]) for i in range(3))
+    return (sum(float(u[1]) for u in updates) / len(updates), sum(u[2] for u in updates) / len(updates), results)
+
+
+def pfedla_round(hypernetworks, client_models, worker, data, clients, args, round_, sizes):
+    """Returns (mean train loss, bytes server->client, bytes client->server)."""
+    ids = torch.as_tensor(clients, device=client_models.device)
+    alpha = hypernetworks(ids)
+    keep = pfedla.retained_layers(alpha.detach(), ids, args.k)
+    theta_bar = pfedla.personalised_models(alpha, client_models, ids, sizes, keep)
+    updates = pool_of(worker, data).map(lambda model, client: pfedla.client_update(
+        model, theta_bar[clients.index(client)].detach(), data, client, args, round_), clients)
+    pfedla.server_update(hypernetworks, client_models, ids, theta_bar, torch.stack([t for t, _ in updates]),
+                         args.hn_lr)
+    element, num_params = client_models.element_size(), client_models.shape[1]
+    retained = int((keep.long() * torch.as_tensor(sizes, device=keep.device)).sum())
+    return (sum(float(loss) for _, loss in updates) / len(updates), (len(clients) * num_params - retained) * element,
+            len(clients) * num_params * element)
+
+
+def fedacd_round(global_model, worker, data, clients, args, round_, client_stack, present, risk=None):
+    """Returns the round's statistics as fedacd.main logs them; ``client_stack`` receives the
+    uploaded models."""
+    global_state = common.flatten_state(global_model)
+    updates = pool_of(worker, data).map(lambda model, client: fedacd.client_update(
+        model, global_state, data, client, present, args, round_, risk), clients)
+    states, losses, scores, kls, risks = zip(*updates)
+    client_stack[:len(clients)] = torch.stack(states)
+    common.load_flat_state(global_model, fedacd.server_update(states, scores, args.uniform_agg))
+    scores = torch.stack(scores)
+    stats = {"train_loss": sum(float(loss) for loss in losses) / len(losses), "local_kl": float(torch.stack(kls).mean()),
+             "score_min": float(scores.min()), "score_max": float(scores.max())}
+    if risk is not None:
+        stats["local_risk"] = float(torch.stack(risks).mean())
+    return stats

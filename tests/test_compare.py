@@ -1,0 +1,226 @@
+"""compare.py: the table (grouping over seeds, settings kept apart, best/final per metric,
+statuses of unfinished, diverged, older-format and unreadable runs), the plot, and bad input.
+Most run folders are fabricated; one end-to-end case runs fedavg.py and fedala.py."""
+import csv
+import json
+import os
+import re
+import statistics
+
+import pytest
+
+from conftest import metrics_rows, run_script
+
+ARGS = {"dataset": "synthetic", "data_dir": "./data", "partition": "dir", "beta": 0.1, "num_clients": 20,
+        "rounds": 5, "lr": 0.005, "seed": 0, "device": "auto", "out": "runs", "resume": None,
+        "parallel_clients": "auto", "stop_after": None, "eval_every": 1, "checkpoint_every": 50}
+HEADLINES = {"fedavg": "best test_acc (FedALA Table 2 reports FedAvg's best)",
+             "pfedla": "test_acc_mean (unweighted mean over clients; Table 1 after 600 rounds)",
+             "fedacd": "global_acc: global model on the uniform test set (FedACD Table 1)",
+             "fedpake": "last10_mean of test_acc (FedPake Table 1: mean over the last 10 rounds)"}
+
+
+def make_run(parent, name, algo="fedavg", acc=(10, 30, 20, 40, 35), summary=True, config=True, **args):
+    """Write a run folder as the scripts do: config.json, metrics.csv (test_acc = ``acc``,
+    test_loss = 100 - acc, other metric columns derived) and, unless ``summary`` is False,
+    summary.json (a dict given as ``summary`` is merged in)."""
+    folder = os.path.join(parent, name)
+    os.makedirs(folder)
+    full = {**ARGS, **args}
+    if config:
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump({"algorithm": algo, "args": full, "command": [f"{algo}.py"], "device": "cpu"}, f)
+    with open(os.path.join(folder, "metrics.csv"), "w") as f:
+        f.write("round,test_acc,test_acc_mean,global_acc,test_loss,seconds,sec_per_round,mb_down,mb_up,host_mb\n")
+        for r, a in enumerate(map(float, acc), 1):
+            f.write(f"{r},{a},{a / 2},{a + 1},{100 - a},{0.5 * r},0.5,{1.5 * r},{0.5 * r},700\n")
+    if summary:
+        body = {"algorithm": algo, "rounds": full["rounds"], "paper_reports": HEADLINES.get(algo, HEADLINES["fedavg"])}
+        with open(os.path.join(folder, "summary.json"), "w") as f:
+            json.dump({**body, **(summary if isinstance(summary, dict) else {})}, f)
+    return folder
+
+
+def compare(*args):
+    """Run compare.py; returns (CompletedProcess, table rows as dicts keyed by the header)."""
+    proc = run_script("compare.py", *args, timeout=60)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip() and not ln.startswith(("---", "plot written"))]
+    if not lines:
+        return proc, []
+    header = re.split(r"\s{2,}", lines[0].strip())
+    return proc, [dict(zip(header, re.split(r"\s{2,}", ln.strip()))) for ln in lines[1:]]
+
+
+def mean_std(values):
+    return statistics.mean(values), statistics.stdev(values)
+
+
+def cell(text):
+    """'12.50 ± 3.10' -> (12.5, 3.1); '12.50' -> (12.5, None)."""
+    parts = text.split(" ± ")
+    return float(parts[0]), (float(parts[1]) if len(parts) > 1 else None)
+
+
+def assert_one_line_error(proc, *fragments):
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    for fragment in fragments:
+        assert fragment in proc.stderr
+
+
+def test_end_to_end_real_runs_table_and_plot(tmp_path):
+    parent = tmp_path / "runs"
+    for algo in ("fedavg", "fedala"):
+        proc = run_script(f"{algo}.py", "--dataset", "synthetic", "--rounds", 3, "--num-clients", 5, "--out", parent)
+        assert proc.returncode == 0, proc.stderr
+    png = tmp_path / "x.png"
+    proc, rows = compare(parent, "--plot", png)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(r["algorithm"] for r in rows) == ["fedala", "fedavg"]
+    for row in rows:
+        (folder,) = [d for d in parent.iterdir() if d.name.startswith(row["algorithm"] + "-")]
+        accs = [float(r["test_acc"]) for r in metrics_rows(folder)]
+        best_round = max(range(len(accs)), key=accs.__getitem__) + 1
+        assert row["metric"] == "test_acc" and row["status"] == "ok" and row["rounds"] == "3/3"
+        assert cell(row["best"])[0] == pytest.approx(max(accs), abs=0.006)
+        assert cell(row["final"])[0] == pytest.approx(accs[-1], abs=0.006)
+        assert row["@round"] == str(best_round) and row["clients"] == "5" and row["seeds"] == "0"
+    data = png.read_bytes()
+    assert len(data) > 1000 and data[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+    image = matplotlib.image.imread(png)
+    assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 400
+
+
+def test_seeds_of_equal_settings_share_one_row_with_mean_and_std(tmp_path):
+    curves = {0: (10, 30, 20, 40, 35), 1: (12, 25, 45, 41, 44), 2: (5, 50, 20, 33, 30)}
+    for seed, acc in curves.items():  # flags that cannot change results differ too
+        parent = tmp_path / "deeper" / "still" if seed == 2 else tmp_path  # found recursively
+        make_run(parent, f"fedavg-synthetic-s{seed}", acc=acc, seed=seed, out=f"o{seed}",
+                 device=["cpu", "cuda", "auto"][seed], eval_every=seed + 1, parallel_clients=seed + 1)
+    make_run(tmp_path, "fedavg-synthetic-s3-lr", acc=(1, 2, 3, 4, 99), seed=3, lr=0.1)
+    proc, rows = compare(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert len(rows) == 2
+    (group,) = [r for r in rows if r["seeds"] != "3"]
+    assert group["seeds"] == "0,1,2" and group["status"] == "ok"
+    for column, values in (("best", [max(a) for a in curves.values()]), ("final", [a[-1] for a in curves.values()])):
+        mean, std = cell(group[column])
+        assert (mean, std) == pytest.approx(mean_std(values), abs=0.006)
+    assert group["@round"] == "2-4"  # the seeds' best rounds are 4, 3 and 2
+    assert cell(group["MB"])[0] == pytest.approx(10.0) and cell(group["s/round"])[0] == pytest.approx(0.5)
+    (single,) = [r for r in rows if r["seeds"] == "3"]
+    assert cell(single["best"]) == (99.0, None) and single["settings"] == "lr=0.1"
+
+
+def test_runs_of_different_settings_are_never_averaged(tmp_path):
+    make_run(tmp_path, "base-s0", seed=0)
+    make_run(tmp_path, "base-s1", seed=1)
+    make_run(tmp_path, "lr", seed=1, lr=0.01)
+    make_run(tmp_path, "beta", seed=1, beta=0.5)
+    make_run(tmp_path, "rounds", seed=1, rounds=6, acc=(10, 30, 20, 40, 35, 36))
+    make_run(tmp_path, "other-algo", algo="fedala", seed=1)
+    proc, rows = compare(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert len(rows) == 5
+    assert sorted(r["seeds"] for r in rows) == ["0,1", "1", "1", "1", "1"]
+    assert {r["rounds"] for r in rows} == {"5/5", "6/6"}
+    assert {r["partition"] for r in rows} == {"dir(0.1)", "dir(0.5)"}
+    assert any("lr=0.01" in r["settings"] for r in rows)
+    assert {r["algorithm"] for r in rows} == {"fedavg", "fedala"}
+
+
+def test_unfinished_diverged_older_and_unreadable_runs_are_shown_with_their_status(tmp_path):
+    make_run(tmp_path, "fedavg-synthetic-s0-ok", seed=0)
+    make_run(tmp_path, "no-summary", seed=1, rounds=10, summary=False)
+    make_run(tmp_path, "short", seed=2, rounds=10, summary={"rounds": 10})
+    make_run(tmp_path, "all-rounds-no-summary", seed=9, summary=False)
+    make_run(tmp_path, "flagged", seed=3, summary={"status": "diverged"})
+    make_run(tmp_path, "nan", seed=4, acc=(10, 30, "nan", "inf", "nan"))
+    make_run(tmp_path, "fedala-cifar10-s7-20240101-120000", config=False)
+    old = make_run(tmp_path, "pfedla-mnist-s2-20240101-120000", algo="pfedla")
+    with open(os.path.join(old, "config.json"), "w") as f:
+        json.dump({"args_of_old": 1}, f)  # config without "algorithm"/"args"
+    bad = make_run(tmp_path, "fedavg-synthetic-s5-badjson", seed=5)
+    with open(os.path.join(bad, "config.json"), "w") as f:
+        f.write("{not json")
+    empty = make_run(tmp_path, "empty-csv", seed=6)
+    open(os.path.join(empty, "metrics.csv"), "w").close()
+    garbage = make_run(tmp_path, "garbage", seed=8)
+    with open(os.path.join(garbage, "metrics.csv"), "wb") as f:
+        f.write(b"\xff\xfe\x00garbage,,\n\x00\x01")
+    proc, rows = compare(tmp_path)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(rows) == 11  # nothing dropped, nothing grouped
+    status = {r["seeds"]: r["status"] for r in rows if r["algorithm"] == "fedavg"}
+    assert status["0"] == "ok"
+    assert status["1"] == "unfinished 5/10"
+    assert status["2"] == "unfinished 5/10"
+    assert status["9"] == "unfinished 5/5"  # killed before summary.json was written
+    assert status["3"] == "diverged" and status["4"] == "diverged"
+    assert status["5"] == "unreadable config.json"
+    assert status["6"] == "unreadable metrics.csv" and status["8"] == "unreadable metrics.csv"
+    assert {r["settings"] for r in rows} == {"-"}  # older/unreadable configs make no setting look varied
+    (nan_row,) = [r for r in rows if r["seeds"] == "4"]
+    assert nan_row["best"] == "30.00" and nan_row["@round"] == "2" and nan_row["final"] == "nan"
+    (older,) = [r for r in rows if r["algorithm"] == "fedala"]
+    assert (older["dataset"], older["seeds"], older["status"]) == ("cifar10", "7", "older format")
+    (older2,) = [r for r in rows if r["algorithm"] == "pfedla"]
+    assert (older2["dataset"], older2["seeds"], older2["status"]) == ("mnist", "2", "older format")
+
+
+def test_default_metric_is_each_algorithms_headline_and_loss_is_minimised(tmp_path):
+    make_run(tmp_path, "avg", algo="fedavg")
+    make_run(tmp_path, "acd", algo="fedacd")
+    make_run(tmp_path, "acd-unfinished", algo="fedacd", seed=1, rounds=10, summary=False)
+    make_run(tmp_path, "la", algo="pfedla")
+    make_run(tmp_path, "pake", algo="fedpake")
+    make_run(tmp_path, "named", algo="newalgo", summary={"headline_metric": "test_acc_mean",
+                                                         "paper_reports": "best test_acc"})
+    proc, rows = compare(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    metric = {(r["algorithm"], r["seeds"]): r["metric"] for r in rows}
+    assert metric == {("fedavg", "0"): "test_acc", ("fedacd", "0"): "global_acc", ("fedacd", "1"): "global_acc",
+                      ("pfedla", "0"): "test_acc_mean", ("fedpake", "0"): "test_acc",
+                      ("newalgo", "0"): "test_acc_mean"}
+    (acd,) = [r for r in rows if r["algorithm"] == "fedacd" and r["seeds"] == "0"]
+    assert acd["best"] == "41.00" and acd["@round"] == "4"
+    proc, rows = compare(tmp_path / "avg", "--metric", "test_loss")
+    assert proc.returncode == 0, proc.stderr
+    (row,) = rows
+    assert (row["metric"], cell(row["best"])[0], row["@round"], cell(row["final"])[0]) == ("test_loss", 60.0, "4", 65.0)
+
+
+def test_bad_input_gives_one_line_and_exit_2(tmp_path):
+    assert_one_line_error(compare(tmp_path / "missing")[0], "no such path")
+    (tmp_path / "empty").mkdir()
+    assert_one_line_error(compare(tmp_path / "empty")[0], "no run folder")
+    make_run(tmp_path / "runs", "a")
+    proc, _ = compare(tmp_path / "runs", "--metric", "accuracy")
+    assert_one_line_error(proc, "accuracy", "test_acc", "test_loss", "global_acc")
+    assert "host_mb" not in proc.stderr
+    unusable = tmp_path / "unusable" / "run"
+    unusable.mkdir(parents=True)
+    (unusable / "config.json").write_text("[1, 2")
+    assert_one_line_error(compare(unusable.parent)[0], "no readable metrics.csv")
+    assert_one_line_error(compare()[0])
+    assert_one_line_error(compare(tmp_path / "runs", "--bogus")[0])
+    assert_one_line_error(compare(tmp_path / "runs", "--plot", tmp_path / "no" / "dir" / "x.png")[0], "cannot write")
+
+
+def test_plot_of_groups_and_missing_matplotlib(tmp_path):
+    for seed in range(2):
+        make_run(tmp_path / "runs", f"s{seed}", seed=seed, acc=(10 + seed, 20, 30 - seed, 40, 50))
+    make_run(tmp_path / "runs", "unfinished", seed=5, rounds=10, summary=False)
+    png = tmp_path / "curves.png"
+    proc, rows = compare(tmp_path / "runs", "--plot", png)
+    assert proc.returncode == 0, proc.stderr
+    assert len(rows) == 2 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # matplotlib that cannot be imported: one line naming the fix, exit 2, no table
+    shim = tmp_path / "shim" / "matplotlib"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
+    proc = run_script("compare.py", tmp_path / "runs", "--plot", tmp_path / "y.png",
+                      env={"PYTHONPATH": str(shim.parent)})
+    assert_one_line_error(proc, "pip install matplotlib")
+    assert not (tmp_path / "y.png").exists()

@@ -435,6 +435,8 @@ def simulate(jobs, num_cpus=None):
     if len(sizes) != 1:
         raise common.UserError("the jobs of one simulation need the same --num-clients")
     num_cpus = num_cpus or len(os.sched_getaffinity(0))
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report over the network
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # and no warning about GPUs on CPU nodes
     run_simulation(server_app=build_server_app(jobs), client_app=client_app, num_supernodes=sizes.pop(),
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                                    "init_args": {"num_cpus": num_cpus, "include_dashboard": False}})

@@ -136,10 +136,10 @@ def fedala_client(job, client, round_, received, evaluate, state):
             {"loss": float(loss), "ala_epochs": ala_epochs, "initial_stage_epochs": len(ala.init_losses[client])})
 
 
-def fedala_evaluate(job, client, received, state):
+def fedala_evaluate(job, client, round_, received, evaluate, state):
     """A client that did not join the round: its current local model on its test data."""
     common.load_flat_state(job.model(), state.arrays().get("local", received.get("initial")))
-    return dict(zip(EVAL_KEYS, common.evaluate(job.model(), job.data, [job.data.test_idx[client]])))
+    return dict(zip(EVAL_KEYS, common.evaluate(job.model(), job.data, [job.data.test_idx[client]]))), {}
 
 
 def pfedla_client(job, client, round_, received, evaluate, state):
@@ -189,14 +189,16 @@ class NodeState:
 client_app = ClientApp()
 
 
-def _node_call(msg, context, handler):
-    job_config = msg.content["job"]
-    job = job_for(job_config["algorithm"], job_config["flags"])
+def _node_call(msg, context, handlers):
+    """Run this node's client (partition-id) for the message's run with ``handlers[algorithm]``."""
+    config = msg.content["job"]
+    job = job_for(config["algorithm"], config["flags"])
     client = int(context.node_config["partition-id"])
     if not 0 <= client < job.args.num_clients:
         raise common.UserError(f"this node's partition-id {client} is outside 0..{job.args.num_clients - 1}")
-    state = NodeState(context.state, job_config["run"], job.device)
-    out_arrays, metrics = handler(job, client, tensors(msg.content["arrays"], job.device), job_config, state)
+    out_arrays, metrics = handlers[job.algorithm](job, client, int(config["round"]),
+                                                  tensors(msg.content["arrays"], job.device), bool(config["evaluate"]),
+                                                  NodeState(context.state, config["run"], job.device))
     return Message(RecordDict({"arrays": arrays(out_arrays), "metrics": MetricRecord(metrics)}), reply_to=msg)
 
 
@@ -209,14 +211,12 @@ def query(msg, context):
 
 @client_app.train()
 def train(msg, context):
-    return _node_call(msg, context, lambda job, client, received, config, state: CLIENTS[job.algorithm](
-        job, client, int(config["round"]), received, bool(config["evaluate"]), state))
+    return _node_call(msg, context, CLIENTS)
 
 
 @client_app.evaluate()
 def evaluate(msg, context):
-    return _node_call(msg, context, lambda job, client, received, config, state: (
-        fedala_evaluate(job, client, received, state), {}))
+    return _node_call(msg, context, {"fedala": fedala_evaluate})
 
 
 # ----------------------------------------------------------------------------- server side
@@ -403,8 +403,10 @@ def serve(grid, algorithm, flags, nodes=None):
             if run.stop_requested(round_):
                 break
         run.finish(summary_extra(job, server, run))
-    finally:
-        run.close()
+    except BaseException as e:  # as the scripts: a diverged run says so in summary.json
+        run.close(failed=True, diverged=isinstance(e, common.DivergedError))
+        raise
+    run.close()
     return nodes
 
 

@@ -5,6 +5,7 @@ partition, metrics, summary, checkpoints, ``--resume``). Each algorithm lives in
 """
 import argparse
 import atexit
+import contextlib
 import csv
 import gzip
 import json
@@ -13,6 +14,7 @@ import os
 import pickle
 import platform
 import queue
+import resource
 import shutil
 import signal
 import socket
@@ -191,7 +193,8 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
     shared = [
         (finite(args.beta) and args.beta > 0, f"--beta must be a finite number > 0, got {args.beta} "
                                               "(for identical label mixes use --partition iid)"),
-        (finite(args.join_ratio) and 0 < args.join_ratio <= 1, f"--join-ratio must be in (0, 1], got {args.join_ratio}"),
+        (finite(args.join_ratio) and 0 < args.join_ratio <= 1,
+         f"--join-ratio must be in (0, 1], got {args.join_ratio}"),
         (args.num_clients >= 1, f"--num-clients must be >= 1, got {args.num_clients}"),
         (args.dataset != "synthetic" or args.num_clients <= 10000,
          f"--num-clients {args.num_clients} is too many for synthetic data (at most 10000)"),
@@ -202,7 +205,8 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
         (finite(args.momentum) and 0 <= args.momentum < 1, f"--momentum must be in [0, 1), got {args.momentum}"),
         (finite(args.weight_decay) and args.weight_decay >= 0,
          f"--weight-decay must be a finite number >= 0, got {args.weight_decay}"),
-        (finite(args.train_ratio) and 0 < args.train_ratio < 1, f"--train-ratio must be in (0, 1), got {args.train_ratio}"),
+        (finite(args.train_ratio) and 0 < args.train_ratio < 1,
+         f"--train-ratio must be in (0, 1), got {args.train_ratio}"),
         (args.eval_every >= 1, f"--eval-every must be >= 1, got {args.eval_every}"),
         (args.checkpoint_every >= 1, f"--checkpoint-every must be >= 1, got {args.checkpoint_every}"),
         (0 <= args.seed < 2 ** 63, f"--seed must be an integer in [0, 2^63), got {args.seed}"),
@@ -740,7 +744,7 @@ def load_federated_data(args, device):
     return data
 
 
-# ----------------------------------------------------------------------------- models (SPEC 1.4)
+# ----------------------------------------------------------------------------- models
 
 def _pooled_side(size, convs=2):
     for _ in range(convs):
@@ -866,7 +870,8 @@ def build_model(name, data, auto_image="cnn"):
 
 
 def layers(model):
-    """Modules that own parameters, in registration (= forward) order: "layers" of SPEC 1.5."""
+    """Modules that own parameters, in registration (= forward) order: the "layers" that FedALA's
+    p and pFedLA's layer-wise weights count."""
     return [(n, m) for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))]
 
 
@@ -1130,58 +1135,39 @@ def current_host_mb():
         return 0.0
 
 
-def peak_host_mb():
-    """Peak resident memory of this process in MB (Linux reports ru_maxrss in KB)."""
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _fmt_time(seconds):
-    seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-
-
-def _process_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a killed child that its parent has not reaped yet is gone too
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+def _fmt_time(s):
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 def _lock(folder):
-    """Take the run folder's lock file: one process per run folder. A lock whose process is gone
-    (killed, crashed) is stale and taken over."""
+    """Create the run folder's lock file: one process per run folder. A lock whose process is gone
+    (killed, crashed; a zombie counts as gone) is stale and taken over."""
     path = os.path.join(folder, ".lock")
     for _ in range(3):
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+            with open(path, "x") as f:
+                f.write(f"{os.getpid()} {socket.gethostname()}\n")
+            return path
         except FileExistsError:
+            pid, host, alive = "?", "?", True
             try:
                 with open(path) as f:
                     pid, host = f.read().split()
-                pid = int(pid)
-            except (OSError, ValueError):
-                pid, host = None, "?"
-            if pid is not None and host == socket.gethostname() and not _process_alive(pid):
-                try:
-                    os.remove(path)
-                except FileNotFoundError:
-                    pass
-                continue
-            raise UserError(f"{folder} is in use by process {pid} on {host}; wait for it to end "
-                            f"(or delete {path} if that process is gone)")
+                os.kill(int(pid), 0)
+                with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:  # Linux: not a zombie
+                    alive = f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            except (ProcessLookupError, FileNotFoundError):
+                alive = False
+            except (OSError, ValueError):  # another user's process, or a lock being written right now
+                pass
+            if alive or host != socket.gethostname():
+                raise UserError(f"{folder} is in use by process {pid} on {host}; wait for it to end "
+                                f"(or delete {path} if that process is gone)")
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
         except OSError as e:
             raise UserError(f"cannot write in the run folder {folder} ({e.strerror})")
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{os.getpid()} {socket.gethostname()}\n")
-        return path
     raise UserError(f"cannot take the lock {path}; delete it if no run is using {folder}")
 
 
@@ -1212,19 +1198,13 @@ class Run:
         if args.resume:
             self.lock = _lock(self.dir)
         _OPEN_RUNS.append(self)
-        config = {"algorithm": algo, "script": self.script,
-                  "args": {**vars(args), "resume": None, "stop_after": None}, "command": sys.argv,
-                  "device": str(device), "device_name": torch.cuda.get_device_name(device)
-                  if device.type == "cuda" else platform.processor() or platform.machine(),
-                  "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                               "numpy": np.__version__},
-                  "num_classes": data.num_classes, "input_shape": list(data.x.shape[1:])}
-        if args.resume:  # keep the original record; only --rounds may have grown
-            with open(os.path.join(self.dir, "config.json")) as f:
-                saved = json.load(f)
-            saved["args"]["rounds"] = args.rounds
-            config = saved
-        atomic_write(os.path.join(self.dir, "config.json"), _json(config))
+        if not args.resume:  # a resumed run keeps its record (resume() updates --rounds)
+            atomic_write(os.path.join(self.dir, "config.json"), _json({
+                "algorithm": algo, "script": self.script, "args": {**vars(args), "resume": None, "stop_after": None},
+                "command": sys.argv, "device": str(device), "device_name": torch.cuda.get_device_name(device)
+                if device.type == "cuda" else platform.processor() or platform.machine(),
+                "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
+                "num_classes": data.num_classes, "input_shape": list(data.x.shape[1:])}))
         self._write_partition()
         self._t_last, self._last_round = time.perf_counter(), 0
         try:
@@ -1260,10 +1240,11 @@ class Run:
 
     def _write_partition(self):
         d = self.data
-        atomic_write(os.path.join(self.dir, "partition.json"), _json({
-            "train_class_counts": d.train_counts, "test_class_counts": d.test_counts,
-            "train_sizes": d.train_counts.sum(1), "test_sizes": d.test_counts.sum(1),
-            "global_test_size": 0 if d.global_test_idx is None else len(d.global_test_idx)}))
+        if not self.args.resume:
+            atomic_write(os.path.join(self.dir, "partition.json"), _json({
+                "train_class_counts": d.train_counts, "test_class_counts": d.test_counts,
+                "train_sizes": d.train_counts.sum(1), "test_sizes": d.test_counts.sum(1),
+                "global_test_size": 0 if d.global_test_idx is None else len(d.global_test_idx)}))
         n = d.num_clients
         print(f"[{self.algo}] {self.args.dataset}: {n} clients, {d.num_classes} classes, "
               f"input {tuple(d.x.shape[1:])}, device {self.device}, run folder {self.dir}")
@@ -1382,6 +1363,12 @@ class Run:
         if round_ > self.args.rounds:
             raise UserError(f"cannot resume: the run already has {round_} rounds; --rounds {self.args.rounds} "
                             f"must be at least that")
+        config_path = os.path.join(self.dir, "config.json")
+        with open(config_path) as f:
+            config = json.load(f)
+        if config["args"]["rounds"] != self.args.rounds:
+            config["args"]["rounds"] = self.args.rounds
+            atomic_write(config_path, _json(config))
         self.rows, self.bytes_down, self.bytes_up, self.elapsed = rows, int(down), int(up), elapsed
         self._write_metrics()  # drop rows logged after the checkpoint: they will be recomputed
         self._last_round = round_
@@ -1395,7 +1382,8 @@ class Run:
                    "rounds_done": self.rows[-1]["round"] if self.rows else 0,
                    "headline_metric": self.headline_metric, "paper_reports": self.headline,
                    "seconds": round(self.elapsed, 2), "mb_down": self.bytes_down / 2 ** 20,
-                   "mb_up": self.bytes_up / 2 ** 20, "peak_host_mb": peak_host_mb(),
+                   "mb_up": self.bytes_up / 2 ** 20,
+                   "peak_host_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KB
                    "peak_device_mb": (torch.cuda.max_memory_allocated(self.device) / 2 ** 20
                                       if self.device.type == "cuda" else None), **(extra or {})}
         for key in [k for k in self.rows[0] if "acc" in k and not k.endswith("_std")] if self.rows else []:
@@ -1412,7 +1400,8 @@ class Run:
         print(f"[{self.algo}] summary ({self.headline} is what the paper reports):")
         for key, v in summary.items():
             if isinstance(v, dict) and {"best", "final", "last10_mean"} <= set(v):
-                print(f"  {key:>22s}: best {v['best']:.2f}  final {v['final']:.2f}  last-10 mean {v['last10_mean']:.2f}")
+                print(f"  {key:>22s}: best {v['best']:.2f}  final {v['final']:.2f}  "
+                      f"last-10 mean {v['last10_mean']:.2f}")
         print(f"  {self.elapsed:.1f} s, {summary['mb_down']:.1f} MB down, {summary['mb_up']:.1f} MB up; "
               f"files in {self.dir}")
         return summary

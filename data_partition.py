@@ -1,4 +1,4 @@
-"""Client partitions of a labelled dataset (SPEC 1.3).
+"""Client partitions of a labelled dataset; see docs/datasets.md.
 
 Every function takes the label array, the number of clients and a
 ``numpy.random.Generator`` and returns one sorted ``int64`` index array per

@@ -33,15 +33,15 @@ def parse_args(argv=None):
         lr=0.01, momentum=0.9, weight_decay=None, rounds=200, beta=0.1, partition="dir", test_split="global",
         helps={"weight_decay": "local SGD weight decay (default: 1e-3 on tinyimagenet, else 1e-5)"})
     a = parser.add_argument
-    a("--lam", type=float, default=1.0, help="lambda of Eq. (9): weight of L2")
-    a("--tau", type=float, default=1 - 1e-5, help="diagonal of the template matrix Q, Eq. (10)")
+    a("--lam", type=float, default=1.0, help="lambda: the weight of L2 in L = L1 + lambda L2")
+    a("--tau", type=float, default=1 - 1e-5, help="tau: the diagonal of the template matrix Q of the score V_m")
     a("--missing-delta", type=float, default=0.01,
       help="Delta_yi for classes i the client has no samples of (Sec. 3, 'a small value')")
     a("--no-mixup", dest="mixup", action="store_false",
       help="turn input mixup off (Table 5, w/o Input Mixup; default: mixup on)")
     a("--uniform-agg", action="store_true", help="plain mean of the local models (FedACD_base)")
     a("--score-kl", default="sum", choices=["sum", "mean"],
-      help="KL(P^m||Q) in Eq. (10): sum over the rows (as written) or mean over the rows")
+      help="KL(P^m||Q) in the score V_m: sum over the rows (as written) or mean over the rows")
     return common.parse_args(parser, argv, resolve, checks=lambda args: [
         (0 < args.tau < 1, f"--tau must be in (0, 1), got {args.tau}"),
         (math.isfinite(args.missing_delta) and args.missing_delta > 0,
@@ -221,7 +221,8 @@ def main(argv=None):
         raise common.UserError("input mixup needs real-valued inputs; use --no-mixup for token data")
     auto_image = "resnet18" if args.dataset == "tinyimagenet" else "simplecnn"
     global_model = common.build_model(args.model, data, auto_image=auto_image).to(device)
-    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=auto_image), device, data)
+    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=auto_image), device,
+                                   data)
     model_bytes = common.state_bytes(global_model)
     counts = torch.as_tensor(data.train_counts, dtype=torch.float64, device=device)
     present = counts > 0
@@ -256,7 +257,8 @@ def main(argv=None):
         if run.stop_requested(round_):  # Ctrl-C: this round's checkpoint is written
             return run.stop(round_)
     risks = [float(r["local_risk"]) for r in run.rows]  # Table 3: lower is better, so "best" is the minimum
-    run.finish({"local_risk": {"best": min(risks), "final": risks[-1], "last10_mean": sum(risks[-10:]) / len(risks[-10:])}})
+    run.finish({"local_risk": {"best": min(risks), "final": risks[-1],
+                               "last10_mean": sum(risks[-10:]) / len(risks[-10:])}})
 
 
 if __name__ == "__main__":

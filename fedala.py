@@ -34,7 +34,7 @@ import fedavg
 def parse_args(argv=None):
     parser = common.base_parser(__doc__.splitlines()[0], script="fedala", helps={"lr": fedavg.LR_HELP}, lr=None)
     a = parser.add_argument
-    a("--eta", type=float, default=1.0, help="learning rate of the ALA weights W (Eq. 5)")
+    a("--eta", type=float, default=1.0, help="learning rate eta of the ALA weights W (Alg. 1 l. 10)")
     a("--s", type=float, default=80, help="percent of the client's train data used by ALA each round")
     a("--p", type=int, default=1, help="ALA range: the top p layers (p=1: the last Linear layer)")
     a("--threshold", type=float, default=0.1,
@@ -55,8 +55,9 @@ class ALA:
     """Adaptive Local Aggregation for ``num_clients`` clients of the architecture ``model``.
 
     p counts layers, i.e. modules that own parameters, from the output down. Needs only torch
-    and numpy: it can be pasted into any client code. Holds each client's element-wise weights W_i^p (one flat row per client, ones at the
-    start, Alg. 1 l. 2) and whether the client is still in its initial stage. ``initialise``
+    and numpy: it can be pasted into any client code. Holds each client's element-wise weights
+    W_i^p (one flat row per client, ones at the start, Alg. 1 l. 2) and whether the client is
+    still in its initial stage. ``initialise``
     works on plain nn.Modules: it learns W_i^p with the global and local models frozen and
     writes Theta_hat_i (Eq. 4) into the local model in place.
     """
@@ -180,7 +181,8 @@ def main(argv=None):
     ala = ALA(global_model, args.num_clients, p=args.p, eta=args.eta, s=args.s, batch_size=args.batch_size,
               threshold=args.threshold, num_pre_loss=args.num_pre_loss, max_init_epochs=args.max_init_epochs)
     local_models = common.flatten_state(global_model).repeat(args.num_clients, 1)  # Alg. 1 l. 1
-    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="cnn"), device, data)
+    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="cnn"), device,
+                                   data)
     model_bytes = common.state_bytes(global_model)
     run = common.Run("fedala", args, data, device, headline_metric="test_acc",
                      headline="best test_acc (FedALA Table 2: best accuracy of the local models)")

@@ -56,7 +56,8 @@ def main(argv=None):
     rng = common.seed_everything(args.seed)
     data = common.load_federated_data(args, device)
     global_model = common.build_model(args.model, data, auto_image="cnn").to(device)
-    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="cnn"), device, data)
+    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="cnn"), device,
+                                   data)
     model_bytes = common.state_bytes(global_model)
     run = common.Run("fedavg", args, data, device, headline_metric="test_acc",
                      headline="best test_acc (FedALA Table 2 reports FedAvg's best)")

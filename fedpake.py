@@ -3,9 +3,9 @@
 Each round (Alg. 1): the server samples clients, each runs --local-epochs of SGD from the
 global model exactly as in FedAvg, and the server aggregates the K returned models with
 ``fedpake_aggregate`` instead of the sample-weighted mean. The equations (2)-(11) were lost
-in our copy of the paper and no code is public: every formula below is our
-reconstruction, implemented exactly (docs/fedpake.md says what was reconstructed and why). Over the stack X (K clients x D parameters, the
-flat model of each client, float buffers included):
+in our copy of the paper and no code is public: every formula below is our reconstruction,
+implemented exactly (docs/fedpake.md says what was reconstructed and why). Over the stack X
+(K clients x D parameters, the flat model of each client, float buffers included):
 
   1. Parameter division, Eq. (2)-(5): mu = mean over clients, sigma = population std,
      CV = sigma / (|mu| + 1e-12); high-dispersion set H = {j : CV_j > kappa}, the rest L.
@@ -52,11 +52,11 @@ def parse_args(argv=None):
 
     parser = common.base_parser(__doc__.splitlines()[0], script="fedpake", rounds=1000)
     a = parser.add_argument
-    a("--kappa", type=float, default=0.2, help="CV threshold of high dispersion, Eq. (4)-(5); inf gives FedAvg")
-    a("--n-micro", type=int, default=None, help="Micro-Classes, Eq. (6) "
+    a("--kappa", type=float, default=0.2, help="CV threshold kappa of high dispersion; inf gives FedAvg")
+    a("--n-micro", type=int, default=None, help="number of Micro-Classes "
       "(default: 4 on cifar10, 5 on cifar100, 8 on tinyimagenet, 4 otherwise)")
     a("--n-macro", type=int, default=None, help="maximum Macro-Classes (default: as --n-micro)")
-    a("--delta", type=float, default=0.2, help="merge clusters whose dissimilarity, Eq. (8), is at most this")
+    a("--delta", type=float, default=0.2, help="merge clusters whose dissimilarity D is at most this")
     a("--ablate", choices=["micro", "macro"], default=None,
       help="replace Micro- or Macro-Classes by random ones (Table 4; default: none)")
     return common.parse_args(parser, argv, resolve, checks=lambda args: [
@@ -68,89 +68,6 @@ def parse_args(argv=None):
 
 # ----------------------------------------------------------------------------- the aggregation, Eq. (2)-(11)
 
-def parameter_division(values, kappa):
-    """Eq. (2)-(5): True where the coefficient of variation over clients (rows) exceeds kappa."""
-    mu = values.mean(0)
-    sigma = (values - mu).square_().mean(0).sqrt_()  # population std
-    return sigma / (mu.abs() + 1e-12) > kappa
-
-
-def micro_classes(values, n_micro):
-    """Eq. (6)-(7): each column's [min, max] over clients in n_micro equal bins; uint8 classes."""
-    lo, hi = values.amin(0), values.amax(0)
-    scaled = (values - lo).div_((hi - lo).clamp_min(torch.finfo(values.dtype).tiny))  # in [0, 1]
-    # >= 0, so the cast to uint8 is the floor; the maximum goes into the last bin
-    return scaled.mul_(n_micro).clamp_(max=n_micro - 1).to(torch.uint8)
-
-
-def micro_class_disagreements(mic, n_micro):
-    """Numerator of Eq. (8): [a, b] = #columns where clients a and b have different Micro-Classes,
-    via one (K x h) @ (h x K) product per class instead of a K x K x h comparison."""
-    agree = torch.zeros(mic.shape[0], mic.shape[0], device=mic.device)
-    for m in range(n_micro):
-        one_hot = (mic == m).view(torch.uint8).float()  # via uint8: bool -> float is slow on CPU
-        agree += one_hot @ one_hot.T  # exact: counts stay far below 2^24
-    return mic.shape[1] - agree.double()
-
-
-def macro_classes(disagreements, num_high, n_macro, delta):
-    """Eq. (8) and the clustering after it: average-linkage agglomerative clustering on
-    D(a, b) = disagreements[a, b] / num_high. Merge the closest pair while D <= delta, and
-    while there are more than n_macro clusters. Returns labels 0..C-1 numbered by each
-    cluster's smallest client (ties between pairs: the first in row-major order)."""
-    pair_sums = disagreements.double().cpu().clone()  # summed over the client pairs of two clusters
-    sizes = torch.ones(len(pair_sums), dtype=torch.float64)
-    labels = torch.arange(len(pair_sums))
-    while len(sizes) > 1:
-        # average linkage; integer sums divided once, so ties with delta compare exactly
-        linkage = pair_sums / (sizes[:, None] * sizes[None, :] * num_high)
-        linkage.fill_diagonal_(float("inf"))
-        a, b = divmod(int(linkage.argmin()), len(sizes))  # a < b: the matrix is symmetric
-        if linkage[a, b] > delta and len(sizes) <= n_macro:
-            break
-        pair_sums[a] += pair_sums[b]
-        pair_sums[:, a] += pair_sums[:, b]
-        sizes[a] += sizes[b]
-        keep = torch.arange(len(sizes)) != b
-        pair_sums, sizes = pair_sums[keep][:, keep], sizes[keep]
-        labels[labels == b] = a
-        labels[labels > b] -= 1
-    return labels
-
-
-def tendency(mic, n_micro):
-    """Eq. (9) for one Macro-Class (``mic``: its clients x h): the most frequent Micro-Class of
-    each column; ties go to the class nearest the median class, then to the lower class.
-    (A loop over the classes: reductions over a few rows are slow on CPU.)"""
-    size = len(mic)
-    counts = [(mic == m).sum(0, dtype=torch.int32) for m in range(n_micro)]
-    below, twice_median = torch.zeros_like(counts[0]), torch.zeros_like(counts[0])
-    for count in counts:  # the two middle order statistics of the column, from the cumulative counts
-        below += count
-        twice_median += (below < (size + 1) // 2).int() + (below < size // 2 + 1).int()
-    classes = torch.arange(n_micro, dtype=torch.uint8, device=mic.device)  # 0-dim tensors: where() is faster
-    best_class = torch.zeros_like(mic[0])
-    best_score = torch.full_like(below, torch.iinfo(torch.int32).min)
-    for m, count in enumerate(counts):
-        score = count * 1024 - (2 * m - twice_median).abs_()  # frequency first; 2 |m - median| < 1024
-        best_class = torch.where(score > best_score, classes[m], best_class)  # strict: on a tie the lower class stays
-        best_score = torch.maximum(best_score, score)
-    return best_class
-
-
-def aggregation_weights(mic, labels, sizes, n_micro):
-    """Eq. (9) and (11): the weight of client k (in Macro-Class c) for column j is
-    [MIC_kj = T_cj] * n_k / (sum of n over the matching clients of c) * N_c / N.
-    Each client is in one Macro-Class, so its weight is counted once; columns sum to 1."""
-    labels = labels.to(mic.device)
-    weights = torch.empty(mic.shape, dtype=sizes.dtype, device=mic.device)
-    for c in range(int(labels.max()) + 1):
-        rows = (labels == c).nonzero().flatten()
-        matched = (mic[rows] == tendency(mic[rows], n_micro)).view(torch.uint8).to(sizes.dtype) * sizes[rows, None]
-        weights[rows] = matched / matched.sum(0) * (sizes[rows].sum() / sizes.sum())  # the mode has a client: sum > 0
-    return weights
-
-
 def fedpake_aggregate(stacked, weights, kappa=0.2, n_micro=4, n_macro=4, delta=0.2, ablate=None, seed=0,
                       stats=None, chunk_elems=2 ** 20):
     """FedPake's server aggregation, Eq. (2)-(11), a drop-in replacement for FedAvg's weighted
@@ -158,7 +75,92 @@ def fedpake_aggregate(stacked, weights, kappa=0.2, n_micro=4, n_macro=4, delta=0
     the clients' sample counts. Columns go in chunks of about ``chunk_elems`` values, in two
     passes (Micro-Classes are recomputed, not stored). ``ablate`` 'micro' or 'macro' draws
     random classes from ``seed`` (Table 4). ``stats``, if a dict, receives the share of
-    high-dispersion parameters and the number of Macro-Classes."""
+    high-dispersion parameters and the number of Macro-Classes. Needs only torch: its stages
+    are defined inside it, so it can be pasted alone; ``fedpake_aggregate(None, None)`` returns
+    them by name instead of aggregating (for tests and reuse)."""
+
+    def parameter_division(values, kappa):
+        """Eq. (2)-(5): True where the coefficient of variation over clients (rows) exceeds kappa."""
+        mu = values.mean(0)
+        sigma = (values - mu).square_().mean(0).sqrt_()  # population std
+        return sigma / (mu.abs() + 1e-12) > kappa
+
+    def micro_classes(values, n_micro):
+        """Eq. (6)-(7): each column's [min, max] over clients in n_micro equal bins; uint8 classes."""
+        lo, hi = values.amin(0), values.amax(0)
+        scaled = (values - lo).div_((hi - lo).clamp_min(torch.finfo(values.dtype).tiny))  # in [0, 1]
+        # >= 0, so the cast to uint8 is the floor; the maximum goes into the last bin
+        return scaled.mul_(n_micro).clamp_(max=n_micro - 1).to(torch.uint8)
+
+    def micro_class_disagreements(mic, n_micro):
+        """Numerator of Eq. (8): [a, b] = #columns where clients a and b have different Micro-Classes,
+        via one (K x h) @ (h x K) product per class instead of a K x K x h comparison."""
+        agree = torch.zeros(mic.shape[0], mic.shape[0], device=mic.device)
+        for m in range(n_micro):
+            one_hot = (mic == m).view(torch.uint8).float()  # via uint8: bool -> float is slow on CPU
+            agree += one_hot @ one_hot.T  # exact: counts stay far below 2^24
+        return mic.shape[1] - agree.double()
+
+    def macro_classes(disagreements, num_high, n_macro, delta):
+        """Eq. (8) and the clustering after it: average-linkage agglomerative clustering on
+        D(a, b) = disagreements[a, b] / num_high. Merge the closest pair while D <= delta, and
+        while there are more than n_macro clusters. Returns labels 0..C-1 numbered by each
+        cluster's smallest client (ties between pairs: the first in row-major order)."""
+        pair_sums = disagreements.double().cpu().clone()  # summed over the client pairs of two clusters
+        sizes = torch.ones(len(pair_sums), dtype=torch.float64)
+        labels = torch.arange(len(pair_sums))
+        while len(sizes) > 1:
+            # average linkage; integer sums divided once, so ties with delta compare exactly
+            linkage = pair_sums / (sizes[:, None] * sizes[None, :] * num_high)
+            linkage.fill_diagonal_(float("inf"))
+            a, b = divmod(int(linkage.argmin()), len(sizes))  # a < b: the matrix is symmetric
+            if linkage[a, b] > delta and len(sizes) <= n_macro:
+                break
+            pair_sums[a] += pair_sums[b]
+            pair_sums[:, a] += pair_sums[:, b]
+            sizes[a] += sizes[b]
+            keep = torch.arange(len(sizes)) != b
+            pair_sums, sizes = pair_sums[keep][:, keep], sizes[keep]
+            labels[labels == b] = a
+            labels[labels > b] -= 1
+        return labels
+
+    def tendency(mic, n_micro):
+        """Eq. (9) for one Macro-Class (``mic``: its clients x h): the most frequent Micro-Class of
+        each column; ties go to the class nearest the median class, then to the lower class.
+        (A loop over the classes: reductions over a few rows are slow on CPU.)"""
+        size = len(mic)
+        counts = [(mic == m).sum(0, dtype=torch.int32) for m in range(n_micro)]
+        below, twice_median = torch.zeros_like(counts[0]), torch.zeros_like(counts[0])
+        for count in counts:  # the two middle order statistics of the column, from the cumulative counts
+            below += count
+            twice_median += (below < (size + 1) // 2).int() + (below < size // 2 + 1).int()
+        classes = torch.arange(n_micro, dtype=torch.uint8, device=mic.device)  # 0-dim tensors: where() is faster
+        best_class = torch.zeros_like(mic[0])
+        best_score = torch.full_like(below, torch.iinfo(torch.int32).min)
+        for m, count in enumerate(counts):
+            score = count * 1024 - (2 * m - twice_median).abs_()  # frequency first; 2 |m - median| < 1024
+            # strict: on a tie the lower class stays
+            best_class = torch.where(score > best_score, classes[m], best_class)
+            best_score = torch.maximum(best_score, score)
+        return best_class
+
+    def aggregation_weights(mic, labels, sizes, n_micro):
+        """Eq. (9) and (11): the weight of client k (in Macro-Class c) for column j is
+        [MIC_kj = T_cj] * n_k / (sum of n over the matching clients of c) * N_c / N.
+        Each client is in one Macro-Class, so its weight is counted once; columns sum to 1."""
+        labels = labels.to(mic.device)
+        weights = torch.empty(mic.shape, dtype=sizes.dtype, device=mic.device)
+        for c in range(int(labels.max()) + 1):
+            rows = (labels == c).nonzero().flatten()
+            matched = (mic[rows] == tendency(mic[rows], n_micro)).view(torch.uint8).to(sizes.dtype) * sizes[rows, None]
+            # the mode has a client, so the sum is > 0
+            weights[rows] = matched / matched.sum(0) * (sizes[rows].sum() / sizes.sum())
+        return weights
+
+    if stacked is None:
+        return {f.__name__: f for f in (parameter_division, micro_classes, micro_class_disagreements,
+                                         macro_classes, tendency, aggregation_weights)}
     num_clients, dim = stacked.shape
     sizes = torch.as_tensor(weights, dtype=stacked.dtype, device=stacked.device)
     out = (sizes / sizes.sum()) @ stacked  # Eq. (10) on L; H is overwritten below
@@ -194,6 +196,11 @@ def fedpake_aggregate(stacked, weights, kappa=0.2, n_micro=4, n_macro=4, delta=0
     return out
 
 
+# the stages of fedpake_aggregate by name (it holds them so that it can be pasted alone)
+(parameter_division, micro_classes, micro_class_disagreements, macro_classes, tendency,
+ aggregation_weights) = fedpake_aggregate(None, None).values()
+
+
 # ----------------------------------------------------------------------------- server step and main
 
 def server_update(client_states, num_samples, args, round_):
@@ -216,7 +223,8 @@ def main(argv=None):
     rng = common.seed_everything(args.seed)
     data = common.load_federated_data(args, device)
     global_model = common.build_model(args.model, data, auto_image="resnet18").to(device)
-    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="resnet18"), device, data)
+    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="resnet18"), device,
+                                   data)
     model_bytes = common.state_bytes(global_model)
     run = common.Run("fedpake", args, data, device, headline_metric="test_acc",
                      headline="last10_mean of test_acc (FedPake Table 1: mean over the last 10 rounds)")

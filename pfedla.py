@@ -48,7 +48,7 @@ def parse_args(argv=None):
     a("--embed-dim", type=int, default=100, help="size of the embedding v_i")
     a("--hidden-dim", type=int, default=100, help="width of the hypernetwork MLP (3 hidden layers)")
     a("--hn-lr", type=float, default=1.0,
-      help="step size of the hypernetwork update Eq. (10)-(11) (plain SGD; the paper gives none)")
+      help="step size of the hypernetwork update (Alg. 1 l. 8; plain SGD, the paper gives none)")
     return common.parse_args(parser, argv, pfedla_learning_rate, checks=lambda args: [
         (args.k >= 0, f"--k must be >= 0, got {args.k}"),
         (math.isfinite(args.hn_lr) and args.hn_lr >= 0, f"--hn-lr must be a finite number >= 0, got {args.hn_lr}"),
@@ -200,7 +200,8 @@ def main(argv=None):
     # Alg. 1 l. 1: every client starts from the same initial model
     client_models = common.flatten_state(model).detach().repeat(args.num_clients, 1)
     hypernetworks = LayerHypernetworks(args.num_clients, len(sizes), args.embed_dim, args.hidden_dim).to(device)
-    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="lenet"), device, data)
+    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="lenet"), device,
+                                   data)
     run = common.Run(algo, args, data, device, script="pfedla", headline_metric="test_acc_mean",
                      headline="test_acc_mean (unweighted mean over clients; Table 1 after 600 rounds)")
     state = {"hypernetworks": hypernetworks, "client_models": client_models}

@@ -271,7 +271,7 @@ def npz_dataset(tmp_path):
 def test_per_client_test_sets_follow_client_label_proportions(npz_dataset):
     args = fedacd.parse_args(["--dataset", npz_dataset, "--num-clients", "4", "--batch-size", "8", "--beta", "0.3",
                               "--device", "cpu"])
-    assert args.test_split == "global"  # the FedACD default (SPEC 1.2)
+    assert args.test_split == "global"  # the FedACD default: the official test set
     data = common.load_federated_data(args, CPU)
     assert torch.equal(data.global_test_idx, torch.arange(700, 1100))  # the whole, uniform official test set
     assert np.bincount(data.y[data.global_test_idx].numpy(), minlength=4).tolist() == [100] * 4

@@ -28,7 +28,7 @@ def one_thread():  # 2 shared cores: torch's thread pool slows these tiny models
 
 
 def bn_model():
-    """Layers (SPEC 1.5): 0 Linear, 1 BatchNorm1d (running statistics are buffers), 3 Linear."""
+    """Layers (modules that own parameters): 0 Linear, 1 BatchNorm1d (running statistics are buffers), 3 Linear."""
     return nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3))
 
 

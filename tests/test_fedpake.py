@@ -1,4 +1,4 @@
-"""FedPake (fedpake.py): every stage of the aggregation (SPEC 5) on cases small enough to check by
+"""FedPake (fedpake.py): every stage of the aggregation (Eq. (2)-(11)) on cases small enough to check by
 hand or by an independent computation, then the script end to end."""
 import json
 import math

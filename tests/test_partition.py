@@ -1,4 +1,4 @@
-"""Partition properties (SPEC 1.3, foundation issue item 5)."""
+"""Partition properties."""
 import time
 
 import numpy as np

@@ -1,0 +1,213 @@
+"""Safe resume and one clear line for every bad input: each case ends with exit status 2 and one
+line on stderr, runs nothing from a crafted file, leaves no half-made run folder behind and
+changes no result already written. Ctrl-C stops at a round boundary with a checkpoint."""
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import common
+import fedacd
+import fedala
+import fedavg
+import fedpake
+import pfedla
+from conftest import ROOT, metrics_rows, run_dir, run_script
+
+SCRIPTS = {"fedavg": fedavg, "fedala": fedala, "pfedla": pfedla, "fedpake": fedpake, "fedacd": fedacd}
+SMALL = ["--dataset", "synthetic", "--num-clients", "4", "--rounds", "2"]
+
+
+def tree_digest(folder):
+    """Every file under ``folder`` (names, bytes and modes), to show that nothing changed."""
+    digest = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                digest[os.path.relpath(path, folder)] = (hashlib.sha256(f.read()).hexdigest(), os.stat(path).st_mode)
+    return digest
+
+
+@pytest.fixture(scope="module")
+def fedala_run(tmp_path_factory):
+    """A finished 2-round FedALA run folder (made once; cases copy it before touching it)."""
+    out = tmp_path_factory.mktemp("fedala_run")
+    common.run_main(fedala.main, [*SMALL, "--out", str(out)])
+    return run_dir(out)
+
+
+def crafted_checkpoint(folder, marker):
+    """A checkpoint.pt whose unpickling would run a shell command that creates ``marker``."""
+    class Evil:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    torch.save({"round": 1, "state": Evil()}, os.path.join(folder, "checkpoint.pt"))
+
+
+def config_without(folder, key):
+    path = os.path.join(folder, "config.json")
+    config = json.load(open(path))
+    del config["args"][key]
+    json.dump(config, open(path, "w"))
+
+
+def held_lock(folder):  # a live process on this host (this one) holds the folder
+    with open(os.path.join(folder, ".lock"), "w") as f:
+        f.write(f"{os.getpid()} {socket.gethostname()}\n")
+
+
+# (case, script, argv with RUN for a copy of the FedALA run and OUT for a fresh --out, prepare(run_copy), expected)
+CASES = [
+    ("crafted checkpoint", "fedala", ["--resume", "RUN"], "CRAFT", "not a valid checkpoint"),
+    ("another script's run", "fedavg", ["--resume", "RUN"], None, "is a run of fedala.py, not fedavg.py"),
+    ("another script's run (fedpake)", "fedpake", ["--resume", "RUN"], None, "use python fedala.py --resume"),
+    ("changed flags on resume", "fedala", ["--resume", "RUN", "--lr", "0.5", "--dataset", "cifar10", "--rounds", "6"],
+     None, "--dataset synthetic (now cifar10); --lr 0.005 (now 0.5)"),
+    ("a second process on the folder", "fedala", ["--resume", "RUN"], held_lock, "is in use by process"),
+    ("config.json missing keys", "fedala", ["--resume", "RUN"], lambda d: config_without(d, "lr"), "lacks the settings lr"),
+    ("config.json not json", "fedala", ["--resume", "RUN"],
+     lambda d: open(os.path.join(d, "config.json"), "w").write("{"), "cannot resume"),
+    ("no checkpoint", "fedala", ["--resume", "RUN"], lambda d: os.remove(os.path.join(d, "checkpoint.pt")),
+     "has no checkpoint.pt"),
+    ("truncated checkpoint", "fedala", ["--resume", "RUN"],
+     lambda d: open(os.path.join(d, "checkpoint.pt"), "r+b").truncate(100), "not a valid checkpoint"),
+    ("fewer rounds than done", "fedala", ["--resume", "RUN", "--rounds", "1"], None, "already has 2 rounds"),
+    ("no such run", "fedala", ["--resume", "/no/such/run"], None, "cannot resume"),
+    ("--seed -1", "fedavg", [*SMALL, "--seed", "-1", "--out", "OUT"], None, "--seed"),
+    ("--momentum -1", "fedavg", [*SMALL, "--momentum", "-1", "--out", "OUT"], None, "--momentum"),
+    ("--weight-decay -1", "fedavg", [*SMALL, "--weight-decay", "-1", "--out", "OUT"], None, "--weight-decay"),
+    ("--lr nan", "fedavg", [*SMALL, "--lr", "nan", "--out", "OUT"], None, "--lr must be a finite number"),
+    ("--beta inf", "fedavg", [*SMALL, "--beta", "inf", "--out", "OUT"], None, "--partition iid"),
+    ("--join-ratio nan", "fedacd", [*SMALL, "--join-ratio", "nan", "--out", "OUT"], None, "--join-ratio"),
+    ("--eta inf", "fedala", [*SMALL, "--eta", "inf", "--out", "OUT"], None, "--eta"),
+    ("--hn-lr nan", "pfedla", [*SMALL, "--hn-lr", "nan", "--out", "OUT"], None, "--hn-lr"),
+    ("--kappa nan", "fedpake", [*SMALL, "--kappa", "nan", "--out", "OUT"], None, "--kappa"),
+    ("--lam -1", "fedacd", [*SMALL, "--lam", "-1", "--out", "OUT"], None, "--lam"),
+    ("--rounds 0", "fedavg", [*SMALL, "--rounds", "0", "--out", "OUT"], None, "--rounds"),
+    ("too many synthetic clients", "fedavg", [*SMALL, "--num-clients", "1000000000", "--out", "OUT"], None,
+     "too many"),
+    ("--out is a file", "fedavg", [*SMALL, "--out", "FILE"], None, "--out"),
+    ("--out below a file", "fedavg", [*SMALL, "--out", "FILE/sub"], None, "--out"),
+    ("--p above the layers (after set-up)", "fedala", [*SMALL, "--p", "9", "--out", "OUT"], None, "--p 9"),
+    ("--k above the layers (after set-up)", "pfedla", [*SMALL, "--k", "9", "--out", "OUT"], None, "--k 9"),
+]
+
+
+@pytest.mark.parametrize("case,script,argv,prepare,expected", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(case, script, argv, prepare, expected, fedala_run,
+                                                          tmp_path, capsys):
+    run = str(tmp_path / "run")
+    shutil.copytree(fedala_run, run)
+    marker = tmp_path / "executed"
+    if prepare == "CRAFT":
+        crafted_checkpoint(run, marker)
+    elif prepare:
+        prepare(run)
+    (tmp_path / "file").write_text("not a folder")
+    before = tree_digest(run)
+    argv = [run if a == "RUN" else str(tmp_path / "out") if a == "OUT" else
+            a.replace("FILE", str(tmp_path / "file")) for a in argv]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:  # in-process: the same path as the command line, minus start-up
+        common.run_main(SCRIPTS[script].main, argv)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(lines) == 1 and expected in lines[0], lines
+    assert not marker.exists()  # nothing in the crafted file ran
+    if os.path.isdir(run):
+        assert tree_digest(run) == before or prepare is held_lock and \
+            {k: v for k, v in tree_digest(run).items() if k != ".lock"} == \
+            {k: v for k, v in before.items() if k != ".lock"}
+    assert not os.path.exists(tmp_path / "out") or os.listdir(tmp_path / "out") == []  # no half-made run folder
+
+
+def test_crafted_checkpoint_runs_nothing_from_the_shell(fedala_run, tmp_path):
+    run = str(tmp_path / "run")
+    shutil.copytree(fedala_run, run)
+    crafted_checkpoint(run, tmp_path / "executed")
+    r = run_script("fedala.py", "--resume", run)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "executed").exists()
+
+
+def test_a_stale_lock_is_taken_over_and_every_lock_is_released(fedala_run, tmp_path, capsys):
+    run = str(tmp_path / "run")
+    shutil.copytree(fedala_run, run)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with open(os.path.join(run, ".lock"), "w") as f:
+        f.write(f"{dead.pid} {socket.gethostname()}\n")
+    common.run_main(fedala.main, ["--resume", run, "--rounds", "3"])  # extends the run by one round
+    assert [r["round"] for r in metrics_rows(run)] == ["1", "2", "3"]
+    assert not os.path.exists(os.path.join(run, ".lock"))
+    assert json.load(open(os.path.join(run, "config.json")))["args"]["rounds"] == 3
+
+
+def test_result_files_follow_the_umask(tmp_path):
+    r = run_script("fedavg.py", *SMALL, "--out", tmp_path)
+    assert r.returncode == 0, r.stderr
+    folder = run_dir(tmp_path)
+    for name in ("metrics.csv", "config.json", "summary.json", "partition.json", "checkpoint.pt"):
+        assert os.stat(os.path.join(folder, name)).st_mode & 0o777 == 0o644, name  # the default umask 022
+
+
+def test_config_records_the_algorithm_and_every_argument(tmp_path):
+    common.run_main(pfedla.main, [*SMALL, "--k", "1", "--out", str(tmp_path)])
+    config = json.load(open(os.path.join(run_dir(tmp_path), "config.json")))
+    assert config["algorithm"] == "heurpfedla" and config["script"] == "pfedla"
+    assert set(vars(pfedla.parse_args([]))) <= set(config["args"]) and config["args"]["k"] == 1
+
+
+def test_ctrl_c_stops_at_the_round_boundary_and_resume_ends_with_the_uninterrupted_result(tmp_path):
+    flags = ["--dataset", "synthetic", "--num-clients", "5", "--rounds", "40", "--checkpoint-every", "100"]
+    assert run_script("fedavg.py", *flags, "--out", tmp_path / "full").returncode == 0
+    process = subprocess.Popen([sys.executable, os.path.join(ROOT, "fedavg.py"), *flags, "--out", str(tmp_path / "cut")],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    for line in process.stdout:  # interrupt once the second round has been logged
+        if "round 2/40" in line:
+            process.send_signal(signal.SIGINT)
+            break
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err
+    (stop_line,) = [line for line in err.splitlines() if line.startswith("interrupted after round")]
+    cut = run_dir(tmp_path / "cut")
+    done = int(stop_line.split()[3].rstrip(";"))
+    assert stop_line == f"interrupted after round {done}; continue with: python fedavg.py --resume {cut}"
+    assert 2 <= done < 40 and len(metrics_rows(cut)) == done and not os.path.exists(os.path.join(cut, ".lock"))
+    r = run_script("fedavg.py", "--resume", cut)
+    assert r.returncode == 0 and f"after round {done}" in r.stdout, r.stderr
+    columns = ("round", "test_acc", "test_acc_mean", "test_loss", "train_loss", "mb_down")
+    assert [[row[c] for c in columns] for row in metrics_rows(cut)] == \
+        [[row[c] for c in columns] for row in metrics_rows(run_dir(tmp_path / "full"))]
+
+
+def test_kill_9_then_resume_is_byte_identical(tmp_path):
+    flags = ["--dataset", "synthetic", "--num-clients", "5", "--rounds", "30", "--checkpoint-every", "3",
+             "--join-ratio", "0.6"]
+    assert run_script("fedala.py", *flags, "--out", tmp_path / "full").returncode == 0
+    process = subprocess.Popen([sys.executable, os.path.join(ROOT, "fedala.py"), *flags, "--out", str(tmp_path / "cut")],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    for line in process.stdout:
+        if "round 8/30" in line:
+            process.kill()
+            break
+    process.wait()
+    cut = run_dir(tmp_path / "cut")
+    assert os.path.exists(os.path.join(cut, ".lock"))  # left behind by the killed process: stale
+    r = run_script("fedala.py", "--resume", cut)
+    assert r.returncode == 0, r.stderr
+    skip = {"seconds", "sec_per_round", "host_mb"}
+    strip = lambda rows: [{k: v for k, v in row.items() if k not in skip} for row in rows]  # noqa: E731
+    assert strip(metrics_rows(cut)) == strip(metrics_rows(run_dir(tmp_path / "full")))

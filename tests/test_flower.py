@@ -1,0 +1,90 @@
+"""flower_app.py: each algorithm as a Flower simulation gives the plain script's metrics.
+
+One Flower simulation (one Ray start-up, about 15 s here) runs every job below one after
+another on the same 4 nodes; the scripts run in this process. The whole file takes about
+40 s on 2 cores."""
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, metrics_rows, run_dir
+
+pytest.importorskip("flwr", reason="Flower is not installed (pip install -r requirements-flower.txt)")
+import flower_app  # noqa: E402
+
+SMALL = ["--dataset", "synthetic", "--num-clients", "4", "--rounds", "3"]
+JOBS = {  # name: (algorithm, flags); the extra jobs cover a partial join and HeurpFedLA
+    **{algorithm: (algorithm, SMALL) for algorithm in flower_app.ALGORITHMS},
+    "fedala-join": ("fedala", SMALL + ["--join-ratio", "0.5"]),
+    "pfedla-k1": ("pfedla", SMALL + ["--k", "1", "--join-ratio", "0.5"]),
+}
+NOT_COMPARED = {"seconds", "sec_per_round", "host_mb", "device_mb", "agg_seconds"}  # timing and memory
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """{job: (script run folder, Flower run folder)}."""
+    out = tmp_path_factory.mktemp("flower")
+    for name, (algorithm, flags) in JOBS.items():
+        importlib.import_module(algorithm).main(flags + ["--out", str(out / "script" / name)])
+    flower_app.simulate([(algorithm, flags + ["--out", str(out / "flower" / name)])
+                         for name, (algorithm, flags) in JOBS.items()])
+    return {name: (run_dir(str(out / "script" / name)), run_dir(str(out / "flower" / name))) for name in JOBS}
+
+
+@pytest.mark.parametrize("name", list(JOBS))
+def test_flower_simulation_equals_script(runs, name):
+    script, flower = runs[name]
+    assert sorted(f for f in os.listdir(flower) if not f.startswith(".")) == \
+        ["config.json", "metrics.csv", "partition.json", "summary.json"]
+    with open(os.path.join(script, "partition.json")) as a, open(os.path.join(flower, "partition.json")) as b:
+        assert json.load(a) == json.load(b)
+    expected, got = metrics_rows(script), metrics_rows(flower)
+    assert [r["round"] for r in got] == [r["round"] for r in expected] == ["1", "2", "3"]
+    assert list(got[0]) == list(expected[0])
+    for e, g in zip(expected, got):
+        for key in set(e) - NOT_COMPARED:
+            assert float(g[key]) == pytest.approx(float(e[key]), abs=1e-4), (name, e["round"], key)
+    with open(os.path.join(script, "summary.json")) as a, open(os.path.join(flower, "summary.json")) as b:
+        expected, got = json.load(a), json.load(b)
+    assert set(got) == set(expected)
+    for key in set(expected) - {"seconds", "peak_host_mb", "peak_device_mb"}:
+        assert close(got[key], expected[key]), (name, key, got[key], expected[key])
+
+
+def close(a, b):
+    """Equal, numbers within 1e-4, through lists and dicts."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return abs(a - b) <= 1e-4
+    return a == b
+
+def test_refusals_exit_2_with_one_line(tmp_path):
+    """--resume, bad flags, an unknown algorithm, and a missing Flower (a shadowing ``flwr``
+    that fails to import): exit status 2 and one line, before any simulation starts."""
+    shadow = tmp_path / "no_flwr"
+    shadow.mkdir()
+    (shadow / "flwr.py").write_text("raise ImportError('no flwr here')\n")
+    cases = {
+        "resume": (["fedavg", "--resume", str(tmp_path)], {}, "does not support --resume"),
+        "bad flag": (["fedala", "--dataset", "synthetic", "--rounds", "0"], {}, "--rounds must be >= 1"),
+        "unknown flag": (["pfedla", "--no-such-flag"], {}, "unrecognized arguments"),
+        "algorithm": (["fedprox"], {}, "unknown algorithm"),
+        "no flwr": (["fedavg"], {"PYTHONPATH": str(shadow)}, "pip install -r requirements-flower.txt"),
+    }
+    procs = {name: subprocess.Popen([sys.executable, os.path.join(ROOT, "flower_app.py"), *argv], cwd=tmp_path,
+                                    env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+             for name, (argv, env, _) in cases.items()}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 2, (name, stdout, stderr)
+        assert len(stderr.strip().splitlines()) == 1 and cases[name][2] in stderr, (name, stderr)
+    assert os.listdir(tmp_path) == ["no_flwr"]  # no run folder, no runs/

@@ -23,6 +23,11 @@ import torch.nn.functional as F
 import common
 import run_folder
 
+HEADLINE_METRIC = "global_acc"  # what the paper reports, in metrics.csv
+HEADLINE = ("global_acc: global model on the uniform test set (FedACD Table 1; the paper does not say "
+            "best or final round)")
+AUTO_IMAGE = "simplecnn"  # --model auto on images (resnet18 on tinyimagenet)
+
 
 def parse_args(argv=None):
     def resolve(args):
@@ -220,7 +225,7 @@ def main(argv=None):
     data = common.load_federated_data(args, device)
     if args.mixup and not data.x.is_floating_point():
         raise common.UserError("input mixup needs real-valued inputs; use --no-mixup for token data")
-    auto_image = "resnet18" if args.dataset == "tinyimagenet" else "simplecnn"
+    auto_image = "resnet18" if args.dataset == "tinyimagenet" else AUTO_IMAGE
     global_model = common.build_model(args.model, data, auto_image=auto_image).to(device)
     pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=auto_image), device,
                                    data)
@@ -230,9 +235,7 @@ def main(argv=None):
     priors = counts / counts.sum(1, keepdim=True)  # pi^n of the average risk
     risk_test = data.global_test_idx if data.global_test_idx is not None else torch.cat(data.test_idx)
     class_test_idx = [risk_test[data.y[risk_test] == c] for c in range(data.num_classes)]
-    run = run_folder.Run("fedacd", args, data, device, headline_metric="global_acc",
-                     headline="global_acc: global model on the uniform test set (FedACD Table 1; "
-                              "the paper does not say best or final round)")
+    run = run_folder.Run("fedacd", args, data, device, headline_metric=HEADLINE_METRIC, headline=HEADLINE)
     state = {"global_model": global_model}
     start = run.resume(state, rng)
     print(f"[fedacd] model {global_model.__class__.__name__}: {common.flatten_state(global_model).numel()} "

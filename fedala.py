@@ -31,6 +31,10 @@ import common
 import fedavg
 import run_folder
 
+HEADLINE_METRIC = "test_acc"  # what the paper reports, in metrics.csv
+HEADLINE = "best test_acc (FedALA Table 2: best accuracy of the local models)"
+AUTO_IMAGE = "cnn"  # --model auto on images
+
 
 def parse_args(argv=None):
     parser = common.base_parser(__doc__.splitlines()[0], script="fedala", helps={"lr": fedavg.LR_HELP}, lr=None)
@@ -175,18 +179,17 @@ def main(argv=None):
     device = common.resolve_device(args.device)
     rng = common.seed_everything(args.seed)
     data = common.load_federated_data(args, device)
-    global_model = common.build_model(args.model, data, auto_image="cnn").to(device)
+    global_model = common.build_model(args.model, data, auto_image=AUTO_IMAGE).to(device)
     if args.p > len(common.layers(global_model)):
         raise common.UserError(f"--p {args.p} is more than the {len(common.layers(global_model))} layers of "
                                f"{global_model.__class__.__name__}")
     ala = ALA(global_model, args.num_clients, p=args.p, eta=args.eta, s=args.s, batch_size=args.batch_size,
               threshold=args.threshold, num_pre_loss=args.num_pre_loss, max_init_epochs=args.max_init_epochs)
     local_models = common.flatten_state(global_model).repeat(args.num_clients, 1)  # Alg. 1 l. 1
-    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="cnn"), device,
+    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=AUTO_IMAGE), device,
                                    data)
     model_bytes = common.state_bytes(global_model)
-    run = run_folder.Run("fedala", args, data, device, headline_metric="test_acc",
-                     headline="best test_acc (FedALA Table 2: best accuracy of the local models)")
+    run = run_folder.Run("fedala", args, data, device, headline_metric=HEADLINE_METRIC, headline=HEADLINE)
     state = {"global_model": global_model, "local_models": local_models, "ala": ala}
     start = run.resume(state, rng)
     print(f"[fedala] model {global_model.__class__.__name__}: {local_models.shape[1]} parameters; ALA on the top "

@@ -20,6 +20,10 @@ import torch
 import common
 import run_folder
 
+HEADLINE_METRIC = "test_acc"  # what the paper reports, in metrics.csv
+HEADLINE = "best test_acc (FedALA Table 2 reports FedAvg's best)"
+AUTO_IMAGE = "cnn"  # --model auto on images
+
 
 def fedala_learning_rate(args):
     """FedALA's setup: 0.005 for the 4-layer CNN, 0.1 on MNIST and for fastText and ResNet-18."""
@@ -56,12 +60,11 @@ def main(argv=None):
     device = common.resolve_device(args.device)
     rng = common.seed_everything(args.seed)
     data = common.load_federated_data(args, device)
-    global_model = common.build_model(args.model, data, auto_image="cnn").to(device)
-    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="cnn"), device,
+    global_model = common.build_model(args.model, data, auto_image=AUTO_IMAGE).to(device)
+    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=AUTO_IMAGE), device,
                                    data)
     model_bytes = common.state_bytes(global_model)
-    run = run_folder.Run("fedavg", args, data, device, headline_metric="test_acc",
-                     headline="best test_acc (FedALA Table 2 reports FedAvg's best)")
+    run = run_folder.Run("fedavg", args, data, device, headline_metric=HEADLINE_METRIC, headline=HEADLINE)
     state = {"global_model": global_model}
     start = run.resume(state, rng)
     print(f"[fedavg] model {global_model.__class__.__name__}: {common.flatten_state(global_model).numel()} parameters, "

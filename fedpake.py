@@ -41,6 +41,10 @@ import common
 import fedavg
 import run_folder
 
+HEADLINE_METRIC = "test_acc"  # what the paper reports, in metrics.csv
+HEADLINE = "last10_mean of test_acc (FedPake Table 1: mean over the last 10 rounds)"
+AUTO_IMAGE = "resnet18"  # --model auto on images
+
 MICRO_MACRO = {"cifar10": 4, "cifar100": 5, "tinyimagenet": 8}  # Sec. 4.1; 4 (the smallest) elsewhere
 ABLATE_TAG = 7  # client_seed tag of the per-round ablation generator
 
@@ -223,12 +227,11 @@ def main(argv=None):
     device = common.resolve_device(args.device)
     rng = common.seed_everything(args.seed)
     data = common.load_federated_data(args, device)
-    global_model = common.build_model(args.model, data, auto_image="resnet18").to(device)
-    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="resnet18"), device,
+    global_model = common.build_model(args.model, data, auto_image=AUTO_IMAGE).to(device)
+    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=AUTO_IMAGE), device,
                                    data)
     model_bytes = common.state_bytes(global_model)
-    run = run_folder.Run("fedpake", args, data, device, headline_metric="test_acc",
-                     headline="last10_mean of test_acc (FedPake Table 1: mean over the last 10 rounds)")
+    run = run_folder.Run("fedpake", args, data, device, headline_metric=HEADLINE_METRIC, headline=HEADLINE)
     state = {"global_model": global_model}
     start = run.resume(state, rng)
     print(f"[fedpake] model {global_model.__class__.__name__}: {common.flatten_state(global_model).numel()} "

@@ -39,19 +39,11 @@ import torch
 
 import common
 import fedavg
+import run_folder
 
 RESUME_REFUSED = "flower_app.py does not support --resume (a Flower run writes no checkpoint); start the run again"
 ALGORITHMS = ("fedavg", "fedala", "pfedla", "fedpake", "fedacd")
 USAGE = f"usage: python flower_app.py {{{','.join(ALGORITHMS)}}} [that script's flags]"
-AUTO_IMAGE = {"fedavg": "cnn", "fedala": "cnn", "pfedla": "lenet", "fedpake": "resnet18", "fedacd": "simplecnn"}
-HEADLINES = {  # (headline metric, headline): the scripts' own
-    "fedavg": ("test_acc", "best test_acc (FedALA Table 2 reports FedAvg's best)"),
-    "fedala": ("test_acc", "best test_acc (FedALA Table 2: best accuracy of the local models)"),
-    "pfedla": ("test_acc_mean", "test_acc_mean (unweighted mean over clients; Table 1 after 600 rounds)"),
-    "fedpake": ("test_acc", "last10_mean of test_acc (FedPake Table 1: mean over the last 10 rounds)"),
-    "fedacd": ("global_acc", "global_acc: global model on the uniform test set (FedACD Table 1; "
-                             "the paper does not say best or final round)")}
-
 
 # ----------------------------------------------------------------------------- what every process shares
 
@@ -73,7 +65,7 @@ class Job:
     def build(self):
         """A new model of the script's architecture (drawn from torch's global generator)."""
         auto = "resnet18" if self.algorithm == "fedacd" and self.args.dataset == "tinyimagenet" \
-            else AUTO_IMAGE[self.algorithm]
+            else self.module.AUTO_IMAGE
         return common.build_model(self.args.model, self.data, auto_image=auto).to(self.device)
 
     def model(self, name="worker"):
@@ -384,9 +376,8 @@ def serve(grid, algorithm, flags, nodes=None):
     server = {}
     setup(job, server)
     name = "heurpfedla" if algorithm == "pfedla" and args.k > 0 else algorithm
-    metric, headline = HEADLINES[algorithm]
-    run = common.Run(name, args, job.data, job.device, headline=headline, headline_metric=metric,
-                     script="flower_app")
+    run = run_folder.Run(name, args, job.data, job.device, headline=job.module.HEADLINE,
+                         headline_metric=job.module.HEADLINE_METRIC, script="flower_app")
     run_name = os.path.basename(run.dir)
     print(f"[{name}] Flower: {args.num_clients} clients on {len(nodes)} nodes")
 

@@ -34,6 +34,10 @@ import torch.nn.functional as F
 import common
 import run_folder
 
+HEADLINE_METRIC = "test_acc_mean"  # what the paper reports, in metrics.csv
+HEADLINE = "test_acc_mean (unweighted mean over clients; Table 1 after 600 rounds)"
+AUTO_IMAGE = "lenet"  # --model auto on images
+
 
 def pfedla_learning_rate(args):
     if args.lr is None:  # Sec. 4.2: 0.01 for CIFAR, 0.005 for EMNIST and FashionMNIST
@@ -191,7 +195,7 @@ def main(argv=None):
     device = common.resolve_device(args.device)
     rng = common.seed_everything(args.seed)
     data = common.load_federated_data(args, device)
-    model = common.build_model(args.model, data, auto_image="lenet").to(device)
+    model = common.build_model(args.model, data, auto_image=AUTO_IMAGE).to(device)
     try:
         sizes = layer_sizes(model)
     except ValueError as e:
@@ -201,10 +205,10 @@ def main(argv=None):
     # Alg. 1 l. 1: every client starts from the same initial model
     client_models = common.flatten_state(model).detach().repeat(args.num_clients, 1)
     hypernetworks = LayerHypernetworks(args.num_clients, len(sizes), args.embed_dim, args.hidden_dim).to(device)
-    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image="lenet"), device,
+    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=AUTO_IMAGE), device,
                                    data)
-    run = run_folder.Run(algo, args, data, device, script="pfedla", headline_metric="test_acc_mean",
-                     headline="test_acc_mean (unweighted mean over clients; Table 1 after 600 rounds)")
+    run = run_folder.Run(algo, args, data, device, script="pfedla", headline_metric=HEADLINE_METRIC,
+                         headline=HEADLINE)
     state = {"hypernetworks": hypernetworks, "client_models": client_models}
     start = run.resume(state, rng)
     element, num_params = client_models.element_size(), client_models.shape[1]

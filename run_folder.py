@@ -184,7 +184,8 @@ class Run:
     def _write_metrics(self):
         keys = list(dict.fromkeys(k for r in self.rows for k in r))
         with_header = [keys] + [[r.get(k, "") for k in keys] for r in self.rows]
-        common.atomic_write(os.path.join(self.dir, "metrics.csv"), "".join(",".join(map(str, r)) + "\n" for r in with_header))
+        text = "".join(",".join(map(str, r)) + "\n" for r in with_header)
+        common.atomic_write(os.path.join(self.dir, "metrics.csv"), text)
 
     # -- checkpoints, stopping and resuming
 

@@ -1,15 +1,12 @@
 """What two or more of the algorithm scripts share, in reading order: the command line, the
 data (loaded once into tensors on the training device; a client is a pair of index tensors,
-a batch an index slice), the models, training and evaluation, and the run folder (config,
-partition, metrics, summary, checkpoints, ``--resume``). Each algorithm lives in its own file.
+a batch an index slice), the models, and training and evaluation. The run folder is in
+run_folder.py, the datasets torchvision lacks (Tiny-ImageNet, AG News, Synthetic) in
+datasets_extra.py. Each algorithm lives in its own file.
 """
 import argparse
-import csv
-import gzip
-import json
 import math
 import os
-import pickle
 import queue
 import socket
 import sys
@@ -122,65 +119,14 @@ def base_parser(description, script=None, helps=None, **defaults):
     return p
 
 
-# flags that may differ on --resume: they do not change what is computed (--rounds extends the run)
-RESUME_MAY_CHANGE = {"rounds", "device", "parallel_clients", "data_dir", "out", "resume", "stop_after",
-                     "checkpoint_every"}
-
-
-def _given_flags(parser, argv):
-    """The flags given on the command line, with their parsed values."""
-    defaults, parser_defaults = [(action, action.default) for action in parser._actions], parser._defaults
-    for action, _ in defaults:
-        action.default = argparse.SUPPRESS
-    parser._defaults = {}
-    try:
-        return vars(parser.parse_args(argv))
-    finally:
-        parser._defaults = parser_defaults
-        for action, default in defaults:
-            action.default = default
-
-
-def _resumed_args(parser, argv):
-    """The saved arguments of ``--resume RUN_DIR``, with the flags given now that may change."""
-    given = _given_flags(parser, argv)
-    folder = given["resume"]
-    path = os.path.join(folder, "config.json")
-    try:
-        with open(path) as f:
-            config = json.load(f)
-        saved, script = config["args"], config.get("script")
-        if not isinstance(saved, dict):
-            raise ValueError("args is not a mapping")
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"cannot resume: {path} is missing or not a run's config ({e.__class__.__name__}: {e})")
-    if script is None:  # older run folders: the algorithm names the script
-        script = {"heurpfedla": "pfedla"}.get(config.get("algorithm"), config.get("algorithm"))
-    if f"{script}.py" != parser.prog:
-        raise UserError(f"cannot resume: {folder} is a run of {script}.py, not {parser.prog}; "
-                        f"use python {script}.py --resume {folder}")
-    defaults = vars(parser.parse_args([]))
-    missing = sorted(set(defaults) - set(saved) - RESUME_MAY_CHANGE)
-    if missing:
-        raise UserError(f"cannot resume: {path} lacks the settings {', '.join(missing)}")
-    changed = [f"--{k.replace('_', '-')} {saved[k]} (now {v})" for k, v in sorted(given.items())
-               if k not in RESUME_MAY_CHANGE and k in saved and v != saved[k]]
-    if changed:
-        raise UserError(f"cannot resume with other settings: {'; '.join(changed)}; only --rounds may change")
-    args = argparse.Namespace(**{**defaults, **{k: v for k, v in saved.items() if k in defaults}})
-    for k in RESUME_MAY_CHANGE & set(given):
-        setattr(args, k, given[k])
-    args.resume, args.stop_after = folder, given.get("stop_after")
-    return args
-
-
 def parse_args(parser, argv=None, resolve=None, checks=()):
     """Parse and validate every flag before anything is written. ``resolve(args)`` fills the
     dataset-dependent defaults; ``checks`` are the script's own (ok, message) pairs as a
-    function of args. With ``--resume`` the run's saved settings are used (see _resumed_args)."""
+    function of args. With ``--resume`` the run's saved settings are used (run_folder.resumed_args)."""
     args = parser.parse_args(argv)
     if args.resume:
-        args = _resumed_args(parser, argv)
+        import run_folder
+        args = run_folder.resumed_args(parser, argv)
     elif resolve:
         resolve(args)
     finite = lambda v: v is not None and math.isfinite(v)
@@ -214,105 +160,78 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
     return args
 
 
-# ----------------------------------------------------------------------------- datasets (SPEC 1.1)
+# ----------------------------------------------------------------------------- data
 
-def _fetch(what, folder, expected, download):
-    """Run a torchvision download; if it fails, say which file to put where."""
-    old = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(20)
-    try:
-        download()
-    except Exception as e:
-        raise UserError(f"{what} not found and could not be downloaded ({e.__class__.__name__}); "
-                        f"put {expected} in {folder}")
-    finally:
-        socket.setdefaulttimeout(old)
+VISION = {  # --dataset: (torchvision.datasets class, its arguments, the folder its files go in)
+    "mnist": ("MNIST", {}, "MNIST/raw"), "fmnist": ("FashionMNIST", {}, "FashionMNIST/raw"),
+    "emnist": ("EMNIST", {"split": "digits"}, "EMNIST/raw"),
+    "cifar10": ("CIFAR10", {}, "cifar-10-batches-py"), "cifar100": ("CIFAR100", {}, "cifar-100-python")}
 
 
-def _read_idx(path):
-    """An MNIST-format idx file (optionally .gz) as a numpy array."""
-    opener = gzip.open if path.endswith(".gz") else open
-    try:
-        with opener(path, "rb") as f:
-            raw = f.read()
-        if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
-            raise ValueError("bad magic number")
-        ndim = raw[3]
-        shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
-        data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
-        if data.size != int(np.prod(shape)):
-            raise ValueError("truncated")
-        return data.reshape(shape)
-    except (OSError, ValueError, EOFError) as e:
-        raise UserError(f"{path} is corrupt or truncated ({e}); delete it and run again to re-download")
-
-
-_IDX = {  # name: (torchvision class, raw folder, file prefix)
-    "mnist": ("MNIST", "MNIST", ""),
-    "fmnist": ("FashionMNIST", "FashionMNIST", ""),
-    "emnist": ("EMNIST", "EMNIST", "emnist-digits-"),
-}
-
-
-def _load_idx_dataset(name, data_dir):
-    cls_name, folder, prefix = _IDX[name]
-    raw = os.path.join(data_dir, folder, "raw")
-    stems = [f"{prefix}{s}" for s in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-                                      "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")]
-
-    def find(stem):
-        for ext in ("", ".gz"):
-            if os.path.exists(os.path.join(raw, stem + ext)):
-                return os.path.join(raw, stem + ext)
-
-    if not all(find(s) for s in stems):
-        import torchvision
-        kwargs = {"split": "digits"} if name == "emnist" else {}
-        _fetch(name, raw, f"{stems[0]}(.gz) and the other three idx files",
-               lambda: getattr(torchvision.datasets, cls_name)(data_dir, train=True, download=True, **kwargs))
-    xtr, ytr, xte, yte = (_read_idx(find(s)) for s in stems)
-    if name == "emnist":  # EMNIST stores images transposed
-        xtr, xte = xtr.transpose(0, 2, 1), xte.transpose(0, 2, 1)
-    return xtr[:, None], ytr.astype(np.int64), xte[:, None], yte.astype(np.int64)
-
-
-def _load_cifar(name, data_dir):
+def _vision(name, data_dir, train, download=False):
+    """torchvision's dataset ``name``. CIFAR's extracted files need only exist and parse (the md5
+    of the archive is checked when it is downloaded); its class names are not read."""
     import torchvision
-    if name == "cifar10":
-        folder, train_files, label_key, cls_name = "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], \
-            "labels", "CIFAR10"
-    else:
-        folder, train_files, label_key, cls_name = "cifar-100-python", ["train"], "fine_labels", "CIFAR100"
-    root = os.path.join(data_dir, folder)
-    files = train_files + (["test_batch"] if name == "cifar10" else ["test"])
-    if not all(os.path.exists(os.path.join(root, f)) for f in files):
-        archive = "cifar-10-python.tar.gz" if name == "cifar10" else "cifar-100-python.tar.gz"
-        _fetch(name, data_dir, f"{archive} (or its extracted folder {folder}/)",
-               lambda: getattr(torchvision.datasets, cls_name)(data_dir, train=True, download=True))
+    base = getattr(torchvision.datasets, VISION[name][0])
+    if name.startswith("cifar"):
+        class Cifar(base):
+            def _check_integrity(self):
+                return all(os.path.isfile(os.path.join(self.root, self.base_folder, f))
+                           for f, _ in self.train_list + self.test_list)
 
-    def read(fname):
-        path = os.path.join(root, fname)
+            def _load_meta(self):
+                self.classes = []
+        base = Cifar
+    return base(data_dir, train=train, download=download, **VISION[name][1])
+
+
+def load_vision(name, data_dir):
+    """(x_train, y_train, x_test, y_test) of MNIST, FashionMNIST, EMNIST (digits), CIFAR-10 or
+    CIFAR-100 as uint8 (N, C, H, W) images and int64 labels, through torchvision.datasets, which
+    downloads (md5-checked), unpacks and parses the publishers' files on first use."""
+    import torchvision
+    folder = os.path.join(data_dir, VISION[name][2])
+    cls = getattr(torchvision.datasets, VISION[name][0])
+    address = cls.url if hasattr(cls, "url") else cls.mirrors[0]
+    try:
+        if os.path.isdir(folder):  # gzipped idx files alone: unpacked as torchvision's download does
+            for f in os.listdir(folder):
+                if f.endswith(".gz") and not os.path.exists(os.path.join(folder, f[:-3])):
+                    torchvision.datasets.utils.extract_archive(os.path.join(folder, f))
         try:
-            with open(path, "rb") as f:
-                d = pickle.load(f, encoding="latin1")
-            x = np.asarray(d["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
-            y = np.asarray(d[label_key], dtype=np.int64)
-            if len(x) != len(y):
-                raise ValueError("image and label counts differ")
-            return x, y
-        except (OSError, ValueError, KeyError, EOFError, pickle.UnpicklingError) as e:
-            raise UserError(f"{path} is corrupt or truncated ({e.__class__.__name__}: {e}); delete it and run again")
-
-    train = [read(f) for f in train_files]
-    xte, yte = read(files[-1])
-    return np.concatenate([t[0] for t in train]), np.concatenate([t[1] for t in train]), xte, yte
+            sets = [_vision(name, data_dir, train) for train in (True, False)]
+        except RuntimeError as e:
+            if "not found" not in str(e):
+                raise
+            timeout = socket.getdefaulttimeout()
+            socket.setdefaulttimeout(20)
+            try:
+                sets = [_vision(name, data_dir, train, download=True) for train in (True, False)]
+            except Exception as e:  # noqa: BLE001  offline, refused, bad checksum: all the same to the user
+                files = cls.filename if hasattr(cls, "filename") else ", ".join(
+                    f"{r[0]}" for r in getattr(cls, "resources", [])) or f"{os.path.basename(cls.url)} (unzipped)"
+                raise UserError(f"{name} is not in {folder} and could not be downloaded ({e.__class__.__name__}); "
+                                f"put {files} from {address} in {folder}")
+            finally:
+                socket.setdefaulttimeout(timeout)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001  what torchvision's parsers raise on a damaged file
+        raise UserError(f"the {name} files in {folder} are corrupt or truncated ({e.__class__.__name__}: {e}); "
+                        f"delete them and run again to download them from {address}")
+    (xtr, ytr), (xte, yte) = ((np.asarray(d.data), np.asarray(d.targets, dtype=np.int64)) for d in sets)
+    if name.startswith("cifar"):  # torchvision holds CIFAR as HWC
+        return xtr.transpose(0, 3, 1, 2).copy(), ytr, xte.transpose(0, 3, 1, 2).copy(), yte
+    if name == "emnist":  # EMNIST stores its images transposed
+        xtr, xte = xtr.transpose(0, 2, 1), xte.transpose(0, 2, 1)
+    return xtr[:, None], ytr, xte[:, None], yte
 
 
 def _load_npz(path):
     try:
-        d = np.load(path, allow_pickle=False)
-        arrays = {k: d[k] for k in d.files}
-    except (OSError, ValueError, EOFError) as e:
+        with np.load(path, allow_pickle=False) as d:
+            arrays = {k: d[k] for k in d.files}
+    except Exception as e:  # noqa: BLE001  truncated, empty, not a zip, pickled objects
         raise UserError(f"cannot read {path} ({e.__class__.__name__}); it must be an .npz with arrays x, y")
     for key in ("x", "y"):
         if key not in arrays:
@@ -320,309 +239,64 @@ def _load_npz(path):
     if ("x_test" in arrays) != ("y_test" in arrays):
         raise UserError(f"{path} must hold both x_test and y_test, or neither")
 
-    def prep(x, y, what):
-        if len(x) != len(y):
-            raise UserError(f"{path}: {what} x has {len(x)} rows but y has {len(y)}")
-        if not np.issubdtype(y.dtype, np.integer) or (len(y) and y.min() < 0):
-            raise UserError(f"{path}: {what} labels y must be non-negative integers")
+    def images_first(x):  # (N, H, W) -> (N, 1, H, W); NHWC -> NCHW
         if x.ndim == 3:
-            x = x[:, None]
-        elif x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
-            x = x.transpose(0, 3, 1, 2)  # NHWC -> NCHW
-        return np.ascontiguousarray(x), y.astype(np.int64)
+            return x[:, None]
+        return x.transpose(0, 3, 1, 2) if x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3) else x
 
-    xtr, ytr = prep(arrays["x"], arrays["y"], "train")
+    x, y = images_first(arrays["x"]), arrays["y"]
     if "x_test" in arrays:
-        xte, yte = prep(arrays["x_test"], arrays["y_test"], "test")
-    else:
-        xte, yte = xtr[:0], ytr[:0]
-    return xtr, ytr, xte, yte
+        return x, y, images_first(arrays["x_test"]), arrays["y_test"]
+    return x, y, x[:0], y[:0]
 
 
-SYNTHETIC_ALPHA, SYNTHETIC_BETA, SYNTHETIC_DIM, SYNTHETIC_CLASSES = 1.0, 1.0, 60, 10
-
-
-def synthetic_clients(num_clients, rng, alpha=SYNTHETIC_ALPHA, beta=SYNTHETIC_BETA):
-    """FedProx Synthetic(alpha, beta) (Li et al. 2020, Sec. 5.1), one (x, y) per client.
-
-    u_k ~ N(0, alpha), B_k ~ N(0, beta); W_k, b_k ~ N(u_k, 1); v_k ~ N(B_k, 1);
-    x ~ N(v_k, Sigma), Sigma_jj = j^-1.2; y = argmax softmax(W_k x + b_k).
-    Sample counts: lognormal(4, 2) + 50 as in the FedProx generator, capped at 1000
-    so that the quick start stays fast.
-    """
-    d, c = SYNTHETIC_DIM, SYNTHETIC_CLASSES
-    sizes = np.minimum(rng.lognormal(4, 2, num_clients).astype(int) + 50, 1000)
-    sigma = np.arange(1, d + 1) ** -1.2
-    out = []
-    for k in range(num_clients):
-        u, big_b = rng.normal(0, math.sqrt(alpha)), rng.normal(0, math.sqrt(beta))
-        w, b = rng.normal(u, 1, (c, d)), rng.normal(u, 1, c)
-        v = rng.normal(big_b, 1, d)
-        x = rng.normal(v, np.sqrt(sigma), (sizes[k], d)).astype(np.float32)
-        y = np.argmax(x @ w.T + b, axis=1).astype(np.int64)
-        out.append((x, y))
-    return out
+def check_arrays(name, xtr, ytr, xte, yte):
+    """Refuse data no run can use, before anything is written: one line that says what is wrong."""
+    n = len(ytr) + len(yte)
+    max_classes = max(n, 1000)  # a label of 10^9 would ask for 10^9-wide class-count tables
+    for x, y, what in ((xtr, ytr, "x, y"), (xte, yte, "x_test, y_test")):
+        if x.ndim not in (2, 4) or len(x) != len(y) or y.ndim != 1:
+            raise UserError(f"{name}: {what} must be (N, features), (N, H, W) or (N, C, H, W) samples with N "
+                            f"labels; got shapes {x.shape} and {y.shape}")
+        if not np.issubdtype(y.dtype, np.integer):
+            raise UserError(f"{name}: the labels in {what} must be integers 0..C-1, got {y.dtype}")
+        if x.dtype.kind not in "uif" or y.dtype.kind not in "ui":
+            raise UserError(f"{name}: {what} must be numbers")
+        bad = int(np.count_nonzero(~np.isfinite(x))) if x.dtype.kind == "f" else 0
+        if bad:
+            raise UserError(f"{name}: {what.split(',')[0]} has {bad} non-finite value(s) (NaN or inf); clean the data")
+        if len(y) and (y.min() < 0 or y.max() >= max_classes):
+            raise UserError(f"{name}: labels must be 0..C-1 with C at most {max_classes} (the larger of 1000 and "
+                            f"the number of samples); {what} has labels from {y.min()} to {y.max()}")
+    if not len(ytr):
+        raise UserError(f"{name} has no training samples")
+    if len(yte) and xte.shape[1:] != xtr.shape[1:]:
+        raise UserError(f"{name}: x_test samples are {xte.shape[1:]} but x samples {xtr.shape[1:]}")
 
 
 def load_arrays(name, data_dir):
-    """(x_train, y_train, x_test, y_test) as numpy arrays for a named dataset or .npz file."""
-    if name in _IDX:
-        return _load_idx_dataset(name, data_dir)
-    if name in ("cifar10", "cifar100"):
-        return _load_cifar(name, data_dir)
-    if name in EXTRA_DATASETS:
-        return EXTRA_DATASETS[name](data_dir)
-    if name.endswith(".npz"):
-        if not os.path.exists(name):
+    """(x_train, y_train, x_test, y_test) as numpy arrays for a named dataset or an .npz file,
+    checked (``check_arrays``); labels int64."""
+    import datasets_extra
+    if name in VISION:
+        arrays = load_vision(name, data_dir)
+    elif name in datasets_extra.LOADERS:
+        arrays = datasets_extra.LOADERS[name](data_dir)
+    elif name.endswith(".npz"):
+        if not os.path.isfile(name):
             raise UserError(f"no such file: {name}")
-        return _load_npz(name)
-    raise UserError(f"unknown dataset '{name}'; choose mnist, fmnist, emnist, cifar10, cifar100, "
-                    f"{', '.join(EXTRA_DATASETS)}{', ' if EXTRA_DATASETS else ''}synthetic or a .npz file")
+        arrays = _load_npz(name)
+    else:
+        raise UserError(f"unknown dataset '{name}'; choose {', '.join([*VISION, *datasets_extra.LOADERS])}, "
+                        f"synthetic or a .npz file")
+    check_arrays(name, *arrays)
+    xtr, ytr, xte, yte = arrays
+    return xtr, ytr.astype(np.int64), xte, yte.astype(np.int64)
 
 
-EXTRA_DATASETS = {}  # name -> loader(data_dir) returning (x_train, y_train, x_test, y_test)
-
-
-# ----------------------------------------------------------------------------- datasets: Tiny-ImageNet and AG News (SPEC 1.1)
-# Self-contained section: the two loaders registered in EXTRA_DATASETS at its end.
-
-TINY_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
-TINY_MD5 = "90528d7ca1a48142e341f4ef8d21d0de"  # 248,100,043 bytes
-TINY_CACHE = "tiny-imagenet-200-uint8.npz"  # decoded once, then reused (delete it to rebuild)
-AGNEWS_URL = "https://raw.githubusercontent.com/mhjabreel/CharCnn_Keras/master/data/ag_news_csv/"
-AGNEWS_MAX_LEN = 200  # tokens per text: cut, or padded with PAD_ID (PFLlib's max_len for FedALA)
-AGNEWS_MIN_COUNT = 1  # a training word is in the vocabulary if seen this often; no size cap (torchtext default)
-PAD_ID, UNK_ID = 0, 1  # FastText averages over tokens != PAD_ID; UNK_ID is a learned embedding
-
-
-class ChecksumError(Exception):
-    """A downloaded file does not have the published md5."""
-
-
-def _download(url, path, md5=None):
-    """Download ``url`` to ``path`` through a temporary file (no half-written file is left
-    behind), checking ``md5`` when given. Network reads time out after 20 s."""
-    import hashlib
-    import urllib.request
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".download-")
-    digest = hashlib.md5()
-    try:
-        with os.fdopen(fd, "wb") as f, urllib.request.urlopen(url, timeout=20) as response:
-            for chunk in iter(lambda: response.read(1 << 20), b""):
-                f.write(chunk)
-                digest.update(chunk)
-        if md5 and digest.hexdigest() != md5:
-            raise ChecksumError(f"md5 of {url} is {digest.hexdigest()}, expected {md5}")
-        os.chmod(tmp, 0o644)  # mkstemp makes it private to this user
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def _save_npz_atomic(path, **arrays):
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-", suffix=".npz")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)  # uncompressed: loads in about a second
-        os.chmod(tmp, 0o644)  # mkstemp makes it private to this user
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def _extract_tiny(archive, data_dir):
-    """Unzip ``tiny-imagenet-200.zip`` into ``data_dir`` via a temporary folder, so that a
-    half-extracted folder is never mistaken for the dataset."""
-    import shutil
-    import zipfile
-    tmp = tempfile.mkdtemp(dir=data_dir, prefix=".extract-")
-    try:
-        with zipfile.ZipFile(archive) as z:
-            if not {"tiny-imagenet-200/wnids.txt", "tiny-imagenet-200/val/val_annotations.txt"} <= set(z.namelist()):
-                raise ValueError("it has no tiny-imagenet-200/wnids.txt and val/val_annotations.txt")
-            z.extractall(tmp)  # checks every member's CRC
-        if not os.path.isdir(os.path.join(data_dir, "tiny-imagenet-200")):  # else another run extracted it meanwhile
-            os.replace(os.path.join(tmp, "tiny-imagenet-200"), os.path.join(data_dir, "tiny-imagenet-200"))
-    except (zipfile.BadZipFile, ValueError, EOFError, OSError) as e:
-        raise UserError(f"{archive} is corrupt, truncated or not the Tiny-ImageNet archive ({e}); "
-                        "delete it and run again to re-download")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _read_rgb64(path):
-    """One image file as a 3x64x64 uint8 array (grayscale and CMYK JPEGs converted to RGB)."""
-    from PIL import Image
-    try:
-        with Image.open(path) as image:
-            pixels = np.asarray(image.convert("RGB"))
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path} is not a readable image ({e.__class__.__name__}); replace it or re-extract the zip")
-    if pixels.shape != (64, 64, 3):
-        raise UserError(f"{path} is {pixels.shape[1]}x{pixels.shape[0]}, but Tiny-ImageNet images are 64x64")
-    return pixels.transpose(2, 0, 1)
-
-
-def _decode_tiny(root):
-    """The extracted tiny-imagenet-200/ folder as (x_train, y_train, x_val, y_val, wnids).
-
-    Label of a class = its line number in wnids.txt. Train: train/<wnid>/images/*.JPEG.
-    Val: the label of val/images/<file> is the wnid on that file's line of
-    val/val_annotations.txt (file, wnid, x0, y0, x1, y1; tab-separated), never file order.
-    The unlabelled test/ folder is not used.
-    """
-    def incomplete(path):
-        return UserError(f"{path} is missing: {root} is incomplete; delete it (keep the zip) to re-extract")
-
-    def lines(path):
-        try:
-            with open(path) as f:
-                return [line.rstrip("\r\n") for line in f if line.strip()]
-        except OSError:
-            raise incomplete(path)
-
-    def images_in(folder):
-        if not os.path.isdir(folder):
-            raise incomplete(folder)
-        return sorted(n for n in os.listdir(folder) if n.lower().endswith((".jpeg", ".jpg")))
-
-    wnids = [w.strip() for w in lines(os.path.join(root, "wnids.txt"))]
-    label_of = {w: i for i, w in enumerate(wnids)}
-    if len(label_of) != len(wnids):
-        raise UserError(f"{os.path.join(root, 'wnids.txt')} lists a class twice")
-    train_files, train_labels = [], []
-    for wnid in wnids:
-        folder = os.path.join(root, "train", wnid, "images")
-        names = images_in(folder)
-        train_files += [os.path.join(folder, n) for n in names]
-        train_labels += [label_of[wnid]] * len(names)
-    annotations = os.path.join(root, "val", "val_annotations.txt")
-    val_files, val_labels = [], []
-    for number, line in enumerate(lines(annotations), 1):
-        fields = line.split("\t")
-        if len(fields) < 2 or fields[1] not in label_of:
-            raise UserError(f"{annotations} line {number} is not 'file<TAB>wnid<TAB>box' with a wnid of wnids.txt")
-        val_files.append(os.path.join(root, "val", "images", fields[0]))
-        val_labels.append(label_of[fields[1]])
-    if set(images_in(os.path.join(root, "val", "images"))) != {os.path.basename(f) for f in val_files}:
-        raise UserError(f"{annotations} does not label exactly the images in {os.path.join(root, 'val', 'images')}")
-    print(f"tinyimagenet: decoding {len(train_files)} train and {len(val_files)} val images once "
-          f"(about 0.3 ms each) into {TINY_CACHE}", flush=True)
-
-    def decode(files):
-        x = np.empty((len(files), 3, 64, 64), dtype=np.uint8)
-        for i, path in enumerate(files):
-            x[i] = _read_rgb64(path)
-        return x
-
-    return (decode(train_files), np.array(train_labels, dtype=np.int64),
-            decode(val_files), np.array(val_labels, dtype=np.int64), np.array(wnids))
-
-
-def load_tinyimagenet(data_dir):
-    """Tiny-ImageNet-200 (Le & Yang 2015): 100k train and 10k val images, 3x64x64 uint8, 200 classes.
-
-    Order of preference: the cache ``<data_dir>/tiny-imagenet-200-uint8.npz``; the extracted
-    folder ``<data_dir>/tiny-imagenet-200/``; ``<data_dir>/tiny-imagenet-200.zip``
-    (extracted); a download of that zip from cs231n.stanford.edu (md5 checked). The val set is
-    the test set (its labels come from val_annotations.txt)."""
-    cache = os.path.join(data_dir, TINY_CACHE)
-    if os.path.exists(cache):
-        try:
-            with np.load(cache, allow_pickle=False) as d:
-                arrays = tuple(d[k] for k in ("x_train", "y_train", "x_test", "y_test"))
-        except (OSError, ValueError, KeyError, EOFError) as e:
-            raise UserError(f"{cache} is corrupt or truncated ({e.__class__.__name__}); delete it to rebuild it")
-        if arrays[0].shape[1:] != (3, 64, 64) or arrays[2].shape[1:] != (3, 64, 64):
-            raise UserError(f"{cache} does not hold 3x64x64 images; delete it to rebuild it")
-        return arrays
-    root = os.path.join(data_dir, "tiny-imagenet-200")
-    if not os.path.isdir(root):
-        archive = os.path.join(data_dir, "tiny-imagenet-200.zip")
-        if not os.path.exists(archive):
-            _fetch("tinyimagenet", data_dir, "tiny-imagenet-200.zip (or its extracted folder tiny-imagenet-200/)",
-                   lambda: _download(TINY_URL, archive, TINY_MD5))
-        _extract_tiny(archive, data_dir)
-    x_train, y_train, x_test, y_test, wnids = _decode_tiny(root)
-    try:
-        _save_npz_atomic(cache, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test, wnids=wnids)
-    except OSError as e:  # a read-only or full data dir: train anyway, decode again next time
-        print(f"tinyimagenet: could not write the cache {cache} ({e.__class__.__name__}: {e})", file=sys.stderr)
-    return x_train, y_train, x_test, y_test
-
-
-_BASIC_ENGLISH = [(r"\'", " '  "), (r"\"", ""), (r"\.", " . "), (r"<br \/>", " "), (r",", " , "), (r"\(", " ( "),
-                  (r"\)", " ) "), (r"\!", " ! "), (r"\?", " ? "), (r"\;", " "), (r"\:", " "), (r"\s+", " ")]
-
-
-def basic_english_tokens(text):
-    """torchtext's ``basic_english`` tokeniser (used by PFLlib/FedALA for AG News): lower-case,
-    put spaces around ' . , ( ) ! ?, drop double quotes, ; and :, split on whitespace."""
-    import re
-    text = text.lower()
-    for pattern, replacement in _BASIC_ENGLISH:
-        text = re.sub(pattern, replacement, text)
-    return text.split()
-
-
-def build_vocab(token_lists, min_count=AGNEWS_MIN_COUNT):
-    """word -> id for words seen at least ``min_count`` times, most frequent first (ties in
-    alphabetical order, as torchtext's build_vocab_from_iterator); ids start after PAD_ID, UNK_ID."""
-    from collections import Counter
-    counts = Counter(t for tokens in token_lists for t in tokens)
-    words = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
-    return {w: i for i, w in enumerate(words, start=UNK_ID + 1)}
-
-
-def encode_tokens(token_lists, vocab, max_len=AGNEWS_MAX_LEN):
-    """(N, max_len) int64 ids: the first ``max_len`` tokens, unknown words -> UNK_ID, padded with PAD_ID."""
-    x = np.full((len(token_lists), max_len), PAD_ID, dtype=np.int64)
-    for row, tokens in enumerate(token_lists):
-        ids = [vocab.get(t, UNK_ID) for t in tokens[:max_len]]
-        x[row, :len(ids)] = ids
-    return x
-
-
-def _read_agnews_csv(path):
-    """Rows "class index","title","description" (no header, class 1-4) -> (title + " " + description, class - 1)."""
-    texts, labels = [], []
-    try:
-        with open(path, newline="", encoding="utf-8") as f:
-            for number, row in enumerate(csv.reader(f), 1):
-                if len(row) < 2 or row[0].strip() not in ("1", "2", "3", "4"):
-                    raise ValueError(f"line {number} is not \"class 1-4\",\"title\",\"description\"")
-                texts.append(" ".join(row[1:]))
-                labels.append(int(row[0]) - 1)
-    except (OSError, ValueError, csv.Error) as e:
-        raise UserError(f"{path} is corrupt or truncated ({e}); delete it and run again to re-download")
-    if not labels:
-        raise UserError(f"{path} is empty; delete it and run again to re-download")
-    return texts, np.array(labels, dtype=np.int64)
-
-
-def load_agnews(data_dir):
-    """AG News (Zhang et al. 2015): 120k train and 7.6k test news texts, 4 classes, as
-    (N, 200) int64 token ids. The vocabulary is built from the training texts only; a test
-    word not in it becomes UNK_ID. Files: ``<data_dir>/ag_news_csv/{train,test}.csv``."""
-    folder = os.path.join(data_dir, "ag_news_csv")
-    paths = [os.path.join(folder, name) for name in ("train.csv", "test.csv")]
-    for path in paths:
-        if not os.path.exists(path):
-            _fetch("agnews", folder, f"train.csv and test.csv (the AG News CSVs at {AGNEWS_URL})",
-                   lambda: _download(AGNEWS_URL + os.path.basename(path), path))
-    (train_texts, y_train), (test_texts, y_test) = (_read_agnews_csv(p) for p in paths)
-    train_tokens = [basic_english_tokens(t) for t in train_texts]
-    vocab = build_vocab(train_tokens)
-    return (encode_tokens(train_tokens, vocab), y_train,
-            encode_tokens([basic_english_tokens(t) for t in test_texts], vocab), y_test)
-
-
-EXTRA_DATASETS.update(tinyimagenet=load_tinyimagenet, agnews=load_agnews)
-# ----------------------------------------------------------------------------- end of Tiny-ImageNet and AG News
+def __getattr__(name):  # the Tiny-ImageNet and AG News pieces live in datasets_extra.py
+    import datasets_extra
+    return getattr(datasets_extra, name)
 
 
 def to_tensor(x, reference=None):
@@ -691,16 +365,18 @@ def partition(labels, args, rng, num_classes, min_size):
 
 
 def load_federated_data(args, device):
-    """Load the dataset, partition it over clients (SPEC 1.2-1.3) and move it to ``device`` once."""
+    """Load the dataset, partition it over clients (docs/datasets.md: partitions and the two
+    evaluation protocols) and move it to ``device`` once."""
     rng = np.random.default_rng([args.seed, 0])  # data and partition: independent of training randomness
     if args.dataset == "synthetic":
-        clients = synthetic_clients(args.num_clients, rng)
+        import datasets_extra
+        clients = datasets_extra.synthetic_clients(args.num_clients, rng)
         x = np.concatenate([c[0] for c in clients])
         y = np.concatenate([c[1] for c in clients])
         starts = np.cumsum([0] + [len(c[1]) for c in clients])
         client_idx = [np.arange(starts[k], starts[k + 1]) for k in range(args.num_clients)]
         train, test = dp.train_test_split(client_idx, rng, args.train_ratio)
-        num_classes = SYNTHETIC_CLASSES
+        num_classes = datasets_extra.SYNTHETIC_CLASSES
         # no official test set: under 'global' the union of the clients' test data stands in for it
         global_test = np.concatenate(test) if args.test_split == "global" else None
     else:

@@ -2,6 +2,7 @@
 partition.json, metrics.csv, summary.json and checkpoint.pt, its lock, Ctrl-C at the end of a
 round, and ``--resume``. Bookkeeping around the training loop; nothing here is an algorithm.
 """
+import argparse
 import atexit
 import contextlib
 import json
@@ -31,6 +32,58 @@ def current_host_mb():
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+# flags that may differ on --resume: they do not change what is computed (--rounds extends the run)
+RESUME_MAY_CHANGE = {"rounds", "device", "parallel_clients", "data_dir", "out", "resume", "stop_after",
+                     "checkpoint_every"}
+
+
+def _given_flags(parser, argv):
+    """The flags given on the command line, with their parsed values."""
+    defaults, parser_defaults = [(action, action.default) for action in parser._actions], parser._defaults
+    for action, _ in defaults:
+        action.default = argparse.SUPPRESS
+    parser._defaults = {}
+    try:
+        return vars(parser.parse_args(argv))
+    finally:
+        parser._defaults = parser_defaults
+        for action, default in defaults:
+            action.default = default
+
+
+def resumed_args(parser, argv):
+    """The saved arguments of ``--resume RUN_DIR``, with the flags given now that may change."""
+    given = _given_flags(parser, argv)
+    folder = given["resume"]
+    path = os.path.join(folder, "config.json")
+    try:
+        with open(path) as f:
+            config = json.load(f)
+        saved, script = config["args"], config.get("script")
+        if not isinstance(saved, dict):
+            raise ValueError("args is not a mapping")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise common.UserError(f"cannot resume: {path} is missing or not a run's config ({e.__class__.__name__}: {e})")
+    if script is None:  # older run folders: the algorithm names the script
+        script = {"heurpfedla": "pfedla"}.get(config.get("algorithm"), config.get("algorithm"))
+    if f"{script}.py" != parser.prog:
+        raise common.UserError(f"cannot resume: {folder} is a run of {script}.py, not {parser.prog}; "
+                        f"use python {script}.py --resume {folder}")
+    defaults = vars(parser.parse_args([]))
+    missing = sorted(set(defaults) - set(saved) - RESUME_MAY_CHANGE)
+    if missing:
+        raise common.UserError(f"cannot resume: {path} lacks the settings {', '.join(missing)}")
+    changed = [f"--{k.replace('_', '-')} {saved[k]} (now {v})" for k, v in sorted(given.items())
+               if k not in RESUME_MAY_CHANGE and k in saved and v != saved[k]]
+    if changed:
+        raise common.UserError(f"cannot resume with other settings: {'; '.join(changed)}; only --rounds may change")
+    args = argparse.Namespace(**{**defaults, **{k: v for k, v in saved.items() if k in defaults}})
+    for k in RESUME_MAY_CHANGE & set(given):
+        setattr(args, k, given[k])
+    args.resume, args.stop_after = folder, given.get("stop_after")
+    return args
 
 
 def _fmt_time(s):

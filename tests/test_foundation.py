@@ -234,13 +234,14 @@ def write_mnist(root, folder="MNIST", prefix="", gz=False, n=40):
     os.makedirs(raw)
     rng = np.random.default_rng(1)
     arrays = {}
-    for split, count in (("train", n), ("t10k", n // 2)):
+    test = "test" if prefix.startswith("emnist") else "t10k"  # the publishers' file names
+    for split, count in (("train", n), (test, n // 2)):
         x = rng.integers(0, 256, (count, 28, 28), dtype=np.uint8)
         y = rng.integers(0, 10, count).astype(np.uint8)
         ext = ".gz" if gz else ""
         write_idx(os.path.join(raw, f"{prefix}{split}-images-idx3-ubyte{ext}"), x, gz)
         write_idx(os.path.join(raw, f"{prefix}{split}-labels-idx1-ubyte{ext}"), y, gz)
-        arrays[split] = (x, y)
+        arrays["t10k" if split == "test" else split] = (x, y)
     return arrays
 
 

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -210,3 +211,84 @@ def test_kill_9_then_resume_is_byte_identical(tmp_path):
     skip = {"seconds", "sec_per_round", "host_mb"}
     strip = lambda rows: [{k: v for k, v in row.items() if k not in skip} for row in rows]  # noqa: E731
     assert strip(metrics_rows(cut)) == strip(metrics_rows(run_dir(tmp_path / "full")))
+
+
+# ----------------------------------------------------------------------------- bad data: checked when loaded
+
+def npz(**arrays):
+    def write(path):
+        np.savez(path, **arrays)
+    return write
+
+
+def rng_x(*shape):
+    return np.random.default_rng(0).normal(size=shape).astype(np.float32)
+
+
+def with_nan(x, count=1, value=np.nan):
+    x = x.copy()
+    x.flat[:count] = value
+    return x
+
+
+def truncated_npz(path):
+    np.savez(path, x=rng_x(40, 8), y=np.arange(40) % 4)
+    with open(path, "r+b") as f:
+        f.truncate(200)
+
+
+def truncated_cifar(data_dir):
+    import pickle
+    folder = os.path.join(data_dir, "cifar-10-batches-py")
+    os.makedirs(folder)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        with open(os.path.join(folder, name), "wb") as f:
+            f.write(pickle.dumps({"data": np.zeros((4, 3072), np.uint8), "labels": [0, 1, 2, 3]})[:50])
+
+
+def truncated_mnist(data_dir):
+    raw = os.path.join(data_dir, "MNIST", "raw")
+    os.makedirs(raw)
+    for stem in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                 "t10k-labels-idx1-ubyte"):
+        with open(os.path.join(raw, stem), "wb") as f:
+            f.write(bytes([0, 0, 8, 3]) + (40).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2 + b"\0" * 100)
+
+
+Y40 = np.arange(40) % 4
+DATA_CASES = [  # (case, file maker for --dataset FILE (.npz) or --data-dir DIR, dataset name, flags, expected)
+    ("one NaN in x", npz(x=with_nan(rng_x(40, 8)), y=Y40), "FILE", [], "x has 1 non-finite value"),
+    ("inf in x_test", npz(x=rng_x(40, 8), y=Y40, x_test=with_nan(rng_x(8, 8), 3, np.inf), y_test=Y40[:8]), "FILE", [],
+     "x_test has 3 non-finite value"),
+    ("empty x", npz(x=rng_x(0, 8), y=Y40[:0]), "FILE", [], "no training samples"),
+    ("empty npz", npz(), "FILE", [], "no array 'x'"),
+    ("empty file", lambda p: open(p, "wb").close(), "FILE", [], "cannot read"),
+    ("truncated npz", truncated_npz, "FILE", [], "cannot read"),
+    ("label 10^9", npz(x=rng_x(40, 8), y=np.where(Y40 == 3, 10 ** 9, Y40)), "FILE", [], "labels must be 0..C-1"),
+    ("negative label", npz(x=rng_x(40, 8), y=Y40 - 1), "FILE", [], "labels must be 0..C-1"),
+    ("float labels", npz(x=rng_x(40, 8), y=Y40 + 0.5), "FILE", [], "must be integers"),
+    ("1-D x with --model mlp", npz(x=rng_x(40), y=Y40), "FILE", ["--model", "mlp"], "(N, features)"),
+    ("5-D x", npz(x=rng_x(40, 1, 2, 4, 4), y=Y40), "FILE", [], "(N, features)"),
+    ("x and y lengths differ", npz(x=rng_x(40, 8), y=Y40[:30]), "FILE", [], "(N, features)"),
+    ("x_test without y_test", npz(x=rng_x(40, 8), y=Y40, x_test=rng_x(8, 8)), "FILE", [], "both x_test and y_test"),
+    ("vectors with --model cnn", npz(x=rng_x(40, 8), y=Y40), "FILE", ["--model", "cnn"], "use --model mlp"),
+    ("truncated MNIST idx", truncated_mnist, "mnist", [], "corrupt or truncated"),
+    ("truncated CIFAR pickle", truncated_cifar, "cifar10", [], "corrupt or truncated"),
+    ("no dataset files offline", lambda d: None, "cifar100", [], "cifar-100-python.tar.gz from https://"),
+]
+
+
+@pytest.mark.parametrize("case,make,dataset,flags,expected", DATA_CASES, ids=[c[0] for c in DATA_CASES])
+def test_bad_data_is_one_line_exit_2_before_any_run_folder(case, make, dataset, flags, expected, tmp_path, capsys,
+                                                         monkeypatch):
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: (_ for _ in ()).throw(OSError("no network")))
+    data_dir = tmp_path / "data"
+    os.makedirs(data_dir)
+    path = str(tmp_path / "d.npz")
+    make(path if dataset == "FILE" else str(data_dir))
+    with pytest.raises(SystemExit) as stop:
+        common.run_main(fedavg.main, ["--dataset", path if dataset == "FILE" else dataset, "--data-dir", str(data_dir),
+                                      "--num-clients", "2", "--rounds", "1", *flags, "--out", str(tmp_path / "runs")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(lines) == 1 and expected in lines[0], lines
+    assert not os.path.exists(tmp_path / "runs")

@@ -1,0 +1,291 @@
+"""Datasets that torchvision does not provide: Tiny-ImageNet-200 and AG News (used by FedALA,
+FedACD and FedPake) as (x_train, y_train, x_test, y_test) numpy arrays, named in ``LOADERS``
+for ``common.load_arrays``; and FedProx's Synthetic(alpha, beta), which is generated per client.
+"""
+import csv
+import math
+import os
+import socket
+import sys
+import tempfile
+
+import numpy as np
+
+from common import UserError
+
+
+TINY_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
+TINY_MD5 = "90528d7ca1a48142e341f4ef8d21d0de"  # 248,100,043 bytes
+TINY_CACHE = "tiny-imagenet-200-uint8.npz"  # decoded once, then reused (delete it to rebuild)
+AGNEWS_URL = "https://raw.githubusercontent.com/mhjabreel/CharCnn_Keras/master/data/ag_news_csv/"
+AGNEWS_MAX_LEN = 200  # tokens per text: cut, or padded with PAD_ID (PFLlib's max_len for FedALA)
+AGNEWS_MIN_COUNT = 1  # a training word is in the vocabulary if seen this often; no size cap (torchtext default)
+PAD_ID, UNK_ID = 0, 1  # FastText averages over tokens != PAD_ID; UNK_ID is a learned embedding
+
+
+def _fetch(what, folder, expected, download):
+    """Run a download; if it fails (offline, refused, bad checksum), say what to put where."""
+    timeout = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(20)
+    try:
+        download()
+    except Exception as e:  # noqa: BLE001  every failure gets the same advice
+        raise UserError(f"{what} not found and could not be downloaded ({e.__class__.__name__}); put {expected} in "
+                        f"{folder}")
+    finally:
+        socket.setdefaulttimeout(timeout)
+
+
+class ChecksumError(Exception):
+    """A downloaded file does not have the published md5."""
+
+
+def _download(url, path, md5=None):
+    """Download ``url`` to ``path`` through a temporary file (no half-written file is left
+    behind), checking ``md5`` when given. Network reads time out after 20 s."""
+    import hashlib
+    import urllib.request
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".download-")
+    digest = hashlib.md5()
+    try:
+        with os.fdopen(fd, "wb") as f, urllib.request.urlopen(url, timeout=20) as response:
+            for chunk in iter(lambda: response.read(1 << 20), b""):
+                f.write(chunk)
+                digest.update(chunk)
+        if md5 and digest.hexdigest() != md5:
+            raise ChecksumError(f"md5 of {url} is {digest.hexdigest()}, expected {md5}")
+        os.chmod(tmp, 0o644)  # mkstemp makes it private to this user
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _save_npz_atomic(path, **arrays):
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-", suffix=".npz")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)  # uncompressed: loads in about a second
+        os.chmod(tmp, 0o644)  # mkstemp makes it private to this user
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _extract_tiny(archive, data_dir):
+    """Unzip ``tiny-imagenet-200.zip`` into ``data_dir`` via a temporary folder, so that a
+    half-extracted folder is never mistaken for the dataset."""
+    import shutil
+    import zipfile
+    tmp = tempfile.mkdtemp(dir=data_dir, prefix=".extract-")
+    try:
+        with zipfile.ZipFile(archive) as z:
+            if not {"tiny-imagenet-200/wnids.txt", "tiny-imagenet-200/val/val_annotations.txt"} <= set(z.namelist()):
+                raise ValueError("it has no tiny-imagenet-200/wnids.txt and val/val_annotations.txt")
+            z.extractall(tmp)  # checks every member's CRC
+        if not os.path.isdir(os.path.join(data_dir, "tiny-imagenet-200")):  # else another run extracted it meanwhile
+            os.replace(os.path.join(tmp, "tiny-imagenet-200"), os.path.join(data_dir, "tiny-imagenet-200"))
+    except (zipfile.BadZipFile, ValueError, EOFError, OSError) as e:
+        raise UserError(f"{archive} is corrupt, truncated or not the Tiny-ImageNet archive ({e}); "
+                        "delete it and run again to re-download")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _read_rgb64(path):
+    """One image file as a 3x64x64 uint8 array (grayscale and CMYK JPEGs converted to RGB)."""
+    from PIL import Image
+    try:
+        with Image.open(path) as image:
+            pixels = np.asarray(image.convert("RGB"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path} is not a readable image ({e.__class__.__name__}); replace it or re-extract the zip")
+    if pixels.shape != (64, 64, 3):
+        raise UserError(f"{path} is {pixels.shape[1]}x{pixels.shape[0]}, but Tiny-ImageNet images are 64x64")
+    return pixels.transpose(2, 0, 1)
+
+
+def _decode_tiny(root):
+    """The extracted tiny-imagenet-200/ folder as (x_train, y_train, x_val, y_val, wnids).
+
+    Label of a class = its line number in wnids.txt. Train: train/<wnid>/images/*.JPEG.
+    Val: the label of val/images/<file> is the wnid on that file's line of
+    val/val_annotations.txt (file, wnid, x0, y0, x1, y1; tab-separated), never file order.
+    The unlabelled test/ folder is not used.
+    """
+    def incomplete(path):
+        return UserError(f"{path} is missing: {root} is incomplete; delete it (keep the zip) to re-extract")
+
+    def lines(path):
+        try:
+            with open(path) as f:
+                return [line.rstrip("\r\n") for line in f if line.strip()]
+        except OSError:
+            raise incomplete(path)
+
+    def images_in(folder):
+        if not os.path.isdir(folder):
+            raise incomplete(folder)
+        return sorted(n for n in os.listdir(folder) if n.lower().endswith((".jpeg", ".jpg")))
+
+    wnids = [w.strip() for w in lines(os.path.join(root, "wnids.txt"))]
+    label_of = {w: i for i, w in enumerate(wnids)}
+    if len(label_of) != len(wnids):
+        raise UserError(f"{os.path.join(root, 'wnids.txt')} lists a class twice")
+    train_files, train_labels = [], []
+    for wnid in wnids:
+        folder = os.path.join(root, "train", wnid, "images")
+        names = images_in(folder)
+        train_files += [os.path.join(folder, n) for n in names]
+        train_labels += [label_of[wnid]] * len(names)
+    annotations = os.path.join(root, "val", "val_annotations.txt")
+    val_files, val_labels = [], []
+    for number, line in enumerate(lines(annotations), 1):
+        fields = line.split("\t")
+        if len(fields) < 2 or fields[1] not in label_of:
+            raise UserError(f"{annotations} line {number} is not 'file<TAB>wnid<TAB>box' with a wnid of wnids.txt")
+        val_files.append(os.path.join(root, "val", "images", fields[0]))
+        val_labels.append(label_of[fields[1]])
+    if set(images_in(os.path.join(root, "val", "images"))) != {os.path.basename(f) for f in val_files}:
+        raise UserError(f"{annotations} does not label exactly the images in {os.path.join(root, 'val', 'images')}")
+    print(f"tinyimagenet: decoding {len(train_files)} train and {len(val_files)} val images once "
+          f"(about 0.3 ms each) into {TINY_CACHE}", flush=True)
+
+    def decode(files):
+        x = np.empty((len(files), 3, 64, 64), dtype=np.uint8)
+        for i, path in enumerate(files):
+            x[i] = _read_rgb64(path)
+        return x
+
+    return (decode(train_files), np.array(train_labels, dtype=np.int64),
+            decode(val_files), np.array(val_labels, dtype=np.int64), np.array(wnids))
+
+
+def load_tinyimagenet(data_dir):
+    """Tiny-ImageNet-200 (Le & Yang 2015): 100k train and 10k val images, 3x64x64 uint8, 200 classes.
+
+    Order of preference: the cache ``<data_dir>/tiny-imagenet-200-uint8.npz``; the extracted
+    folder ``<data_dir>/tiny-imagenet-200/``; ``<data_dir>/tiny-imagenet-200.zip``
+    (extracted); a download of that zip from cs231n.stanford.edu (md5 checked). The val set is
+    the test set (its labels come from val_annotations.txt)."""
+    cache = os.path.join(data_dir, TINY_CACHE)
+    if os.path.exists(cache):
+        try:
+            with np.load(cache, allow_pickle=False) as d:
+                arrays = tuple(d[k] for k in ("x_train", "y_train", "x_test", "y_test"))
+        except (OSError, ValueError, KeyError, EOFError) as e:
+            raise UserError(f"{cache} is corrupt or truncated ({e.__class__.__name__}); delete it to rebuild it")
+        if arrays[0].shape[1:] != (3, 64, 64) or arrays[2].shape[1:] != (3, 64, 64):
+            raise UserError(f"{cache} does not hold 3x64x64 images; delete it to rebuild it")
+        return arrays
+    root = os.path.join(data_dir, "tiny-imagenet-200")
+    if not os.path.isdir(root):
+        archive = os.path.join(data_dir, "tiny-imagenet-200.zip")
+        if not os.path.exists(archive):
+            _fetch("tinyimagenet", data_dir, f"tiny-imagenet-200.zip from {TINY_URL} (or its extracted folder "
+                   "tiny-imagenet-200/)",
+                   lambda: _download(TINY_URL, archive, TINY_MD5))
+        _extract_tiny(archive, data_dir)
+    x_train, y_train, x_test, y_test, wnids = _decode_tiny(root)
+    try:
+        _save_npz_atomic(cache, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test, wnids=wnids)
+    except OSError as e:  # a read-only or full data dir: train anyway, decode again next time
+        print(f"tinyimagenet: could not write the cache {cache} ({e.__class__.__name__}: {e})", file=sys.stderr)
+    return x_train, y_train, x_test, y_test
+
+
+_BASIC_ENGLISH = [(r"\'", " '  "), (r"\"", ""), (r"\.", " . "), (r"<br \/>", " "), (r",", " , "), (r"\(", " ( "),
+                  (r"\)", " ) "), (r"\!", " ! "), (r"\?", " ? "), (r"\;", " "), (r"\:", " "), (r"\s+", " ")]
+
+
+def basic_english_tokens(text):
+    """torchtext's ``basic_english`` tokeniser (used by PFLlib/FedALA for AG News): lower-case,
+    put spaces around ' . , ( ) ! ?, drop double quotes, ; and :, split on whitespace."""
+    import re
+    text = text.lower()
+    for pattern, replacement in _BASIC_ENGLISH:
+        text = re.sub(pattern, replacement, text)
+    return text.split()
+
+
+def build_vocab(token_lists, min_count=AGNEWS_MIN_COUNT):
+    """word -> id for words seen at least ``min_count`` times, most frequent first (ties in
+    alphabetical order, as torchtext's build_vocab_from_iterator); ids start after PAD_ID, UNK_ID."""
+    from collections import Counter
+    counts = Counter(t for tokens in token_lists for t in tokens)
+    words = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
+    return {w: i for i, w in enumerate(words, start=UNK_ID + 1)}
+
+
+def encode_tokens(token_lists, vocab, max_len=AGNEWS_MAX_LEN):
+    """(N, max_len) int64 ids: the first ``max_len`` tokens, unknown words -> UNK_ID, padded with PAD_ID."""
+    x = np.full((len(token_lists), max_len), PAD_ID, dtype=np.int64)
+    for row, tokens in enumerate(token_lists):
+        ids = [vocab.get(t, UNK_ID) for t in tokens[:max_len]]
+        x[row, :len(ids)] = ids
+    return x
+
+
+def _read_agnews_csv(path):
+    """Rows "class index","title","description" (no header, class 1-4) -> (title + " " + description, class - 1)."""
+    texts, labels = [], []
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            for number, row in enumerate(csv.reader(f), 1):
+                if len(row) < 2 or row[0].strip() not in ("1", "2", "3", "4"):
+                    raise ValueError(f"line {number} is not \"class 1-4\",\"title\",\"description\"")
+                texts.append(" ".join(row[1:]))
+                labels.append(int(row[0]) - 1)
+    except (OSError, ValueError, csv.Error) as e:
+        raise UserError(f"{path} is corrupt or truncated ({e}); delete it and run again to re-download")
+    if not labels:
+        raise UserError(f"{path} is empty; delete it and run again to re-download")
+    return texts, np.array(labels, dtype=np.int64)
+
+
+def load_agnews(data_dir):
+    """AG News (Zhang et al. 2015): 120k train and 7.6k test news texts, 4 classes, as
+    (N, 200) int64 token ids. The vocabulary is built from the training texts only; a test
+    word not in it becomes UNK_ID. Files: ``<data_dir>/ag_news_csv/{train,test}.csv``."""
+    folder = os.path.join(data_dir, "ag_news_csv")
+    paths = [os.path.join(folder, name) for name in ("train.csv", "test.csv")]
+    for path in paths:
+        if not os.path.exists(path):
+            _fetch("agnews", folder, f"train.csv and test.csv (the AG News CSVs at {AGNEWS_URL})",
+                   lambda: _download(AGNEWS_URL + os.path.basename(path), path))
+    (train_texts, y_train), (test_texts, y_test) = (_read_agnews_csv(p) for p in paths)
+    train_tokens = [basic_english_tokens(t) for t in train_texts]
+    vocab = build_vocab(train_tokens)
+    return (encode_tokens(train_tokens, vocab), y_train,
+            encode_tokens([basic_english_tokens(t) for t in test_texts], vocab), y_test)
+
+
+LOADERS = {"tinyimagenet": load_tinyimagenet, "agnews": load_agnews}
+
+
+SYNTHETIC_ALPHA, SYNTHETIC_BETA, SYNTHETIC_DIM, SYNTHETIC_CLASSES = 1.0, 1.0, 60, 10
+
+
+def synthetic_clients(num_clients, rng, alpha=SYNTHETIC_ALPHA, beta=SYNTHETIC_BETA):
+    """FedProx Synthetic(alpha, beta) (Li et al. 2020, Sec. 5.1), one (x, y) per client.
+
+    u_k ~ N(0, alpha), B_k ~ N(0, beta); W_k, b_k ~ N(u_k, 1); v_k ~ N(B_k, 1);
+    x ~ N(v_k, Sigma), Sigma_jj = j^-1.2; y = argmax softmax(W_k x + b_k).
+    Sample counts: lognormal(4, 2) + 50 as in the FedProx generator, capped at 1000
+    so that the quick start stays fast.
+    """
+    d, c = SYNTHETIC_DIM, SYNTHETIC_CLASSES
+    sizes = np.minimum(rng.lognormal(4, 2, num_clients).astype(int) + 50, 1000)
+    sigma = np.arange(1, d + 1) ** -1.2
+    out = []
+    for k in range(num_clients):
+        u, big_b = rng.normal(0, math.sqrt(alpha)), rng.normal(0, math.sqrt(beta))
+        w, b = rng.normal(u, 1, (c, d)), rng.normal(u, 1, c)
+        v = rng.normal(big_b, 1, d)
+        x = rng.normal(v, np.sqrt(sigma), (sizes[k], d)).astype(np.float32)
+        y = np.argmax(x @ w.T + b, axis=1).astype(np.int64)
+        out.append((x, y))
+    return out

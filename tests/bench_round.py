@@ -235,6 +235,7 @@ def main():
     p.add_argument("--device", default="auto")
     p.add_argument("--no-naive", action="store_true")
     p.add_argument("--scale", action="store_true", help="1000 clients at join ratio 0.1 instead")
+    p.add_argument("--num-clients", type=int, default=None, help="replace the papers' numbers of clients (smoke test)")
     p.add_argument("--naive-child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.naive_child:  # internal: the straightforward round in its own process, for a clean memory peak
@@ -244,6 +245,8 @@ def main():
         print(json.dumps({"times": times, "samples": samples,
                           "peak_host_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
         return
+    for _, flags, _ in SETTINGS.values() if a.num_clients else []:
+        flags[flags.index("--num-clients") + 1] = str(a.num_clients)
     work = tempfile.mkdtemp(prefix="bench-")
     print(f"device: {device_name(a.device)}")
     if a.scale:

@@ -168,13 +168,13 @@ def test_config_records_the_algorithm_and_every_argument(tmp_path):
 
 
 def test_ctrl_c_stops_at_the_round_boundary_and_resume_ends_with_the_uninterrupted_result(tmp_path):
-    flags = ["--dataset", "synthetic", "--num-clients", "5", "--rounds", "40", "--checkpoint-every", "100"]
+    flags = ["--dataset", "synthetic", "--num-clients", "5", "--rounds", "20", "--checkpoint-every", "100"]
     assert run_script("fedavg.py", *flags, "--out", tmp_path / "full").returncode == 0
     process = subprocess.Popen([sys.executable, os.path.join(ROOT, "fedavg.py"), *flags, "--out", str(tmp_path / "cut")],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "OMP_NUM_THREADS": "1"})
     for line in process.stdout:  # interrupt once the second round has been logged
-        if "round 2/40" in line:
+        if "round 2/20" in line:
             process.send_signal(signal.SIGINT)
             break
     out, err = process.communicate(timeout=120)
@@ -184,7 +184,7 @@ def test_ctrl_c_stops_at_the_round_boundary_and_resume_ends_with_the_uninterrupt
     cut = run_dir(tmp_path / "cut")
     done = int(stop_line.split()[3].rstrip(";"))
     assert stop_line == f"interrupted after round {done}; continue with: python fedavg.py --resume {cut}"
-    assert 2 <= done < 40 and len(metrics_rows(cut)) == done and not os.path.exists(os.path.join(cut, ".lock"))
+    assert 2 <= done < 20 and len(metrics_rows(cut)) == done and not os.path.exists(os.path.join(cut, ".lock"))
     r = run_script("fedavg.py", "--resume", cut)
     assert r.returncode == 0 and f"after round {done}" in r.stdout, r.stderr
     columns = ("round", "test_acc", "test_acc_mean", "test_loss", "train_loss", "mb_down")
@@ -193,14 +193,14 @@ def test_ctrl_c_stops_at_the_round_boundary_and_resume_ends_with_the_uninterrupt
 
 
 def test_kill_9_then_resume_is_byte_identical(tmp_path):
-    flags = ["--dataset", "synthetic", "--num-clients", "5", "--rounds", "30", "--checkpoint-every", "3",
+    flags = ["--dataset", "synthetic", "--num-clients", "5", "--rounds", "12", "--checkpoint-every", "3",
              "--join-ratio", "0.6"]
     assert run_script("fedala.py", *flags, "--out", tmp_path / "full").returncode == 0
     process = subprocess.Popen([sys.executable, os.path.join(ROOT, "fedala.py"), *flags, "--out", str(tmp_path / "cut")],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                env={**os.environ, "OMP_NUM_THREADS": "1"})
     for line in process.stdout:
-        if "round 8/30" in line:
+        if "round 5/12" in line:
             process.kill()
             break
     process.wait()

@@ -357,10 +357,11 @@ class Run:
         common.OPEN_RUNS.remove(self)
         if self._previous_handler is not None:
             signal.signal(signal.SIGINT, self._previous_handler)
-        if failed and self.created and not self.rows and not os.path.exists(os.path.join(self.dir, "checkpoint.pt")):
+        if failed and not diverged and self.created and not self.rows and \
+                not os.path.exists(os.path.join(self.dir, "checkpoint.pt")):
             shutil.rmtree(self.dir, ignore_errors=True)
             return
-        if diverged and self.rows and not self.finished:
+        if diverged and not self.finished:
             self.summary(status="diverged")
         try:
             os.remove(self.lock)

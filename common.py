@@ -578,6 +578,11 @@ def load_flat_state(model, flat):
             offset += v.numel()
 
 
+def as_rows(client_states):
+    """The clients' flat models as one (K x D) tensor: a tensor as it is, a list stacked."""
+    return client_states if torch.is_tensor(client_states) else torch.stack(list(client_states))
+
+
 def weighted_average(stacked, weights):
     """FedAvg's aggregation: sum_k w_k theta_k / sum_k w_k over rows of ``stacked`` (K x D)."""
     weights = torch.as_tensor(weights, dtype=stacked.dtype, device=stacked.device)
@@ -607,6 +612,10 @@ def seed_everything(seed):
     draws the algorithms' own randomness; the data partition has its own stream (seed, 0)."""
     torch.manual_seed(seed)
     return np.random.default_rng([seed, 1])
+
+
+def clients_per_round(args):
+    return max(1, int(round(args.join_ratio * args.num_clients)))
 
 
 def sample_clients(rng, num_clients, join_ratio):
@@ -679,8 +688,7 @@ class ClientPool:
         n = args.parallel_clients
         if n == "auto":
             n = torch.get_num_threads() if device.type == "cpu" else 1
-        clients_per_round = max(1, round(args.join_ratio * args.num_clients))
-        return cls([build_model().to(device) for _ in range(max(1, min(n, clients_per_round)))],
+        return cls([build_model().to(device) for _ in range(max(1, min(n, clients_per_round(args))))],
                    [len(i) for i in data.train_idx])
 
     def __len__(self):

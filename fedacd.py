@@ -199,10 +199,11 @@ def average_risk(errors, priors):
     return (priors @ errors.to(priors.dtype)).mean()
 
 
-def client_update(model, global_state, data, client, present, args, round_, risk=None):
+def client_update(model, global_state, data, client, present, args, round_, risk=None, out=None):
     """Client m (Appendix A.1): local training from the global model (flat), then P^m of the
     trained model and its score V_m. With ``risk = (class_test_idx, priors)`` also the trained
-    model's average risk (Table 3). Returns (the trained model, flat; mean loss; V_m; KL; risk)."""
+    model's average risk (Table 3). Returns (the trained model, flat, written into ``out`` if
+    given; mean loss; V_m; KL; risk)."""
     common.load_flat_state(model, global_state)
     idx = data.train_idx[client]
     seeds = common.client_seed(args.seed, round_, client), common.client_seed(args.seed, round_, client, tag=1)
@@ -210,12 +211,12 @@ def client_update(model, global_state, data, client, present, args, round_, risk
     P = probability_matrix(model, data.x, data.y, idx, data.num_classes)  # P^m of the trained model
     score, kl = aggregation_score(P, present[client], args.tau, args.score_kl)
     local_risk = average_risk(per_class_errors(model, data, risk[0]), risk[1]) if risk is not None else None
-    return common.flatten_state(model), loss, score, kl, local_risk
+    return common.flatten_state(model, out=out), loss, score, kl, local_risk
 
 
 def server_update(client_states, scores, uniform=False):
     """The server's step: the score-weighted average of the local models (FedACD_base: the mean)."""
-    return common.weighted_average(torch.stack(client_states), aggregation_weights(torch.stack(scores), uniform))
+    return common.weighted_average(common.as_rows(client_states), aggregation_weights(torch.stack(scores), uniform))
 
 
 def main(argv=None):
@@ -230,6 +231,8 @@ def main(argv=None):
     pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=auto_image), device,
                                    data)
     model_bytes = common.state_bytes(global_model)
+    client_stack = torch.empty(common.clients_per_round(args), common.flatten_state(global_model).numel(),
+                               device=device)  # the models the round's clients send back, one row each
     counts = torch.as_tensor(data.train_counts, dtype=torch.float64, device=device)
     present = counts > 0
     priors = counts / counts.sum(1, keepdim=True)  # pi^n of the average risk
@@ -246,11 +249,12 @@ def main(argv=None):
         evaluate = run.should_eval(round_)
         risk = (class_test_idx, priors) if evaluate else None
         global_state = common.flatten_state(global_model)
+        row = dict(zip(clients, client_stack))  # where each client's model lands: no copies per client
         updates = pool.map(lambda model, client: client_update(model, global_state, data, client, present, args,
-                                                               round_, risk), clients)
+                                                               round_, risk, out=row[client]), clients)
         losses = [common.check_finite(u[1], round_, client) for client, u in zip(clients, updates)]
-        states, _, scores, kls, risks = zip(*updates)
-        common.load_flat_state(global_model, server_update(states, scores, args.uniform_agg))
+        _, _, scores, kls, risks = zip(*updates)
+        common.load_flat_state(global_model, server_update(client_stack[:len(clients)], scores, args.uniform_agg))
         run.add_bytes(down=model_bytes * len(clients), up=(model_bytes + 8) * len(clients))  # + the score V_m
         if evaluate:
             scores = torch.stack(scores)

@@ -155,10 +155,11 @@ class ALA:
         self.init_losses = [list(l) for l in state["init_losses"]]
 
 
-def client_update(model, global_model, local_state, ala, data, client, args, round_, evaluate=False):
+def client_update(model, global_model, local_state, ala, data, client, args, round_, evaluate=False, out=None):
     """Client i in round t (Alg. 1 l. 7-17): ALA initialises the local model from the old one
     (``local_state``, flat) and the global model (l. 7-15), then local training (l. 16).
-    ALA is off in round 1, where Theta^0 = Theta_i^0. Returns (the trained local model, flat;
+    ALA is off in round 1, where Theta^0 = Theta_i^0. Returns (the trained local model, flat,
+    written into ``out`` if given (it may be ``local_state`` itself);
     the mean training loss, 0-dim; the number of ALA epochs; and, if ``evaluate``, the test
     result (correct, count, summed loss) of the ALA-initialised model)."""
     idx = data.train_idx[client]
@@ -171,7 +172,7 @@ def client_update(model, global_model, local_state, ala, data, client, args, rou
         ala_epochs = ala.initialise(client, global_model, model, data.x[idx], data.y[idx], generator)
     result = common.evaluate(model, data, [data.test_idx[client]]) if evaluate else None
     loss = common.local_train(model, data, idx, args, common.client_seed(args.seed, round_, client))
-    return common.flatten_state(model), loss, ala_epochs, result
+    return common.flatten_state(model, out=out), loss, ala_epochs, result
 
 
 def main(argv=None):
@@ -201,9 +202,8 @@ def main(argv=None):
         evaluate = run.should_eval(round_)
         in_initial_stage = [c for c in clients if ala.start_phase[c]]
         updates = pool.map(lambda model, client: client_update(model, global_model, local_models[client], ala, data,
-                                                               client, args, round_, evaluate), clients)
-        for client, (local_state, _, _, _) in zip(clients, updates):
-            local_models[client] = local_state
+                                                               client, args, round_, evaluate,
+                                                               out=local_models[client]), clients)  # l. 6-17
         losses = [common.check_finite(loss, round_, client) for client, (_, loss, _, _) in zip(clients, updates)]
         num_samples = [len(data.train_idx[client]) for client in clients]
         common.load_flat_state(global_model, common.weighted_average(local_models[clients], num_samples))  # l. 18

@@ -40,19 +40,19 @@ def parse_args(argv=None):
     return common.parse_args(parser, argv, fedala_learning_rate)
 
 
-def client_update(model, global_state, data, client, args, round_):
+def client_update(model, global_state, data, client, args, round_, out=None):
     """ClientUpdate(k, w): load the global model ``global_state`` (a flat vector) into ``model``,
-    run local SGD on client k's training data. Returns (the trained model as a flat vector, the
-    mean training loss as a 0-dim tensor)."""
+    run local SGD on client k's training data. Returns (the trained model as a flat vector,
+    written into ``out`` if given; the mean training loss as a 0-dim tensor)."""
     common.load_flat_state(model, global_state)
     loss = common.local_train(model, data, data.train_idx[client], args, common.client_seed(args.seed, round_, client))
-    return common.flatten_state(model), loss
+    return common.flatten_state(model, out=out), loss
 
 
 def server_update(client_states, num_samples, aggregate=common.weighted_average):
-    """The server's step: the new global model from the clients' trained models (K x D) and their
-    sample counts. FedPake passes its own ``aggregate``."""
-    return aggregate(torch.stack(client_states), num_samples)
+    """The server's step: the new global model from the clients' trained models (K x D, or a list)
+    and their sample counts. FedPake passes its own ``aggregate``."""
+    return aggregate(common.as_rows(client_states), num_samples)
 
 
 def main(argv=None):
@@ -64,6 +64,8 @@ def main(argv=None):
     pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=AUTO_IMAGE), device,
                                    data)
     model_bytes = common.state_bytes(global_model)
+    client_stack = torch.empty(common.clients_per_round(args), common.flatten_state(global_model).numel(),
+                               device=device)  # the models the round's clients send back, one row each
     run = run_folder.Run("fedavg", args, data, device, headline_metric=HEADLINE_METRIC, headline=HEADLINE)
     state = {"global_model": global_model}
     start = run.resume(state, rng)
@@ -73,11 +75,12 @@ def main(argv=None):
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
         global_state = common.flatten_state(global_model)
-        updates = pool.map(lambda model, client: client_update(model, global_state, data, client, args, round_),
-                           clients)
+        row = dict(zip(clients, client_stack))  # where each client's model lands: no copies per client
+        updates = pool.map(lambda model, client: client_update(model, global_state, data, client, args, round_,
+                                                               out=row[client]), clients)
         losses = [common.check_finite(loss, round_, client) for client, (_, loss) in zip(clients, updates)]
         num_samples = [len(data.train_idx[client]) for client in clients]
-        common.load_flat_state(global_model, server_update([state for state, _ in updates], num_samples))
+        common.load_flat_state(global_model, server_update(client_stack[:len(clients)], num_samples))
         run.add_bytes(down=model_bytes * len(clients), up=model_bytes * len(clients))
         if run.should_eval(round_):
             run.log(round_, {**common.evaluate_global(global_model, data), "train_loss": sum(losses) / len(losses)})

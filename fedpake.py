@@ -213,7 +213,7 @@ def server_update(client_states, num_samples, args, round_):
     FedAvg's mean. Returns the new global model (flat) and the aggregation's statistics (with
     its time in seconds)."""
     stats, start = {}, time.perf_counter()
-    new_global = fedpake_aggregate(torch.stack(client_states), num_samples, kappa=args.kappa, n_micro=args.n_micro,
+    new_global = fedpake_aggregate(common.as_rows(client_states), num_samples, kappa=args.kappa, n_micro=args.n_micro,
                                    n_macro=args.n_macro, delta=args.delta, ablate=args.ablate,
                                    seed=common.client_seed(args.seed, round_, 0, ABLATE_TAG), stats=stats)
     if new_global.is_cuda:
@@ -231,6 +231,8 @@ def main(argv=None):
     pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=AUTO_IMAGE), device,
                                    data)
     model_bytes = common.state_bytes(global_model)
+    client_stack = torch.empty(common.clients_per_round(args), common.flatten_state(global_model).numel(),
+                               device=device)  # the models the round's clients send back, one row each
     run = run_folder.Run("fedpake", args, data, device, headline_metric=HEADLINE_METRIC, headline=HEADLINE)
     state = {"global_model": global_model}
     start = run.resume(state, rng)
@@ -242,11 +244,12 @@ def main(argv=None):
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
         global_state = common.flatten_state(global_model)
-        updates = pool.map(lambda model, client: fedavg.client_update(model, global_state, data, client, args, round_),
-                           clients)  # Alg. 1: FedAvg's local training
+        row = dict(zip(clients, client_stack))  # where each client's model lands: no copies per client
+        updates = pool.map(lambda model, client: fedavg.client_update(model, global_state, data, client, args, round_,
+                                                                      out=row[client]), clients)  # FedAvg's clients
         losses = [common.check_finite(loss, round_, client) for client, (_, loss) in zip(clients, updates)]
         num_samples = [len(data.train_idx[client]) for client in clients]
-        new_global, stats = server_update([state for state, _ in updates], num_samples, args, round_)
+        new_global, stats = server_update(client_stack[:len(clients)], num_samples, args, round_)
         common.load_flat_state(global_model, new_global)
         run.add_bytes(down=model_bytes * len(clients), up=model_bytes * len(clients))
         if run.should_eval(round_):

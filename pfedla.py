@@ -156,18 +156,20 @@ def hypernetwork_step(hypernetworks, theta_bar, delta, hn_lr):
             p.sub_(hn_lr * g)
 
 
-def client_update(model, theta_bar_i, data, client, args, round_):
+def client_update(model, theta_bar_i, data, client, args, round_, out=None):
     """Client i (Alg. 1 l. 10-14): set its model to the received theta_bar_i (flat) and run local
-    SGD. Returns (the trained model, flat; the mean training loss, 0-dim). The client sends
+    SGD. Returns (the trained model, flat, written into ``out`` if given; the mean training
+    loss, 0-dim). The client sends
     Delta theta_i = trained - theta_bar_i."""
     common.load_flat_state(model, theta_bar_i)
     loss = common.local_train(model, data, data.train_idx[client], args, common.client_seed(args.seed, round_, client))
-    return common.flatten_state(model), loss
+    return common.flatten_state(model, out=out), loss
 
 
 def server_update(hypernetworks, client_models, clients, theta_bar, trained, hn_lr):
     """The server after the round (Alg. 1 l. 7-8): the hypernetwork step with Delta theta_i,
     then theta_i := theta_bar_i + Delta theta_i stored, i.e. the trained model (bit-exact)."""
+    trained = common.as_rows(trained)
     hypernetwork_step(hypernetworks, theta_bar, trained - theta_bar.detach(), hn_lr)
     client_models[clients] = trained
 
@@ -222,10 +224,12 @@ def main(argv=None):
         alpha = hypernetworks(ids)                                               # Alg. 1 l. 5
         keep = retained_layers(alpha.detach(), ids, args.k)                      # Alg. 2 l. 6
         theta_bar = personalised_models(alpha, client_models, ids, sizes, keep)  # Alg. 1 l. 5, Alg. 2 l. 7
-        updates = pool.map(lambda model, client: client_update(model, theta_bar[clients.index(client)].detach(), data,
-                                                               client, args, round_), clients)
+        slot = {client: i for i, client in enumerate(clients)}  # the client's row of theta_bar and trained
+        trained = torch.empty(theta_bar.shape, device=device)
+        updates = pool.map(lambda model, client: client_update(model, theta_bar[slot[client]].detach(), data, client,
+                                                               args, round_, out=trained[slot[client]]), clients)
         losses = [common.check_finite(loss, round_, client) for client, (_, loss) in zip(clients, updates)]
-        server_update(hypernetworks, client_models, ids, theta_bar, torch.stack([t for t, _ in updates]), args.hn_lr)
+        server_update(hypernetworks, client_models, ids, theta_bar, trained, args.hn_lr)  # Alg. 1 l. 7-8
         retained = int((keep.long() * torch.as_tensor(sizes, device=device)).sum())  # retained layers are not sent
         run.add_bytes(down=(len(clients) * num_params - retained) * element, up=len(clients) * num_params * element)
         if run.should_eval(round_):

@@ -64,15 +64,9 @@ def run_main(main, argv=None):
 
 
 def _parallel_clients(text):
-    if text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 1, got {text!r}")
-    return value
+    if text == "auto" or text.isdigit() and int(text) >= 1:
+        return text if text == "auto" else int(text)
+    raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 1, got {text!r}")
 
 
 def base_parser(description, script=None, helps=None, **defaults):

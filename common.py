@@ -9,6 +9,7 @@ import math
 import os
 import queue
 import socket
+import signal
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -44,21 +45,29 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def run_main(main, argv=None):
     """Run a script's ``main``. Bad input: one line and exit status 2; divergence: one line and
     status 1; Ctrl-C: status 130 (``main`` returns a status when it stops early)."""
-    code = 0
+    code, returned = 0, False
     try:
         code = main(argv) or 0
+        returned = True
     except (UserError, dp.PartitionError) as e:
         print(f"error: {e}", file=sys.stderr)
         code = 2
     except DivergedError as e:
         print(f"stopped: {e}", file=sys.stderr)
         code = 1
-    except KeyboardInterrupt:
-        print("interrupted; the run folder keeps its last checkpoint", file=sys.stderr)
+    except KeyboardInterrupt:  # the second Ctrl-C, in the middle of a round
+        print(OPEN_RUNS[-1].interrupted_line() if OPEN_RUNS else "interrupted before the run folder was made; "
+              "nothing was written", file=sys.stderr)
         code = 130
     finally:
         for run in list(OPEN_RUNS):
             run.close(failed=code != 0, diverged=code == 1)
+    if code == 130:  # leaving after Ctrl-C: a further one must not turn the exit into a traceback
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if not returned:  # at once: client threads still running hold nothing that is saved
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
     if code:
         sys.exit(code)
 
@@ -706,12 +715,13 @@ class ClientPool:
 
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
+        executor = ThreadPoolExecutor(len(self.models))
         try:
-            with ThreadPoolExecutor(len(self.models)) as executor:
-                futures = {client: executor.submit(run, client)
-                           for client in sorted(clients, key=lambda c: -self.client_sizes[c])}
-                return [futures[client].result() for client in clients]
-        finally:
+            futures = {client: executor.submit(run, client)
+                       for client in sorted(clients, key=lambda c: -self.client_sizes[c])}
+            return [futures[client].result() for client in clients]
+        finally:  # after a second Ctrl-C or a failing client no queued client starts
+            executor.shutdown(wait=False, cancel_futures=True)
             torch.set_num_threads(threads)
 
 

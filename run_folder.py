@@ -77,6 +77,9 @@ def resumed_args(parser, argv):
         raise common.UserError(f"cannot resume: {path} lacks the settings {', '.join(missing)}")
     changed = [f"--{k.replace('_', '-')} {saved[k]} (now {v})" for k, v in sorted(given.items())
                if k not in RESUME_MAY_CHANGE and k in saved and v != saved[k]]
+    if not os.path.exists(os.path.join(folder, "checkpoint.pt")):
+        raise common.UserError(f"cannot resume: {folder} has no checkpoint.pt (the run stopped before its first "
+                               "checkpoint; start it again)")
     if changed:
         raise common.UserError(f"cannot resume with other settings: {'; '.join(changed)}; only --rounds may change")
     args = argparse.Namespace(**{**defaults, **{k: v for k, v in saved.items() if k in defaults}})
@@ -136,6 +139,7 @@ class Run:
         self.headline, self.headline_metric, self.script = headline, headline_metric, script or algo
         self.rows, self.bytes_down, self.bytes_up, self.elapsed = [], 0, 0, 0.0
         self.created, self.interrupted, self.finished = False, False, False
+        self.checkpoint_round, self.stopping = 0, False
         self.dir = args.resume or self._new_dir()
         if args.resume:
             self.lock = _lock(self.dir)
@@ -173,6 +177,8 @@ class Run:
         return path
 
     def _on_sigint(self, signum, frame):
+        if self.stopping:
+            return
         if self.interrupted:  # the second Ctrl-C stops at once
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise KeyboardInterrupt
@@ -260,11 +266,13 @@ class Run:
                 "rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
                 "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
         common.atomic_write(os.path.join(self.dir, "checkpoint.pt"), lambda f: torch.save(blob, f))
+        self.checkpoint_round = round_
 
     def stop(self, round_):
         """Report a requested stop after ``round_`` (checkpoint written) and return the exit status."""
         command = f"python {self.script}.py --resume {self.dir}"
         if self.interrupted:
+            self.stopping = True  # the checkpoint is written: a further Ctrl-C has nothing left to stop
             print(f"interrupted after round {round_}; continue with: {command}", file=sys.stderr, flush=True)
             return 130
         print(f"[{self.algo}] stopping after round {round_} (--stop-after); continue with: {command}")
@@ -314,7 +322,7 @@ class Run:
             common.atomic_write(config_path, _json(config))
         self.rows, self.bytes_down, self.bytes_up, self.elapsed = rows, int(down), int(up), elapsed
         self._write_metrics()  # drop rows logged after the checkpoint: they will be recomputed
-        self._last_round = round_
+        self._last_round = self.checkpoint_round = round_
         print(f"[{self.algo}] resumed {self.dir} after round {round_}")
         return round_ + 1
 
@@ -348,6 +356,16 @@ class Run:
         print(f"  {self.elapsed:.1f} s, {summary['mb_down']:.1f} MB down, {summary['mb_up']:.1f} MB up; "
               f"files in {self.dir}")
         return summary
+
+    def interrupted_line(self):
+        """What a second Ctrl-C (a stop in the middle of a round) leaves behind, in one line."""
+        if self.checkpoint_round:
+            return (f"interrupted; the checkpoint of round {self.checkpoint_round} is kept; "
+                    f"continue with: python {self.script}.py --resume {self.dir}")
+        if self.rows:
+            return (f"interrupted before the first checkpoint (--checkpoint-every {self.args.checkpoint_every}); "
+                    f"{self.dir}/metrics.csv keeps rounds up to {self.rows[-1]['round']}; nothing to resume")
+        return "interrupted before the first round; nothing was kept"
 
     def close(self, failed=False, diverged=False):
         """Release the folder: a new run that failed before writing any result leaves nothing behind;

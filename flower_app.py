@@ -437,6 +437,9 @@ def simulate(jobs, num_cpus=None):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print(f"{USAGE}\n(python flower_app.py ALGORITHM --help lists that script's flags; see docs/flower.md)")
+        return 0
     if not argv or argv[0] not in ALGORITHMS:
         raise common.UserError(f"{'unknown algorithm ' + repr(argv[0]) + '; ' if argv else ''}{USAGE}")
     if any(len(a.split("=")[0]) >= 4 and "--resume".startswith(a.split("=")[0]) for a in argv[1:]):

@@ -287,7 +287,7 @@ def main():
             width = 19 if kind == "image" else 20
             line += f" | {slow:{width}.3f} {child['peak_host_mb']:8.0f} {slow / ours:7.2f}x"
         print(line, flush=True)
-    if not a.no_naive and {"fedavg", "fedala"} <= set(a.only):
+    if not a.no_naive and "fedavg" in a.only:
         npz = os.path.join(work, f"cifar_{a.samples}.npz")
         t, workers = interleaved(npz, a.rounds + 1, a.device)
         print(f"\ninterleaved in one process, median s/round of rounds 3-{a.rounds + 1} (FedALA's initial stage is "

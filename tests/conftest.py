@@ -18,6 +18,26 @@ def run_script(script, *args, timeout=120, env=None):
                           env={**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", **(env or {})})
 
 
+def run_in_process(script, *args):
+    """``python <script> <args>`` in this process (no interpreter start-up) on one torch thread,
+    as ``run_script`` runs it, so that metrics equal a subprocess's bit for bit; returns the
+    exit status."""
+    import importlib
+
+    import torch
+
+    import common
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        common.run_main(importlib.import_module(script.removesuffix(".py")).main, [*map(str, args)])
+        return 0
+    except SystemExit as e:
+        return e.code
+    finally:
+        torch.set_num_threads(threads)
+
+
 def run_dir(out):
     """The single run folder created under ``out``."""
     (name,) = [d for d in os.listdir(out) if not d.startswith(".")]

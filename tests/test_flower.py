@@ -88,3 +88,8 @@ def test_refusals_exit_2_with_one_line(tmp_path):
         assert proc.returncode == 2, (name, stdout, stderr)
         assert len(stderr.strip().splitlines()) == 1 and cases[name][2] in stderr, (name, stderr)
     assert os.listdir(tmp_path) == ["no_flwr"]  # no run folder, no runs/
+
+
+def test_help_prints_the_usage_and_exits_0(capsys):
+    assert flower_app.main(["--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: python flower_app.py {fedavg,fedala,pfedla,fedpake,fedacd}")

@@ -15,7 +15,7 @@ import torch
 import common
 import pfedla
 from rounds import pfedla_round
-from conftest import metrics_rows, run_dir
+from conftest import metrics_rows, run_dir, run_in_process
 
 
 @pytest.fixture(autouse=True)
@@ -295,7 +295,7 @@ def test_resume_gives_the_uninterrupted_result(script, tmp_path):
     common_args = ["--dataset", "synthetic", "--rounds", 4, "--local-epochs", 1, "--num-clients", 5,
                    "--join-ratio", 0.6, "--k", 1, "--checkpoint-every", 2]
     full, part = tmp_path / "full", tmp_path / "part"
-    assert script("pfedla.py", *common_args, "--out", full).returncode == 0
+    assert run_in_process("pfedla.py", *common_args, "--out", full) == 0
     r = script("pfedla.py", *common_args, "--out", part, "--stop-after", 2)
     assert r.returncode == 0, r.stderr
     r = script("pfedla.py", "--resume", run_dir(part))

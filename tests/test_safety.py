@@ -21,7 +21,7 @@ import fedala
 import fedavg
 import fedpake
 import pfedla
-from conftest import ROOT, metrics_rows, run_dir, run_script
+from conftest import ROOT, metrics_rows, run_dir, run_in_process, run_script
 
 SCRIPTS = {"fedavg": fedavg, "fedala": fedala, "pfedla": pfedla, "fedpake": fedpake, "fedacd": fedacd}
 SMALL = ["--dataset", "synthetic", "--num-clients", "4", "--rounds", "2"]
@@ -170,7 +170,7 @@ def test_config_records_the_algorithm_and_every_argument(tmp_path):
 
 def test_ctrl_c_stops_at_the_round_boundary_and_resume_ends_with_the_uninterrupted_result(tmp_path):
     flags = ["--dataset", "synthetic", "--num-clients", "5", "--rounds", "20", "--checkpoint-every", "100"]
-    assert run_script("fedavg.py", *flags, "--out", tmp_path / "full").returncode == 0
+    assert run_in_process("fedavg.py", *flags, "--out", tmp_path / "full") == 0
     process = subprocess.Popen([sys.executable, os.path.join(ROOT, "fedavg.py"), *flags, "--out", str(tmp_path / "cut")],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -224,7 +224,7 @@ def test_a_second_ctrl_c_stops_in_the_middle_of_a_round_and_keeps_the_last_check
 def test_kill_9_then_resume_is_byte_identical(tmp_path):
     flags = ["--dataset", "synthetic", "--num-clients", "5", "--rounds", "12", "--checkpoint-every", "3",
              "--join-ratio", "0.6"]
-    assert run_script("fedala.py", *flags, "--out", tmp_path / "full").returncode == 0
+    assert run_in_process("fedala.py", *flags, "--out", tmp_path / "full") == 0
     process = subprocess.Popen([sys.executable, os.path.join(ROOT, "fedala.py"), *flags, "--out", str(tmp_path / "cut")],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                env={**os.environ, "OMP_NUM_THREADS": "1"})

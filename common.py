@@ -127,6 +127,8 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
     dataset-dependent defaults; ``checks`` are the script's own (ok, message) pairs as a
     function of args. With ``--resume`` the run's saved settings are used (run_folder.resumed_args)."""
     args = parser.parse_args(argv)
+    if args.resume is not None and not args.resume.strip():
+        raise UserError("--resume needs the run folder to continue (given: an empty name)")
     if args.resume:
         import run_folder
         args = run_folder.resumed_args(parser, argv)
@@ -156,6 +158,7 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
         (args.classes_per_client is None or args.classes_per_client >= 1,
          f"--classes-per-client must be >= 1, got {args.classes_per_client}"),
         (args.stop_after is None or args.stop_after >= 1, "--stop-after must be >= 1"),
+        (bool(args.out.strip()), "--out must name a folder (. for the current one)"),
     ]
     for ok, message in [*shared, *(checks(args) if callable(checks) else checks)]:
         if not ok:
@@ -250,17 +253,20 @@ def _load_npz(path):
     x, y = images_first(arrays["x"]), arrays["y"]
     if "x_test" in arrays:
         return x, y, images_first(arrays["x_test"]), arrays["y_test"]
-    return x, y, x[:0], y[:0]
+    return x, y, x[:0], np.zeros(0, dtype=y.dtype)
+
+
+MAX_FEATURE = 1e10
 
 
 def check_arrays(name, xtr, ytr, xte, yte):
     """Refuse data no run can use, before anything is written: one line that says what is wrong."""
-    n = len(ytr) + len(yte)
-    max_classes = max(n, 1000)  # a label of 10^9 would ask for 10^9-wide class-count tables
     for x, y, what in ((xtr, ytr, "x, y"), (xte, yte, "x_test, y_test")):
-        if x.ndim not in (2, 4) or len(x) != len(y) or y.ndim != 1:
+        if y.ndim != 1 or x.ndim not in (2, 4) or len(x) != len(y) or 0 in x.shape[1:]:
             raise UserError(f"{name}: {what} must be (N, features), (N, H, W) or (N, C, H, W) samples with N "
                             f"labels; got shapes {x.shape} and {y.shape}")
+    max_classes = max(len(ytr) + len(yte), 1000)  # a label of 10^9 would ask for 10^9-wide class-count tables
+    for x, y, what in ((xtr, ytr, "x, y"), (xte, yte, "x_test, y_test")):
         if not np.issubdtype(y.dtype, np.integer):
             raise UserError(f"{name}: the labels in {what} must be integers 0..C-1, got {y.dtype}")
         if x.dtype.kind not in "uif" or y.dtype.kind not in "ui":
@@ -268,11 +274,17 @@ def check_arrays(name, xtr, ytr, xte, yte):
         bad = int(np.count_nonzero(~np.isfinite(x))) if x.dtype.kind == "f" else 0
         if bad:
             raise UserError(f"{name}: {what.split(',')[0]} has {bad} non-finite value(s) (NaN or inf); clean the data")
+        largest = max(abs(float(x.max())), abs(float(x.min()))) if x.size else 0.0
+        if largest > MAX_FEATURE:  # float32 training overflows long before 3e38; no real features are this large
+            raise UserError(f"{name}: {what.split(',')[0]} has values as large as {largest:.3g}; scale the features "
+                            f"(for example to [0, 1]) so that none exceeds {MAX_FEATURE:.0e}")
         if len(y) and (y.min() < 0 or y.max() >= max_classes):
             raise UserError(f"{name}: labels must be 0..C-1 with C at most {max_classes} (the larger of 1000 and "
                             f"the number of samples); {what} has labels from {y.min()} to {y.max()}")
     if not len(ytr):
         raise UserError(f"{name} has no training samples")
+    if len(np.unique(ytr)) < 2:
+        raise UserError(f"{name}: every training label is {ytr[0]}; classification needs at least 2 classes")
     if len(yte) and xte.shape[1:] != xtr.shape[1:]:
         raise UserError(f"{name}: x_test samples are {xte.shape[1:]} but x samples {xtr.shape[1:]}")
 
@@ -287,7 +299,7 @@ def load_arrays(name, data_dir):
         arrays = datasets_extra.LOADERS[name](data_dir)
     elif name.endswith(".npz"):
         if not os.path.isfile(name):
-            raise UserError(f"no such file: {name}")
+            raise UserError(f"{name} is a folder, not an .npz file" if os.path.isdir(name) else f"no such file: {name}")
         arrays = _load_npz(name)
     else:
         raise UserError(f"unknown dataset '{name}'; choose {', '.join([*VISION, *datasets_extra.LOADERS])}, "
@@ -605,8 +617,12 @@ def resolve_device(name):
         device = torch.device(name)
     except RuntimeError:
         raise UserError(f"unknown --device '{name}'; use auto, cpu or cuda")
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {name} is not supported; use auto, cpu or cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda asked for, but no CUDA GPU is available; use --device cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UserError(f"--device {name}: there are only {torch.cuda.device_count()} CUDA GPU(s) (cuda:0 ...)")
     return device
 
 

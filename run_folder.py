@@ -68,6 +68,8 @@ def resumed_args(parser, argv):
         raise common.UserError(f"cannot resume: {path} is missing or not a run's config ({e.__class__.__name__}: {e})")
     if script is None:  # older run folders: the algorithm names the script
         script = {"heurpfedla": "pfedla"}.get(config.get("algorithm"), config.get("algorithm"))
+    if not isinstance(script, str):
+        raise common.UserError(f"cannot resume: {path} names no script or algorithm")
     if f"{script}.py" != parser.prog:
         raise common.UserError(f"cannot resume: {folder} is a run of {script}.py, not {parser.prog}; "
                         f"use python {script}.py --resume {folder}")
@@ -82,11 +84,35 @@ def resumed_args(parser, argv):
                                "checkpoint; start it again)")
     if changed:
         raise common.UserError(f"cannot resume with other settings: {'; '.join(changed)}; only --rounds may change")
+    for action in parser._actions:
+        if action.dest in saved and action.dest not in given and not _fits(action, saved[action.dest]):
+            raise common.UserError(f"cannot resume: {path} has {action.option_strings[-1]} "
+                                   f"{saved[action.dest]!r}, which that flag does not take")
     args = argparse.Namespace(**{**defaults, **{k: v for k, v in saved.items() if k in defaults}})
     for k in RESUME_MAY_CHANGE & set(given):
         setattr(args, k, given[k])
     args.resume, args.stop_after = folder, given.get("stop_after")
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+        summary = json.load(open(os.path.join(folder, "summary.json")))
+        if summary.get("status") == "finished" and summary.get("rounds_done") == args.rounds:
+            raise common.UserError(f"cannot resume: {folder} has finished its {args.rounds} rounds; "
+                                   f"give --rounds N (more than {args.rounds}) to extend it")
     return args
+
+
+def _fits(action, value):
+    """Whether a value read from config.json is one that the flag's parser could have produced."""
+    if value is None:
+        return action.default is None
+    if action.choices is not None and value not in action.choices:
+        return False
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        return isinstance(value, bool)
+    if action.type is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if action.type is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, str) if action.type in (None, str) else True
 
 
 def _fmt_time(s):
@@ -115,6 +141,9 @@ def _lock(folder):
                 alive = False
             except (OSError, ValueError):  # another user's process, or a lock being written right now
                 pass
+            if pid == "?":  # empty or unreadable: perhaps being written this instant
+                raise common.UserError(f"{folder} holds a lock file that names no process; delete {path} "
+                                       "if no run is using the folder")
             if alive or host != socket.gethostname():
                 raise common.UserError(f"{folder} is in use by process {pid} on {host}; wait for it to end "
                                 f"(or delete {path} if that process is gone)")
@@ -259,7 +288,7 @@ class Run:
         every RNG state and the metrics so far, as tensors and plain containers."""
         if not (round_ % self.args.checkpoint_every == 0 or round_ == self.args.rounds or self.interrupted):
             return
-        blob = {"algorithm": self.algo, "round": round_, "rows": self.rows,
+        blob = {"algorithm": self.algo, "round": round_, "rows": self.rows, "args": self._fixed_args(),
                 "bytes": [self.bytes_down, self.bytes_up],
                 "elapsed": self.elapsed + time.perf_counter() - self._t_last,
                 "state": {k: (v.state_dict() if hasattr(v, "state_dict") else v) for k, v in state.items()},
@@ -279,6 +308,10 @@ class Run:
         self.close()
         sys.exit(0)  # as if killed here
 
+    def _fixed_args(self):
+        """The settings a checkpoint belongs to: every flag that changes results, --rounds aside."""
+        return {k: v for k, v in sorted(vars(self.args).items()) if k not in RESUME_MAY_CHANGE}
+
     def resume(self, state, rng):
         """With ``--resume``: load the checkpoint into ``state`` in place (modules and objects by
         load_state_dict, tensors by copy) and into ``rng``, and return the first round to run;
@@ -294,6 +327,13 @@ class Run:
             blob = torch.load(path, map_location=self.device, weights_only=True)
             if set(blob["state"]) != set(state) or blob["algorithm"] != self.algo:
                 raise ValueError("it holds another algorithm's state")
+            if blob.get("args", self._fixed_args()) != self._fixed_args():  # (checkpoints before 2026-11 had none)
+                differ = [k for k in self._fixed_args() if blob["args"].get(k) != self._fixed_args()[k]]
+                raise ValueError(f"it was written by a run with other settings: {', '.join(differ) or 'other flags'}")
+            tensors = [v for x in blob["state"].values() for v in (x.values() if isinstance(x, dict) else [x])
+                       if isinstance(v, torch.Tensor) and v.is_floating_point()]
+            if not all(bool(torch.isfinite(t).all()) for t in tensors):
+                raise ValueError("it holds non-finite weights")
             for k, v in blob["state"].items():
                 if hasattr(state[k], "load_state_dict"):
                     state[k].load_state_dict(v)

@@ -62,6 +62,20 @@ def config_without(folder, key):
     json.dump(config, open(path, "w"))
 
 
+def config_with(folder, top=False, **values):
+    path = os.path.join(folder, "config.json")
+    config = json.load(open(path))
+    (config if top else config["args"]).update(values)
+    json.dump(config, open(path, "w"))
+
+
+def edit_checkpoint(folder, edit):
+    path = os.path.join(folder, "checkpoint.pt")
+    blob = torch.load(path, weights_only=True)
+    edit(blob)
+    torch.save(blob, path)
+
+
 def held_lock(folder):  # a live process on this host (this one) holds the folder
     with open(os.path.join(folder, ".lock"), "w") as f:
         f.write(f"{os.getpid()} {socket.gethostname()}\n")
@@ -69,21 +83,34 @@ def held_lock(folder):  # a live process on this host (this one) holds the folde
 
 # (case, script, argv with RUN for a copy of the FedALA run and OUT for a fresh --out, prepare(run_copy), expected)
 CASES = [
-    ("crafted checkpoint", "fedala", ["--resume", "RUN"], "CRAFT", "not a valid checkpoint"),
+    ("crafted checkpoint", "fedala", ["--resume", "RUN", "--rounds", "3"], "CRAFT", "not a valid checkpoint"),
     ("another script's run", "fedavg", ["--resume", "RUN"], None, "is a run of fedala.py, not fedavg.py"),
     ("another script's run (fedpake)", "fedpake", ["--resume", "RUN"], None, "use python fedala.py --resume"),
     ("changed flags on resume", "fedala", ["--resume", "RUN", "--lr", "0.5", "--dataset", "cifar10", "--rounds", "6"],
      None, "--dataset synthetic (now cifar10); --lr 0.005 (now 0.5)"),
-    ("a second process on the folder", "fedala", ["--resume", "RUN"], held_lock, "is in use by process"),
+    ("a second process on the folder", "fedala", ["--resume", "RUN", "--rounds", "3"], held_lock, "is in use by process"),
     ("config.json missing keys", "fedala", ["--resume", "RUN"], lambda d: config_without(d, "lr"), "lacks the settings lr"),
     ("config.json not json", "fedala", ["--resume", "RUN"],
      lambda d: open(os.path.join(d, "config.json"), "w").write("{"), "cannot resume"),
     ("no checkpoint", "fedala", ["--resume", "RUN"], lambda d: os.remove(os.path.join(d, "checkpoint.pt")),
      "has no checkpoint.pt"),
-    ("truncated checkpoint", "fedala", ["--resume", "RUN"],
+    ("truncated checkpoint", "fedala", ["--resume", "RUN", "--rounds", "3"],
      lambda d: open(os.path.join(d, "checkpoint.pt"), "r+b").truncate(100), "not a valid checkpoint"),
     ("fewer rounds than done", "fedala", ["--resume", "RUN", "--rounds", "1"], None, "already has 2 rounds"),
     ("no such run", "fedala", ["--resume", "/no/such/run"], None, "cannot resume"),
+    ("a finished run resumed as it is", "fedala", ["--resume", "RUN"], None, "has finished its 2 rounds; give --rounds"),
+    ("another run's checkpoint", "fedala", ["--resume", "RUN", "--rounds", "3"],
+     lambda d: edit_checkpoint(d, lambda blob: blob["args"].update(num_clients=7)), "other settings: num_clients"),
+    ("non-finite weights in the checkpoint", "fedala", ["--resume", "RUN", "--rounds", "3"],
+     lambda d: edit_checkpoint(d, lambda blob: blob["state"]["global_model"]["fc.weight"].fill_(float("nan"))),
+     "non-finite weights"),
+    ("a config value of the wrong type", "fedala", ["--resume", "RUN", "--rounds", "3"],
+     lambda d: config_with(d, batch_size=2.5), "--batch-size 2.5, which that flag does not take"),
+    ("a config naming no script", "fedala", ["--resume", "RUN"],
+     lambda d: config_with(d, script=None, algorithm=None, top=True), "names no script"),
+    ("an empty --resume", "fedala", ["--resume", ""], None, "--resume needs the run folder"),
+    ("an empty --out", "fedavg", [*SMALL, "--out", ""], None, "--out must name a folder"),
+    ("--device mps", "fedavg", [*SMALL, "--device", "mps", "--out", "OUT"], None, "--device mps is not supported"),
     ("--seed -1", "fedavg", [*SMALL, "--seed", "-1", "--out", "OUT"], None, "--seed"),
     ("--momentum -1", "fedavg", [*SMALL, "--momentum", "-1", "--out", "OUT"], None, "--momentum"),
     ("--weight-decay -1", "fedavg", [*SMALL, "--weight-decay", "-1", "--out", "OUT"], None, "--weight-decay"),
@@ -304,6 +331,11 @@ DATA_CASES = [  # (case, file maker for --dataset FILE (.npz) or --data-dir DIR,
     ("truncated MNIST idx", truncated_mnist, "mnist", [], "corrupt or truncated"),
     ("truncated CIFAR pickle", truncated_cifar, "cifar10", [], "corrupt or truncated"),
     ("no dataset files offline", lambda d: None, "cifar100", [], "cifar-100-python.tar.gz from https://"),
+    ("labels as a scalar", npz(x=rng_x(40, 8), y=np.int64(3)), "FILE", [], "(N, features)"),
+    ("samples of no features", npz(x=rng_x(40, 0), y=Y40), "FILE", [], "(N, features)"),
+    ("a single class", npz(x=rng_x(40, 8), y=np.zeros(40, int)), "FILE", [], "at least 2 classes"),
+    ("features of 1e30", npz(x=rng_x(40, 8) * 1e30, y=Y40), "FILE", [], "scale the features"),
+    ("a folder named .npz", lambda p: os.makedirs(p), "FILE", [], "is a folder, not an .npz file"),
 ]
 
 

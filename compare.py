@@ -286,6 +286,9 @@ def plot(runs, rows, metric_of, table, path):
     plt.close(fig)
 
 
+PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.error = fail  # one line, not a usage block
@@ -293,11 +296,16 @@ def main(argv=None):
     parser.add_argument("--metric", help="metrics.csv column to compare (default: each algorithm's headline)")
     parser.add_argument("--plot", metavar="FILE.png", help="also plot the metric against round and MB")
     args = parser.parse_args(argv)
-    if args.plot:
+    if args.plot is not None:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             fail("--plot needs matplotlib: pip install matplotlib")
+        kind = os.path.splitext(args.plot)[1].lower().lstrip(".")
+        if kind not in PLOT_FORMATS or os.path.isdir(args.plot):
+            fail(f"--plot needs a file name ending in .{', .'.join(PLOT_FORMATS)}; got {args.plot!r}")
+        if not os.path.isdir(os.path.dirname(args.plot) or "."):
+            fail(f"--plot {args.plot}: the folder {os.path.dirname(args.plot)} does not exist")
     runs = [load_run(folder) for folder in find_runs(args.paths)]
     available = sorted({c for r in runs for c in r["columns"]} - BOOKKEEPING)
     if not available:

@@ -204,7 +204,11 @@ def test_bad_input_gives_one_line_and_exit_2(tmp_path):
     assert_one_line_error(compare(unusable.parent)[0], "no readable metrics.csv")
     assert_one_line_error(compare()[0])
     assert_one_line_error(compare(tmp_path / "runs", "--bogus")[0])
-    assert_one_line_error(compare(tmp_path / "runs", "--plot", tmp_path / "no" / "dir" / "x.png")[0], "cannot write")
+    assert_one_line_error(compare(tmp_path / "runs", "--plot", tmp_path / "no" / "dir" / "x.png")[0], "does not exist")
+    for plot in ("", "curves", "curves.txt", str(tmp_path / "runs")):  # no image file name: nothing is drawn
+        proc, _ = compare(tmp_path / "runs", "--plot", plot)
+        assert_one_line_error(proc, "--plot needs a file name ending in .png")
+        assert proc.stdout == ""
 
 
 def test_plot_of_groups_and_missing_matplotlib(tmp_path):

@@ -20,6 +20,7 @@ Deployment (SuperLink, SuperNodes, ``flwr run``): ``server_app`` and ``client_ap
 the run config holds ``algorithm`` and ``flags`` (a string); see docs/flower.md.
 """
 import importlib
+import logging
 import os
 import shlex
 import sys
@@ -280,6 +281,10 @@ def fedavg_round(job, server, clients, round_, evaluate, send):
 
 def fedala_setup(job, server):
     server["global_model"] = job.build()
+    try:  # the script's check of --p against the model, before any node trains
+        job.module.ALA(server["global_model"], 1, p=job.args.p)
+    except ValueError as e:
+        raise common.UserError(f"--p {job.args.p}: {e}")
     server["initial"] = common.flatten_state(server["global_model"]).clone()  # every local model at first (l. 1)
     server["seen"], server["initial_stage_epochs"] = set(), [0] * job.args.num_clients
 
@@ -317,6 +322,8 @@ def pfedla_setup(job, server):
     m, args = job.module, job.args
     server["global_model"] = model = job.build()  # the initial model of every client
     server["sizes"] = m.layer_sizes(model)
+    if args.k > len(server["sizes"]):  # as the script, before any node trains
+        raise common.UserError(f"--k {args.k} is more than the model's {len(server['sizes'])} layers")
     server["client_models"] = common.flatten_state(model).detach().repeat(args.num_clients, 1)  # Alg. 1 l. 1
     server["hypernetworks"] = m.LayerHypernetworks(args.num_clients, len(server["sizes"]), args.embed_dim,
                                                    args.hidden_dim).to(job.device)
@@ -428,6 +435,9 @@ def simulate(jobs, num_cpus=None):
     if len(sizes) != 1:
         raise common.UserError("the jobs of one simulation need the same --num-clients")
     num_cpus = num_cpus or len(os.sched_getaffinity(0))
+    # run_simulation is deprecated in favour of `flwr run` (which needs a federation config and
+    # a SuperLink): keep its 5-line notice off stderr, where errors are one line
+    logging.getLogger("flwr").addFilter(lambda record: "run_simulation" not in str(record.args))
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report over the network
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # and no warning about GPUs on CPU nodes
     run_simulation(server_app=build_server_app(jobs), client_app=client_app, num_supernodes=sizes.pop(),

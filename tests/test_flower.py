@@ -14,6 +14,7 @@ import pytest
 from conftest import ROOT, metrics_rows, run_dir
 
 pytest.importorskip("flwr", reason="Flower is not installed (pip install -r requirements-flower.txt)")
+import common  # noqa: E402
 import flower_app  # noqa: E402
 
 SMALL = ["--dataset", "synthetic", "--num-clients", "4", "--rounds", "3"]
@@ -93,3 +94,13 @@ def test_refusals_exit_2_with_one_line(tmp_path):
 def test_help_prints_the_usage_and_exits_0(capsys):
     assert flower_app.main(["--help"]) == 0
     assert capsys.readouterr().out.startswith("usage: python flower_app.py {fedavg,fedala,pfedla,fedpake,fedacd}")
+
+
+@pytest.mark.parametrize("algorithm,flags,expected", [("fedala", ["--p", "9"], "--p 9"),
+                                                      ("pfedla", ["--k", "9"], "--k 9 is more than")])
+def test_server_setup_refuses_what_the_script_refuses_after_set_up(algorithm, flags, expected):
+    """Found only once the model exists: the server says so in one line before any node trains
+    (not as a ClientApp traceback from every node)."""
+    job = flower_app.job_for(algorithm, ["--dataset", "synthetic", "--num-clients", "4", *flags])
+    with pytest.raises(common.UserError, match=expected):
+        flower_app.SERVERS[algorithm][0](job, {})

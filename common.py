@@ -9,8 +9,6 @@ import math
 import os
 import queue
 import socket
-import signal
-import sys
 import tempfile
 from dataclasses import dataclass, field
 
@@ -40,36 +38,6 @@ class _Parser(argparse.ArgumentParser):
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     def _get_help_string(self, action):  # a help text that states its own default keeps it
         return action.help if "default" in (action.help or "") else super()._get_help_string(action)
-
-
-def run_main(main, argv=None):
-    """Run a script's ``main``. Bad input: one line and exit status 2; divergence: one line and
-    status 1; Ctrl-C: status 130 (``main`` returns a status when it stops early)."""
-    code, returned = 0, False
-    try:
-        code = main(argv) or 0
-        returned = True
-    except (UserError, dp.PartitionError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        code = 2
-    except DivergedError as e:
-        print(f"stopped: {e}", file=sys.stderr)
-        code = 1
-    except KeyboardInterrupt:  # the second Ctrl-C, in the middle of a round
-        print(OPEN_RUNS[-1].interrupted_line() if OPEN_RUNS else "interrupted before the run folder was made; "
-              "nothing was written", file=sys.stderr)
-        code = 130
-    finally:
-        for run in list(OPEN_RUNS):
-            run.close(failed=code != 0, diverged=code == 1)
-    if code == 130:  # leaving after Ctrl-C: a further one must not turn the exit into a traceback
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if not returned:  # at once: client threads still running hold nothing that is saved
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    if code:
-        sys.exit(code)
 
 
 def _parallel_clients(text):
@@ -819,6 +787,3 @@ def atomic_write(path, content):
         if os.path.exists(tmp):
             os.remove(tmp)
 
-
-# open run folders (run_folder.Run), released by run_main on the way out
-OPEN_RUNS = []

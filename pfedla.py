@@ -247,4 +247,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    common.run_main(main)
+    run_folder.run_main(main)

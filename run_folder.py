@@ -1,6 +1,7 @@
 """The run folder of every script: ``--out/<algo>-<dataset>-s<seed>-<time>/`` with config.json,
 partition.json, metrics.csv, summary.json and checkpoint.pt, its lock, Ctrl-C at the end of a
-round, and ``--resume``. Bookkeeping around the training loop; nothing here is an algorithm.
+round, and ``--resume``; ``run_main`` turns how a script ends into its exit status and one line.
+Bookkeeping around the training loop; nothing here is an algorithm.
 """
 import argparse
 import atexit
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 import common
+import data_partition
 
 
 def _json(obj):
@@ -32,6 +34,40 @@ def current_host_mb():
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+# open run folders (Run), released by run_main on the way out
+OPEN_RUNS = []
+
+
+def run_main(main, argv=None):
+    """Run a script's ``main``. Bad input: one line and exit status 2; divergence: one line and
+    status 1; Ctrl-C: status 130 (``main`` returns a status when it stops early)."""
+    code, returned = 0, False
+    try:
+        code = main(argv) or 0
+        returned = True
+    except (common.UserError, data_partition.PartitionError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        code = 2
+    except common.DivergedError as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        code = 1
+    except KeyboardInterrupt:  # the second Ctrl-C, in the middle of a round
+        print(OPEN_RUNS[-1].interrupted_line() if OPEN_RUNS else "interrupted before the run folder was made; "
+              "nothing was written", file=sys.stderr)
+        code = 130
+    finally:
+        for run in list(OPEN_RUNS):
+            run.close(failed=code != 0, diverged=code == 1)
+    if code == 130:  # leaving after Ctrl-C: a further one must not turn the exit into a traceback
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if not returned:  # at once: client threads still running hold nothing that is saved
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    if code:
+        sys.exit(code)
 
 
 # flags that may differ on --resume: they do not change what is computed (--rounds extends the run)
@@ -172,7 +208,7 @@ class Run:
         self.dir = args.resume or self._new_dir()
         if args.resume:
             self.lock = _lock(self.dir)
-        common.OPEN_RUNS.append(self)
+        OPEN_RUNS.append(self)
         if not args.resume:  # a resumed run keeps its record (resume() updates --rounds)
             common.atomic_write(os.path.join(self.dir, "config.json"), _json({
                 "algorithm": algo, "script": self.script, "args": {**vars(args), "resume": None, "stop_after": None},
@@ -410,9 +446,9 @@ class Run:
     def close(self, failed=False, diverged=False):
         """Release the folder: a new run that failed before writing any result leaves nothing behind;
         a run that stopped with results keeps them (a diverged one says so in summary.json)."""
-        if self not in common.OPEN_RUNS:
+        if self not in OPEN_RUNS:
             return
-        common.OPEN_RUNS.remove(self)
+        OPEN_RUNS.remove(self)
         if self._previous_handler is not None:
             signal.signal(signal.SIGINT, self._previous_handler)
         if failed and not diverged and self.created and not self.rows and \
@@ -431,5 +467,5 @@ class Run:
 
 @atexit.register
 def _release_on_exit():
-    for run in list(common.OPEN_RUNS):
+    for run in list(OPEN_RUNS):
         run.close()

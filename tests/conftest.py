@@ -26,11 +26,11 @@ def run_in_process(script, *args):
 
     import torch
 
-    import common
+    import run_folder
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        common.run_main(importlib.import_module(script.removesuffix(".py")).main, [*map(str, args)])
+        run_folder.run_main(importlib.import_module(script.removesuffix(".py")).main, [*map(str, args)])
         return 0
     except SystemExit as e:
         return e.code

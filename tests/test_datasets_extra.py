@@ -14,6 +14,7 @@ from PIL import Image
 
 import common
 import fedavg
+import run_folder
 from conftest import ROOT, metrics_rows, run_dir, run_script
 
 # No download may leave this machine during tests, with or without a network: urllib sends
@@ -289,7 +290,7 @@ def test_missing_agnews_one_line_exit_2(tmp_path, capsys, monkeypatch):
     for key, value in NO_NETWORK.items():
         monkeypatch.setenv(key, value)
     with pytest.raises(SystemExit) as stop:
-        common.run_main(fedavg.main, ["--dataset", "agnews", "--data-dir", str(tmp_path), "--out", str(tmp_path / "runs")])
+        run_folder.run_main(fedavg.main, ["--dataset", "agnews", "--data-dir", str(tmp_path), "--out", str(tmp_path / "runs")])
     assert stop.value.code == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "train.csv" in line and line.endswith(f" in {tmp_path / 'ag_news_csv'}")

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import common
 import fedacd
+import run_folder
 from rounds import fedacd_round
 from conftest import metrics_rows, run_dir
 
@@ -335,13 +336,13 @@ def test_resume_gives_the_uninterrupted_result(tmp_path, capsys):
     # in-process: the same path as the command line, minus three interpreter start-ups
     flags = ["--dataset", "synthetic", "--num-clients", "5", "--rounds", "4", "--local-epochs", "1",
              "--checkpoint-every", "2", "--device", "cpu"]
-    common.run_main(fedacd.main, [*flags, "--out", str(tmp_path / "full")])
+    run_folder.run_main(fedacd.main, [*flags, "--out", str(tmp_path / "full")])
     with pytest.raises(SystemExit) as stop:
-        common.run_main(fedacd.main, [*flags, "--out", str(tmp_path / "part"), "--stop-after", "3"])
+        run_folder.run_main(fedacd.main, [*flags, "--out", str(tmp_path / "part"), "--stop-after", "3"])
     assert stop.value.code == 0
     folder = run_dir(tmp_path / "part")
     assert len(metrics_rows(folder)) == 3  # round 3 was logged after the last checkpoint (round 2)
-    common.run_main(fedacd.main, ["--resume", folder])
+    run_folder.run_main(fedacd.main, ["--resume", folder])
     assert "resumed" in capsys.readouterr().out
     metrics = lambda rows: [[r[k] for k in METRICS] for r in rows]  # all but time and memory
     assert metrics(metrics_rows(folder)) == metrics(metrics_rows(run_dir(tmp_path / "full")))
@@ -349,7 +350,7 @@ def test_resume_gives_the_uninterrupted_result(tmp_path, capsys):
 
 def test_bad_tau_is_one_line_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
-        common.run_main(fedacd.main, ["--dataset", "synthetic", "--tau", "1.5", "--out", str(tmp_path)])
+        run_folder.run_main(fedacd.main, ["--dataset", "synthetic", "--tau", "1.5", "--out", str(tmp_path)])
     lines = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(lines) == 1 and "--tau" in lines[0]
 

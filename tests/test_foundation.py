@@ -13,6 +13,7 @@ import torch
 
 import common
 import fedavg
+import run_folder
 from rounds import fedavg_round
 from conftest import metrics_rows, run_dir, run_in_process, run_script
 
@@ -378,7 +379,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, flags, needle, capsys):
     np.savez(no_y, x=np.zeros((10, 4), np.float32))
     flags = [npz if f == "NPZ" else no_y if f == "NPZ_NO_Y" else f for f in flags]
     with pytest.raises(SystemExit) as stop:  # in-process: the same path as the command line, minus the start-up
-        common.run_main(fedavg.main, [*flags, "--rounds", "1", "--out", str(tmp_path / "runs")])
+        run_folder.run_main(fedavg.main, [*flags, "--rounds", "1", "--out", str(tmp_path / "runs")])
     assert stop.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], lines
@@ -416,7 +417,7 @@ def test_nan_loss_stops_naming_round_and_client_keeping_metrics(tmp_path, monkey
     monkeypatch.setattr(common, "local_train", diverging)
     monkeypatch.setattr(common, "sample_clients", sample)
     with pytest.raises(SystemExit) as stop:
-        common.run_main(fedavg.main, ["--dataset", "synthetic", "--rounds", "5", "--num-clients", "3",
+        run_folder.run_main(fedavg.main, ["--dataset", "synthetic", "--rounds", "5", "--num-clients", "3",
                                       "--out", str(tmp_path)])
     assert stop.value.code == 1
     err = capsys.readouterr().err.strip().splitlines()

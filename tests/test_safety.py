@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-import common
 import fedacd
 import fedala
 import fedavg
 import fedpake
 import pfedla
+import run_folder
 from conftest import ROOT, metrics_rows, run_dir, run_in_process, run_script
 
 SCRIPTS = {"fedavg": fedavg, "fedala": fedala, "pfedla": pfedla, "fedpake": fedpake, "fedacd": fedacd}
@@ -42,7 +42,7 @@ def tree_digest(folder):
 def fedala_run(tmp_path_factory):
     """A finished 2-round FedALA run folder (made once; cases copy it before touching it)."""
     out = tmp_path_factory.mktemp("fedala_run")
-    common.run_main(fedala.main, [*SMALL, "--out", str(out)])
+    run_folder.run_main(fedala.main, [*SMALL, "--out", str(out)])
     return run_dir(out)
 
 
@@ -147,7 +147,7 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(case, script, argv, pr
             a.replace("FILE", str(tmp_path / "file")) for a in argv]
     capsys.readouterr()
     with pytest.raises(SystemExit) as stop:  # in-process: the same path as the command line, minus start-up
-        common.run_main(SCRIPTS[script].main, argv)
+        run_folder.run_main(SCRIPTS[script].main, argv)
     lines = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(lines) == 1 and expected in lines[0], lines
     assert not marker.exists()  # nothing in the crafted file ran
@@ -174,7 +174,7 @@ def test_a_stale_lock_is_taken_over_and_every_lock_is_released(fedala_run, tmp_p
     dead.wait()
     with open(os.path.join(run, ".lock"), "w") as f:
         f.write(f"{dead.pid} {socket.gethostname()}\n")
-    common.run_main(fedala.main, ["--resume", run, "--rounds", "3"])  # extends the run by one round
+    run_folder.run_main(fedala.main, ["--resume", run, "--rounds", "3"])  # extends the run by one round
     assert [r["round"] for r in metrics_rows(run)] == ["1", "2", "3"]
     assert not os.path.exists(os.path.join(run, ".lock"))
     assert json.load(open(os.path.join(run, "config.json")))["args"]["rounds"] == 3
@@ -189,7 +189,7 @@ def test_result_files_follow_the_umask(tmp_path):
 
 
 def test_config_records_the_algorithm_and_every_argument(tmp_path):
-    common.run_main(pfedla.main, [*SMALL, "--k", "1", "--out", str(tmp_path)])
+    run_folder.run_main(pfedla.main, [*SMALL, "--k", "1", "--out", str(tmp_path)])
     config = json.load(open(os.path.join(run_dir(tmp_path), "config.json")))
     assert config["algorithm"] == "heurpfedla" and config["script"] == "pfedla"
     assert set(vars(pfedla.parse_args([]))) <= set(config["args"]) and config["args"]["k"] == 1
@@ -348,7 +348,7 @@ def test_bad_data_is_one_line_exit_2_before_any_run_folder(case, make, dataset, 
     path = str(tmp_path / "d.npz")
     make(path if dataset == "FILE" else str(data_dir))
     with pytest.raises(SystemExit) as stop:
-        common.run_main(fedavg.main, ["--dataset", path if dataset == "FILE" else dataset, "--data-dir", str(data_dir),
+        run_folder.run_main(fedavg.main, ["--dataset", path if dataset == "FILE" else dataset, "--data-dir", str(data_dir),
                                       "--num-clients", "2", "--rounds", "1", *flags, "--out", str(tmp_path / "runs")])
     lines = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(lines) == 1 and expected in lines[0], lines

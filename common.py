@@ -229,12 +229,11 @@ MAX_FEATURE = 1e10
 
 def check_arrays(name, xtr, ytr, xte, yte):
     """Refuse data no run can use, before anything is written: one line that says what is wrong."""
+    max_classes = max(ytr.size + yte.size, 1000)  # a label of 10^9 would ask for 10^9-wide class-count tables
     for x, y, what in ((xtr, ytr, "x, y"), (xte, yte, "x_test, y_test")):
         if y.ndim != 1 or x.ndim not in (2, 4) or len(x) != len(y) or 0 in x.shape[1:]:
             raise UserError(f"{name}: {what} must be (N, features), (N, H, W) or (N, C, H, W) samples with N "
                             f"labels; got shapes {x.shape} and {y.shape}")
-    max_classes = max(len(ytr) + len(yte), 1000)  # a label of 10^9 would ask for 10^9-wide class-count tables
-    for x, y, what in ((xtr, ytr, "x, y"), (xte, yte, "x_test, y_test")):
         if not np.issubdtype(y.dtype, np.integer):
             raise UserError(f"{name}: the labels in {what} must be integers 0..C-1, got {y.dtype}")
         if x.dtype.kind not in "uif" or y.dtype.kind not in "ui":
@@ -251,7 +250,7 @@ def check_arrays(name, xtr, ytr, xte, yte):
                             f"the number of samples); {what} has labels from {y.min()} to {y.max()}")
     if not len(ytr):
         raise UserError(f"{name} has no training samples")
-    if len(np.unique(ytr)) < 2:
+    if ytr.min() == ytr.max():
         raise UserError(f"{name}: every training label is {ytr[0]}; classification needs at least 2 classes")
     if len(yte) and xte.shape[1:] != xtr.shape[1:]:
         raise UserError(f"{name}: x_test samples are {xte.shape[1:]} but x samples {xtr.shape[1:]}")

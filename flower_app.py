@@ -426,6 +426,12 @@ def build_server_app(jobs=None):
 server_app = build_server_app()
 
 
+def _no_run_simulation_notice(record):
+    """run_simulation is deprecated in favour of `flwr run` (which needs a federation config and a
+    SuperLink): keep its 5-line notice off stderr, where errors are one line."""
+    return "run_simulation" not in str(record.args)
+
+
 def simulate(jobs, num_cpus=None):
     """Run ``jobs`` [(algorithm, flags)] in one Flower simulation (one Ray start-up); all jobs
     need the same --num-clients (one node per client). Returns nothing; the run folders are
@@ -435,9 +441,7 @@ def simulate(jobs, num_cpus=None):
     if len(sizes) != 1:
         raise common.UserError("the jobs of one simulation need the same --num-clients")
     num_cpus = num_cpus or len(os.sched_getaffinity(0))
-    # run_simulation is deprecated in favour of `flwr run` (which needs a federation config and
-    # a SuperLink): keep its 5-line notice off stderr, where errors are one line
-    logging.getLogger("flwr").addFilter(lambda record: "run_simulation" not in str(record.args))
+    logging.getLogger("flwr").addFilter(_no_run_simulation_notice)  # added once, however many calls
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report over the network
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # and no warning about GPUs on CPU nodes
     run_simulation(server_app=build_server_app(jobs), client_app=client_app, num_supernodes=sizes.pop(),

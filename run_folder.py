@@ -363,8 +363,9 @@ class Run:
             blob = torch.load(path, map_location=self.device, weights_only=True)
             if set(blob["state"]) != set(state) or blob["algorithm"] != self.algo:
                 raise ValueError("it holds another algorithm's state")
-            if blob.get("args", self._fixed_args()) != self._fixed_args():  # (checkpoints before 2026-11 had none)
-                differ = [k for k in self._fixed_args() if blob["args"].get(k) != self._fixed_args()[k]]
+            fixed = self._fixed_args()
+            if blob.get("args", fixed) != fixed:  # (checkpoints before 2026-11 had none)
+                differ = [k for k in fixed if blob["args"].get(k) != fixed[k]]
                 raise ValueError(f"it was written by a run with other settings: {', '.join(differ) or 'other flags'}")
             tensors = [v for x in blob["state"].values() for v in (x.values() if isinstance(x, dict) else [x])
                        if isinstance(v, torch.Tensor) and v.is_floating_point()]

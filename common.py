@@ -46,13 +46,20 @@ def _parallel_clients(text):
     raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 1, got {text!r}")
 
 
+def _samples_per_client(text):
+    if text == "auto" or text.isdigit() and int(text) >= 1:
+        return text if text == "auto" else int(text)
+    raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 1, got {text!r}")
+
+
 def base_parser(description, script=None, helps=None, **defaults):
     """The flags every script shares; ``defaults`` are the script ``script``'s paper setting and
     ``helps`` replaces the help text of flags whose default depends on the data."""
     p = _Parser(prog=f"{script}.py" if script else None, description=description, formatter_class=_HelpFormatter)
     a = p.add_argument
     a("--dataset", default="cifar10", help="mnist, fmnist, emnist, cifar10, cifar100, tinyimagenet, agnews, "
-      "synthetic, or path/to/file.npz with x, y (optional x_test, y_test)")
+      "synthetic (FedProx's Synthetic(1,1)), synthetic(ALPHA,BETA), synthetic(iid), or path/to/file.npz with x, y "
+      "(optional x_test, y_test)")
     a("--data-dir", default="./data", help="where datasets are downloaded and read")
     a("--partition", default="dir", choices=["iid", "pat", "dir", "pfedla1", "pfedla2"], help="label partition")
     a("--beta", type=float, default=0.1, help="Dirichlet concentration for --partition dir")
@@ -60,6 +67,9 @@ def base_parser(description, script=None, helps=None, **defaults):
       help="pat: classes per client (default 2, 10 for 100 classes, 20 for 200); "
       "pfedla1: 4 (12 for 100 classes); pfedla2: dominant classes 2 (6 for 100 classes)")
     a("--balance", action="store_true", help="pat: equal shares of each class")
+    a("--samples-per-client", type=_samples_per_client, default="auto",
+      help="pfedla1, pfedla2: samples per client before the train/test split, the same for any --num-clients "
+      "(pFedLA Sec. 4.2); default: auto, what a split over max(N, 100) clients gives (600 on CIFAR-10)")
     a("--num-clients", type=int, default=20, help="number of clients N")
     a("--join-ratio", type=float, default=1.0, help="fraction of clients sampled each round")
     a("--rounds", type=int, default=2000, help="communication rounds")
@@ -68,11 +78,11 @@ def base_parser(description, script=None, helps=None, **defaults):
     a("--lr", type=float, default=0.005, help="local learning rate")
     a("--momentum", type=float, default=0.0, help="local SGD momentum")
     a("--weight-decay", type=float, default=0.0, help="local SGD weight decay")
-    a("--model", default="auto", help="auto, cnn, lenet, simplecnn, resnet18, resnet34, mlp, fasttext")
+    a("--model", default="auto", help="auto, cnn, pfedlacnn, lenet, simplecnn, resnet18, resnet34, mlp, fasttext")
     a("--test-split", default="client", choices=["client", "global"],
       help="client: merge train+test and split each client's data; global: the official test set")
     a("--train-ratio", type=float, default=0.75, help="share of each client's data used for training")
-    a("--eval-every", type=int, default=1, help="evaluate every this many rounds (and at the last)")
+    a("--eval-every", type=int, default=1, help="evaluate every this many rounds (and each of the last 10)")
     a("--checkpoint-every", type=int, default=50, help="write a checkpoint every this many rounds")
     a("--seed", type=int, default=0, help="fixes partition, sampling, initialisation and batch order")
     a("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
@@ -109,7 +119,7 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
         (finite(args.join_ratio) and 0 < args.join_ratio <= 1,
          f"--join-ratio must be in (0, 1], got {args.join_ratio}"),
         (args.num_clients >= 1, f"--num-clients must be >= 1, got {args.num_clients}"),
-        (args.dataset != "synthetic" or args.num_clients <= 10000,
+        (synthetic_setting(args.dataset) is None or args.num_clients <= 10000,
          f"--num-clients {args.num_clients} is too many for synthetic data (at most 10000)"),
         (args.rounds >= 1, f"--rounds must be >= 1, got {args.rounds}"),
         (args.local_epochs >= 1, f"--local-epochs must be >= 1, got {args.local_epochs}"),
@@ -256,6 +266,12 @@ def check_arrays(name, xtr, ytr, xte, yte):
         raise UserError(f"{name}: x_test samples are {xte.shape[1:]} but x samples {xtr.shape[1:]}")
 
 
+def synthetic_setting(name):
+    """(alpha, beta, iid) of a synthetic dataset name, None for other datasets (datasets_extra.py)."""
+    import datasets_extra
+    return datasets_extra.synthetic_setting(name)
+
+
 def load_arrays(name, data_dir):
     """(x_train, y_train, x_test, y_test) as numpy arrays for a named dataset or an .npz file,
     checked (``check_arrays``); labels int64."""
@@ -270,7 +286,7 @@ def load_arrays(name, data_dir):
         arrays = _load_npz(name)
     else:
         raise UserError(f"unknown dataset '{name}'; choose {', '.join([*VISION, *datasets_extra.LOADERS])}, "
-                        f"synthetic or a .npz file")
+                        f"{datasets_extra.SYNTHETIC_HELP}, or a .npz file")
     check_arrays(name, *arrays)
     xtr, ytr, xte, yte = arrays
     return xtr, ytr.astype(np.int64), xte, yte.astype(np.int64)
@@ -341,18 +357,29 @@ def partition(labels, args, rng, num_classes, min_size):
         return dp.pathological(labels, args.num_clients, rng, cpc, balance=args.balance)
     if args.partition == "dir":
         return dp.dirichlet(labels, args.num_clients, rng, args.beta, min_size=min_size)
-    if args.partition == "pfedla1":
-        return dp.pfedla1(labels, args.num_clients, rng, cpc)
-    return dp.pfedla2(labels, args.num_clients, rng, dominant_classes=min(cpc, num_classes - 1))
+    split = {"pfedla1": lambda n, r, amount: dp.pfedla1(labels, n, r, cpc, amount),
+             "pfedla2": lambda n, r, amount: dp.pfedla2(labels, n, r, min(cpc, num_classes - 1),
+                                                        samples_per_client=amount)}[args.partition]
+    if args.samples_per_client != "auto":
+        return split(args.num_clients, rng, args.samples_per_client)
+    # auto, pFedLA Sec. 4.2: the same amount per client for 10 and 100 clients, what 100 clients get
+    # (a fixed draw, so the amount depends on the labels only); beyond 100 clients or where a
+    # dataset is too small for that, as much as the N clients can have
+    try:
+        amount = len(split(100, np.random.default_rng(0), None)[0]) if args.num_clients <= 100 else None
+        return split(args.num_clients, rng.spawn(1)[0], amount)
+    except dp.PartitionError:
+        return split(args.num_clients, rng, None)
 
 
 def load_federated_data(args, device):
     """Load the dataset, partition it over clients (docs/datasets.md: partitions and the two
     evaluation protocols) and move it to ``device`` once."""
     rng = np.random.default_rng([args.seed, 0])  # data and partition: independent of training randomness
-    if args.dataset == "synthetic":
+    synthetic = synthetic_setting(args.dataset)
+    if synthetic:
         import datasets_extra
-        clients = datasets_extra.synthetic_clients(args.num_clients, rng)
+        clients = datasets_extra.synthetic_clients(args.num_clients, rng, *synthetic)
         x = np.concatenate([c[0] for c in clients])
         y = np.concatenate([c[1] for c in clients])
         starts = np.cumsum([0] + [len(c[1]) for c in clients])
@@ -370,16 +397,17 @@ def load_federated_data(args, device):
             if args.num_clients > len(y):
                 raise UserError(f"{args.num_clients} clients but only {len(y)} samples; use fewer --num-clients")
             min_size = math.ceil(args.batch_size / args.train_ratio) + 1
-            train, test = dp.train_test_split(partition(y, args, rng, num_classes, min_size), rng, args.train_ratio)
+            parts = partition(y, args, rng, num_classes, min_size)
+            train, test = dp.train_test_split(parts, rng, args.train_ratio)
             global_test = None
         else:
             if not len(yte):
                 raise UserError(f"--test-split global needs a test set; {args.dataset} has none (add x_test, y_test)")
-            train = partition(ytr, args, rng, num_classes, args.batch_size)
+            train = parts = partition(ytr, args, rng, num_classes, args.batch_size)
             test = [t + len(ytr) for t in dp.proportional_test_sets([ytr[i] for i in train], yte, rng, num_classes)]
             global_test = np.arange(len(ytr), len(y))
-        x = to_tensor(x, reference=xtr if args.dataset != "synthetic" else None)
-    if args.dataset == "synthetic":
+        x = to_tensor(x, reference=xtr)
+    if synthetic:
         x = to_tensor(x)
     if min(len(t) for t in train) == 0:
         raise UserError("a client received no training data; use fewer --num-clients or another partition")
@@ -393,6 +421,8 @@ def load_federated_data(args, device):
         global_test_idx=None if global_test is None else on(global_test),
         train_counts=dp.class_counts(y, train, num_classes), test_counts=dp.class_counts(y, test, num_classes),
         vocab_size=int(x.max()) + 1 if not x.is_floating_point() else 0)
+    if not synthetic and args.partition in ("pfedla1", "pfedla2"):
+        data.info["samples_per_client"] = {"flag": args.samples_per_client, "samples": len(parts[0])}
     return data
 
 
@@ -420,8 +450,31 @@ class CNN(nn.Module):
         return self.fc(F.relu(self.fc1(x.flatten(1))))
 
 
+class PFedLACNN(nn.Module):
+    """pFedLA's CNN (Sec. 4.1: "the same CNN architectures as in FedFomo, FedBN and pFedHN"):
+    conv5x5(in,16) [BN] ReLU maxpool2, conv5x5(16,32) [BN] ReLU maxpool2, fc(.,120) ReLU,
+    fc(120,84) ReLU, fc(84,classes); BatchNorm after the convs for colour inputs only. 121,278
+    parameters on CIFAR-10 and 85,822 on EMNIST digits: Table 3's costs are 1500 x these sizes."""
+
+    def __init__(self, in_channels, num_classes, image_size):
+        super().__init__()
+        bn = in_channels == 3
+        self.conv1 = nn.Conv2d(in_channels, 16, 5)
+        self.bn1 = nn.BatchNorm2d(16) if bn else nn.Identity()
+        self.conv2 = nn.Conv2d(16, 32, 5)
+        self.bn2 = nn.BatchNorm2d(32) if bn else nn.Identity()
+        self.fc1 = nn.Linear(32 * _pooled_side(image_size) ** 2, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, num_classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x.flatten(1))))))
+
+
 class LeNet(nn.Module):
-    """LeNet-5 of pFedLA; BatchNorm after each conv for colour inputs only."""
+    """LeNet-5 (6 and 16 channels); BatchNorm after each conv for colour inputs only."""
 
     def __init__(self, in_channels, num_classes, image_size):
         super().__init__()
@@ -484,7 +537,7 @@ class FastText(nn.Module):
         return self.fc(self.fc1(mean))
 
 
-MODELS = ["cnn", "lenet", "simplecnn", "resnet18", "resnet34", "mlp", "fasttext"]
+MODELS = ["cnn", "pfedlacnn", "lenet", "simplecnn", "resnet18", "resnet34", "mlp", "fasttext"]
 
 
 def build_model(name, data, auto_image="cnn"):
@@ -506,10 +559,12 @@ def build_model(name, data, auto_image="cnn"):
         raise UserError(f"--model {name} needs image data (N, C, H, W); {data.info.get('name', 'this dataset')} "
                         f"has shape {tuple(x.shape[1:])}; use --model mlp")
     channels, size = x.shape[1], x.shape[2]
-    if name in ("cnn", "lenet", "simplecnn") and _pooled_side(size) < 1:
+    if name in ("cnn", "pfedlacnn", "lenet", "simplecnn") and _pooled_side(size) < 1:
         raise UserError(f"--model {name} needs images of at least 16x16, got {size}x{size}")
     if name == "cnn":
         return CNN(channels, k, size)
+    if name == "pfedlacnn":
+        return PFedLACNN(channels, k, size)
     if name == "lenet":
         return LeNet(channels, k, size)
     if name == "simplecnn":

@@ -114,11 +114,15 @@ def _balanced_class_sets(num_classes, num_clients, per_client, rng):
     return sets
 
 
-def pfedla1(labels, num_clients, rng, classes_per_client=4):
+def pfedla1(labels, num_clients, rng, classes_per_client=4, samples_per_client=None):
     """pFedLA non-IID_1: each client gets ``classes_per_client`` random classes, the same
     number of samples from each, so every client holds the same amount of data.
 
-    The per-class count is the largest that every class can supply to all of its holders.
+    Each client's class set is random; the sets are drawn from shuffled decks of all classes, so
+    every class is held by about the same number of clients (our choice: it lets 100 clients
+    share a balanced dataset without running out of any class). The per-class count is
+    ``samples_per_client // classes_per_client``, or (None) the largest that every class can
+    supply to all of its holders.
     """
     _check(labels, num_clients)
     num_classes = int(labels.max()) + 1
@@ -129,7 +133,12 @@ def pfedla1(labels, num_clients, rng, classes_per_client=4):
     for s in sets:
         holders[s] += 1
     available = np.bincount(labels, minlength=num_classes)
-    per_class = int(min(available[c] // holders[c] for c in range(num_classes) if holders[c]))
+    largest = int(min(available[c] // holders[c] for c in range(num_classes) if holders[c]))
+    per_class = largest if samples_per_client is None else samples_per_client // classes_per_client
+    if samples_per_client is not None and not 1 <= per_class <= largest:
+        raise PartitionError(f"--samples-per-client {samples_per_client} with {classes_per_client} classes per client "
+                             f"needs from {classes_per_client} to {largest * classes_per_client} samples per client "
+                             f"for {num_clients} clients of this dataset")
     if per_class < 1:
         raise PartitionError("too few samples per class for pfedla1; use fewer --num-clients")
     pools = {c: list(rng.permutation(np.flatnonzero(labels == c))) for c in range(num_classes) if holders[c]}
@@ -143,11 +152,12 @@ def pfedla1(labels, num_clients, rng, classes_per_client=4):
     return parts
 
 
-def pfedla2(labels, num_clients, rng, dominant_classes=2, dominant_share=0.8):
+def pfedla2(labels, num_clients, rng, dominant_classes=2, dominant_share=0.8, samples_per_client=None):
     """pFedLA non-IID_2: every client has all classes; ``dominant_classes`` random classes
     together hold ``dominant_share`` of its samples in equal parts, the other classes share
     the rest equally. Every client holds the same amount of data (our documented choice:
-    the paper gives no ratio).
+    the paper gives no ratio): ``samples_per_client`` exactly (the rounding remainder goes to
+    the classes with the largest fractional shares), or (None) the most the dataset allows.
     """
     _check(labels, num_clients)
     num_classes = int(labels.max()) + 1
@@ -158,8 +168,16 @@ def pfedla2(labels, num_clients, rng, dominant_classes=2, dominant_share=0.8):
     for i, s in enumerate(dominant):
         share[i, s] = dominant_share / dominant_classes
     available = np.bincount(labels, minlength=num_classes)
-    size = int(np.min(available / share.sum(0)))
+    size = int(np.min(available / share.sum(0))) if samples_per_client is None else samples_per_client
     counts = np.floor(share * size).astype(int)
+    if samples_per_client is not None:
+        fraction = share * size - counts
+        for i in range(num_clients):
+            counts[i, np.argsort(-fraction[i], kind="stable")[:size - counts[i].sum()]] += 1
+        largest = int(np.min(available / share.sum(0)))
+        if (counts.sum(0) > available).any():
+            raise PartitionError(f"--samples-per-client {samples_per_client} is more than this dataset can give "
+                                 f"{num_clients} pfedla2 clients (at most about {largest})")
     if (counts < 1).any():
         raise PartitionError("too few samples for pfedla2 (a client would miss a class); use fewer --num-clients")
     pools = {c: list(rng.permutation(np.flatnonzero(labels == c))) for c in range(num_classes)}

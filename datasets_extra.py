@@ -269,19 +269,51 @@ LOADERS = {"tinyimagenet": load_tinyimagenet, "agnews": load_agnews}
 SYNTHETIC_ALPHA, SYNTHETIC_BETA, SYNTHETIC_DIM, SYNTHETIC_CLASSES = 1.0, 1.0, 60, 10
 
 
-def synthetic_clients(num_clients, rng, alpha=SYNTHETIC_ALPHA, beta=SYNTHETIC_BETA):
+SYNTHETIC_HELP = "synthetic (= synthetic(1,1)), synthetic(ALPHA,BETA) with numbers >= 0, or synthetic(iid)"
+
+
+def synthetic_setting(name):
+    """The FedProx family behind a dataset name: (alpha, beta, iid) for ``synthetic``,
+    ``synthetic(ALPHA,BETA)`` or ``synthetic(iid)``; None for any other name. A malformed
+    ``synthetic(...)`` raises UserError."""
+    if name == "synthetic":
+        return SYNTHETIC_ALPHA, SYNTHETIC_BETA, False
+    if not name.startswith("synthetic("):
+        return None
+    inside = name[len("synthetic("):].removesuffix(")").replace(" ", "")
+    if name.endswith(")") and inside == "iid":
+        return 0.0, 0.0, True
+    try:
+        alpha, beta = (float(v) for v in inside.split(","))
+        if name.endswith(")") and all(math.isfinite(v) and 0 <= v <= 1e6 for v in (alpha, beta)):
+            return alpha, beta, False
+    except ValueError:
+        pass
+    raise UserError(f"unknown synthetic dataset '{name}'; use {SYNTHETIC_HELP}")
+
+
+def synthetic_clients(num_clients, rng, alpha=SYNTHETIC_ALPHA, beta=SYNTHETIC_BETA, iid=False):
     """FedProx Synthetic(alpha, beta) (Li et al. 2020, Sec. 5.1), one (x, y) per client.
 
     u_k ~ N(0, alpha), B_k ~ N(0, beta); W_k, b_k ~ N(u_k, 1); v_k ~ N(B_k, 1);
-    x ~ N(v_k, Sigma), Sigma_jj = j^-1.2; y = argmax softmax(W_k x + b_k).
+    x ~ N(v_k, Sigma), Sigma_jj = j^-1.2; y = argmax softmax(W_k x + b_k). alpha controls how
+    much the local models differ, beta how much the local inputs differ. Synthetic IID
+    (``iid``): one W, b ~ N(0, 1) for all clients and x ~ N(0, Sigma) everywhere.
     Sample counts: lognormal(4, 2) + 50 as in the FedProx generator, capped at 1000
     so that the quick start stays fast.
     """
     d, c = SYNTHETIC_DIM, SYNTHETIC_CLASSES
     sizes = np.minimum(rng.lognormal(4, 2, num_clients).astype(int) + 50, 1000)
     sigma = np.arange(1, d + 1) ** -1.2
+    if iid:
+        shared_w, shared_b = rng.normal(0, 1, (c, d)), rng.normal(0, 1, c)
     out = []
     for k in range(num_clients):
+        if iid:
+            w, b, v = shared_w, shared_b, np.zeros(d)
+            x = rng.normal(v, np.sqrt(sigma), (sizes[k], d)).astype(np.float32)
+            out.append((x, np.argmax(x @ w.T + b, axis=1).astype(np.int64)))
+            continue
         u, big_b = rng.normal(0, math.sqrt(alpha)), rng.normal(0, math.sqrt(beta))
         w, b = rng.normal(u, 1, (c, d)), rng.normal(u, 1, c)
         v = rng.normal(big_b, 1, d)

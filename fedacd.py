@@ -5,7 +5,8 @@ Each round (Eq. 11, Appendix A.1; our choices where the paper is silent: docs/fe
   2. each client m estimates its probability matrix P^m with the received model, then
      trains on L = L1 + lambda * L2 (Eq. 7-9) with input mixup, re-estimating P^m from
      the softmax outputs of every epoch;
-  3. each client scores its trained model, V_m = sigmoid(1 / KL(P^m || Q)) (Eq. 10);
+  3. each client scores its trained model, V_m = sigmoid(1 / KL(P^m || Q)) (Eq. 10), the KL
+     averaged over the client's classes (Table 9's scale; --score-kl sum sums them);
   4. the server averages the local models with weights V_m / sum_k V_k (Eq. 11);
      --uniform-agg gives the plain mean (FedACD_base, Table 8).
 Evaluation (--test-split global): the global model on the uniform test set (Table 1, the
@@ -46,8 +47,8 @@ def parse_args(argv=None):
     a("--no-mixup", dest="mixup", action="store_false",
       help="turn input mixup off (Table 5, w/o Input Mixup; default: mixup on)")
     a("--uniform-agg", action="store_true", help="plain mean of the local models (FedACD_base)")
-    a("--score-kl", default="sum", choices=["sum", "mean"],
-      help="KL(P^m||Q) in the score V_m: sum over the rows (as written) or mean over the rows")
+    a("--score-kl", default="mean", choices=["mean", "sum"],
+      help="KL(P^m||Q) in the score V_m: mean over the client's present rows (Table 9's scale) or their sum")
     return common.parse_args(parser, argv, resolve, checks=lambda args: [
         (0 < args.tau < 1, f"--tau must be in (0, 1), got {args.tau}"),
         (math.isfinite(args.missing_delta) and args.missing_delta > 0,
@@ -131,10 +132,11 @@ def template_matrix(num_classes, tau, dtype=torch.float64, device=None):
     return Q.fill_diagonal_(tau)
 
 
-def aggregation_score(P, present, tau, reduction="sum"):
-    """V_m = sigmoid(1 / KL(P^m || Q)), Eq. (10), with KL = sum_ij P_ij log(P_ij / Q_ij) over the
-    rows i of classes the client holds (``reduction="mean"`` divides by their number).
-    Returns (V_m, KL) as 0-dim float64 tensors."""
+def aggregation_score(P, present, tau, reduction="mean"):
+    """V_m = sigmoid(1 / KL(P^m || Q)), Eq. (10). KL of the two matrices: the mean over the rows i
+    of classes the client holds of sum_j P_ij log(P_ij / Q_ij), the scale of Table 9 (0.60-5.59
+    on CIFAR-100); ``reduction="sum"`` sums the rows instead (tens of times larger, every V_m
+    near 0.5). Returns (V_m, KL) as 0-dim float64 tensors."""
     P = P.double()
     Q = template_matrix(P.shape[0], tau, device=P.device)
     kl_rows = (torch.xlogy(P, P) - P * Q.log()).sum(1)[present]

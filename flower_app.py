@@ -335,11 +335,12 @@ def pfedla_round(job, server, clients, round_, evaluate, send):
     hypernetworks, client_models = server["hypernetworks"], server["client_models"]
     ids = torch.as_tensor(clients, device=job.device)
     alpha = hypernetworks(ids)                                                 # Alg. 1 l. 5
+    theta_bar = m.aggregate_layerwise(alpha, client_models, sizes)             # Alg. 1 l. 5
     keep = m.retained_layers(alpha.detach(), ids, args.k)                      # Alg. 2 l. 6
-    theta_bar = m.personalised_models(alpha, client_models, ids, sizes, keep)  # Alg. 1 l. 5, Alg. 2 l. 7
-    replies = send("train", {c: {"theta_bar": theta_bar[i].detach()} for i, c in enumerate(clients)}, evaluate)
+    received = m.with_retained_layers(theta_bar.detach(), client_models, ids, sizes, keep)  # Alg. 2 l. 7, 13
+    replies = send("train", {c: {"theta_bar": received[i]} for i, c in enumerate(clients)}, evaluate)
     losses = [common.check_finite(replies[c][1]["loss"], round_, c) for c in clients]
-    m.server_update(hypernetworks, client_models, ids, theta_bar,
+    m.server_update(hypernetworks, client_models, ids, theta_bar, received,
                     torch.stack([replies[c][0]["trained"] for c in clients]), args.hn_lr)
     element, num_params = client_models.element_size(), client_models.shape[1]
     retained = int((keep.long() * torch.as_tensor(sizes, device=job.device)).sum())  # counted as not sent

@@ -12,7 +12,9 @@ alpha_i (Eq. 3-4). Each round (Alg. 1):
          i.e. gradient descent on 1/2 ||theta_bar_i - stop_grad(theta_bar_i + Delta theta_i)||^2:
          the personalised model moves towards the trained one.
 HeurpFedLA (--k K, Alg. 2, Eq. 12): the K layers with the largest self-weight alpha_i^{l,i}
-are neither aggregated nor sent; client i keeps its own theta_i^l for them. K=0 is pFedLA.
+are neither aggregated nor sent; client i keeps its own theta_i^l for them (l. 7, 13). The
+hypernetwork step (l. 10) still uses theta_bar_i of l. 5, the full aggregate, and Delta theta_i
+over all layers (l. 17), so the heads of the retained layers learn too. K=0 is pFedLA.
 
 A "layer" is a module that owns parameters; BatchNorm running statistics
 are aggregated with their layer, integer buffers are not aggregated. The clients of a round
@@ -36,7 +38,7 @@ import run_folder
 
 HEADLINE_METRIC = "test_acc_mean"  # what the paper reports, in metrics.csv
 HEADLINE = "test_acc_mean (unweighted mean over clients; Table 1 after 600 rounds)"
-AUTO_IMAGE = "lenet"  # --model auto on images
+AUTO_IMAGE = "pfedlacnn"  # --model auto on images: the CNN of Sec. 4.1
 
 
 def pfedla_learning_rate(args):
@@ -135,11 +137,11 @@ def retained_layers(alpha, clients, k):
     return keep
 
 
-def personalised_models(alpha, client_models, clients, sizes, keep):
-    """Alg. 1 l. 5 / Alg. 2 l. 7 and 13: the layer-wise aggregate, except for the retained
-    layers (``keep``), where client i has its own theta_i^l (its last trained model, which is
-    also the server's stored row i, so the simulation reads it from there)."""
-    theta_bar = aggregate_layerwise(alpha, client_models, sizes)
+def with_retained_layers(theta_bar, client_models, clients, sizes, keep):
+    """Alg. 2 l. 7 and 13: the model client i starts local training from: the layer-wise
+    aggregate theta_bar_i, except for its retained layers (``keep``), where it has its own
+    theta_i^l (its last trained model, which is also the server's stored row i, so the
+    simulation reads it from there). With no retained layer this is theta_bar_i itself."""
     keep_entries = keep.repeat_interleave(torch.as_tensor(sizes, device=keep.device), dim=1)
     return torch.where(keep_entries, client_models[clients], theta_bar)
 
@@ -166,11 +168,13 @@ def client_update(model, theta_bar_i, data, client, args, round_, out=None):
     return common.flatten_state(model, out=out), loss
 
 
-def server_update(hypernetworks, client_models, clients, theta_bar, trained, hn_lr):
-    """The server after the round (Alg. 1 l. 7-8): the hypernetwork step with Delta theta_i,
-    then theta_i := theta_bar_i + Delta theta_i stored, i.e. the trained model (bit-exact)."""
+def server_update(hypernetworks, client_models, clients, theta_bar, received, trained, hn_lr):
+    """The server after the round (Alg. 1 l. 7-8, Alg. 2 l. 9-10): Delta theta_i = trained -
+    received (what the client started from, retained layers included: Alg. 2 l. 17), the
+    hypernetwork step with the full aggregate theta_bar_i of l. 5 and that Delta over all layers,
+    then theta_i := received + Delta theta_i stored, i.e. the trained model (bit-exact)."""
     trained = common.as_rows(trained)
-    hypernetwork_step(hypernetworks, theta_bar, trained - theta_bar.detach(), hn_lr)
+    hypernetwork_step(hypernetworks, theta_bar, trained - received, hn_lr)
     client_models[clients] = trained
 
 
@@ -183,8 +187,9 @@ def evaluate_personalised(hypernetworks, client_models, worker, data, sizes, k):
     keep = retained_layers(alpha, ids, k)
     results = []
     for i in range(data.num_clients):  # one client at a time: N x D personalised models never exist at once
-        common.load_flat_state(worker, personalised_models(alpha[i:i + 1], client_models, ids[i:i + 1], sizes,
-                                                           keep[i:i + 1])[0])
+        theta_bar = aggregate_layerwise(alpha[i:i + 1], client_models, sizes)
+        common.load_flat_state(worker, with_retained_layers(theta_bar, client_models, ids[i:i + 1], sizes,
+                                                            keep[i:i + 1])[0])
         results.append(common.evaluate(worker, data, [data.test_idx[i]]))
     metrics = common.accuracy_metrics(*(torch.cat(r) for r in zip(*results)))
     metrics["self_weight"] = float(alpha[ids, :, ids].mean())
@@ -222,14 +227,15 @@ def main(argv=None):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
         ids = torch.as_tensor(clients, device=device)
         alpha = hypernetworks(ids)                                               # Alg. 1 l. 5
+        theta_bar = aggregate_layerwise(alpha, client_models, sizes)             # Alg. 1 l. 5
         keep = retained_layers(alpha.detach(), ids, args.k)                      # Alg. 2 l. 6
-        theta_bar = personalised_models(alpha, client_models, ids, sizes, keep)  # Alg. 1 l. 5, Alg. 2 l. 7
-        slot = {client: i for i, client in enumerate(clients)}  # the client's row of theta_bar and trained
-        trained = torch.empty(theta_bar.shape, device=device)
-        updates = pool.map(lambda model, client: client_update(model, theta_bar[slot[client]].detach(), data, client,
+        received = with_retained_layers(theta_bar.detach(), client_models, ids, sizes, keep)  # Alg. 2 l. 7, 13
+        slot = {client: i for i, client in enumerate(clients)}  # the client's row of received and trained
+        trained = torch.empty(received.shape, device=device)
+        updates = pool.map(lambda model, client: client_update(model, received[slot[client]], data, client,
                                                                args, round_, out=trained[slot[client]]), clients)
         losses = [common.check_finite(loss, round_, client) for client, (_, loss) in zip(clients, updates)]
-        server_update(hypernetworks, client_models, ids, theta_bar, trained, args.hn_lr)  # Alg. 1 l. 7-8
+        server_update(hypernetworks, client_models, ids, theta_bar, received, trained, args.hn_lr)  # Alg. 1 l. 7-8
         retained = int((keep.long() * torch.as_tensor(sizes, device=device)).sum())  # retained layers are not sent
         run.add_bytes(down=(len(clients) * num_params - retained) * element, up=len(clients) * num_params * element)
         if run.should_eval(round_):

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import resource
 import shutil
 import signal
@@ -224,7 +225,7 @@ class Run:
             self._previous_handler = None
 
     def _new_dir(self):
-        name = os.path.basename(self.args.dataset).replace(".npz", "")
+        name = re.sub(r"[^A-Za-z0-9._-]+", "-", os.path.basename(self.args.dataset).replace(".npz", "")).strip("-")
         base = os.path.join(self.args.out, f"{self.algo}-{name}-s{self.args.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
         path, n = base, 1
         while True:
@@ -257,10 +258,13 @@ class Run:
             common.atomic_write(os.path.join(self.dir, "partition.json"), _json({
                 "train_class_counts": d.train_counts, "test_class_counts": d.test_counts,
                 "train_sizes": d.train_counts.sum(1), "test_sizes": d.test_counts.sum(1),
-                "global_test_size": 0 if d.global_test_idx is None else len(d.global_test_idx)}))
+                "global_test_size": 0 if d.global_test_idx is None else len(d.global_test_idx),
+                **({"samples_per_client": d.info["samples_per_client"]} if "samples_per_client" in d.info else {})}))
         n = d.num_clients
         print(f"[{self.algo}] {self.args.dataset}: {n} clients, {d.num_classes} classes, "
-              f"input {tuple(d.x.shape[1:])}, device {self.device}, run folder {self.dir}")
+              f"input {tuple(d.x.shape[1:])}, device {self.device}, run folder {self.dir}"
+              + (f"; {d.info['samples_per_client']['samples']} samples per client (--samples-per-client "
+                 f"{d.info['samples_per_client']['flag']})" if "samples_per_client" in d.info else ""))
         for i in range(min(n, 20)):
             nz = {c: int(v) for c, v in enumerate(d.train_counts[i]) if v}
             classes = nz if len(nz) <= 12 else f"{len(nz)} classes (see partition.json)"
@@ -274,7 +278,9 @@ class Run:
         self.bytes_up += int(up)
 
     def should_eval(self, round_):
-        return round_ % self.args.eval_every == 0 or round_ == self.args.rounds
+        """Every --eval-every rounds and each of the last 10, so that last10_mean is the mean over
+        the last 10 rounds (FedPake Sec. 4.1) whatever --eval-every is."""
+        return round_ % self.args.eval_every == 0 or round_ > self.args.rounds - 10
 
     def log(self, round_, metrics):
         """Record one evaluation: a row in metrics.csv (rewritten atomically) and a progress line."""

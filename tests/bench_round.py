@@ -54,7 +54,7 @@ SETTINGS = {
     "fedavg-1-at-a-time": ("fedavg.py", ["--model", "cnn", "--num-clients", "20", "--batch-size", "10",
                                          "--local-epochs", "1", "--parallel-clients", "1"], 1.0),
     "fedala": ("fedala.py", ["--model", "cnn", "--num-clients", "20", "--batch-size", "10", "--local-epochs", "1"], 1.0),
-    "pfedla": ("pfedla.py", ["--model", "lenet", "--num-clients", "10", "--batch-size", "32", "--local-epochs", "10",
+    "pfedla": ("pfedla.py", ["--model", "pfedlacnn", "--num-clients", "10", "--batch-size", "32", "--local-epochs", "10",
                              "--partition", "pfedla1"], 1.0),
     "fedacd": ("fedacd.py", ["--model", "simplecnn", "--num-clients", "20", "--join-ratio", "0.4", "--batch-size", "64",
                              "--local-epochs", "5", "--momentum", "0.9", "--weight-decay", "1e-5"], 1.0),

@@ -50,12 +50,13 @@ def pfedla_round(hypernetworks, client_models, worker, data, clients, args, roun
     """Returns (mean train loss, bytes server->client, bytes client->server)."""
     ids = torch.as_tensor(clients, device=client_models.device)
     alpha = hypernetworks(ids)
+    theta_bar = pfedla.aggregate_layerwise(alpha, client_models, sizes)
     keep = pfedla.retained_layers(alpha.detach(), ids, args.k)
-    theta_bar = pfedla.personalised_models(alpha, client_models, ids, sizes, keep)
+    received = pfedla.with_retained_layers(theta_bar.detach(), client_models, ids, sizes, keep)
     updates = pool_of(worker, data).map(lambda model, client: pfedla.client_update(
-        model, theta_bar[clients.index(client)].detach(), data, client, args, round_), clients)
-    pfedla.server_update(hypernetworks, client_models, ids, theta_bar, torch.stack([t for t, _ in updates]),
-                         args.hn_lr)
+        model, received[clients.index(client)], data, client, args, round_), clients)
+    pfedla.server_update(hypernetworks, client_models, ids, theta_bar, received,
+                         torch.stack([t for t, _ in updates]), args.hn_lr)
     element, num_params = client_models.element_size(), client_models.shape[1]
     retained = int((keep.long() * torch.as_tensor(sizes, device=keep.device)).sum())
     return (sum(float(loss) for _, loss in updates) / len(updates), (len(clients) * num_params - retained) * element,

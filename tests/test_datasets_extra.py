@@ -295,3 +295,44 @@ def test_missing_agnews_one_line_exit_2(tmp_path, capsys, monkeypatch):
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "train.csv" in line and line.endswith(f" in {tmp_path / 'ag_news_csv'}")
     assert os.listdir(tmp_path / "ag_news_csv") == []
+
+
+# ----------------------------------------------------------------------------- FedProx's Synthetic(alpha, beta) family
+
+def test_synthetic_family_names_and_heterogeneity():
+    """Li et al. 2020, Sec. 5.1: beta spreads the clients' input means v_k ~ N(B_k, 1) with
+    B_k ~ N(0, beta), alpha their models W_k, b_k ~ N(u_k, 1), u_k ~ N(0, alpha); IID shares one
+    W, b and x ~ N(0, Sigma). So the spread of the clients' mean inputs grows iid < (0,0) <
+    (0.5,0.5) < (1,1), and only the IID clients share one labelling function."""
+    import datasets_extra as de
+    assert de.synthetic_setting("synthetic") == de.synthetic_setting("synthetic(1,1)") == (1.0, 1.0, False)
+    assert de.synthetic_setting("synthetic( 0.5 , 0.5 )") == (0.5, 0.5, False)
+    assert de.synthetic_setting("synthetic(iid)") == (0.0, 0.0, True)
+    assert de.synthetic_setting("cifar10") is None
+
+    def input_shift(name):  # mean over clients of |mean of the client's inputs|, ~ |B_k| (v_k's mean)
+        shifts = [np.abs(x.mean()) for seed in range(4)
+                  for x, _ in de.synthetic_clients(40, np.random.default_rng([seed, 0]), *de.synthetic_setting(name))]
+        return float(np.mean(shifts))
+
+    shifts = [input_shift(n) for n in ("synthetic(iid)", "synthetic(0,0)", "synthetic(0.5,0.5)", "synthetic(1,1)")]
+    assert shifts == sorted(shifts) and shifts[0] < 0.02 and shifts[3] > 4 * shifts[1], shifts
+    x, y = zip(*de.synthetic_clients(5, np.random.default_rng(0), iid=True))
+    w = np.linalg.lstsq(np.concatenate(x), np.eye(10)[np.concatenate(y)], rcond=None)[0]
+    assert all(np.mean(np.argmax(xk @ w, 1) == yk) > 0.6 for xk, yk in zip(x, y))  # one labelling for all
+
+    args = fedavg.parse_args(["--dataset", "synthetic(1,1)", "--num-clients", "6"])
+    same = fedavg.parse_args(["--dataset", "synthetic", "--num-clients", "6"])
+    a, b = common.load_federated_data(args, "cpu"), common.load_federated_data(same, "cpu")
+    assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)  # synthetic is synthetic(1,1)
+
+
+def test_synthetic_family_run_folder_and_bad_names(tmp_path):
+    r = run_script("fedavg.py", "--dataset", "synthetic(0.5,0.5)", "--rounds", 1, "--num-clients", 4,
+                   "--out", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert os.path.basename(run_dir(tmp_path)).startswith("fedavg-synthetic-0.5-0.5-s0-")
+    for bad in ("synthetic(1)", "synthetic(a,b)", "synthetic(-1,1)", "synthetic(1,1", "synthetic(inf,0)"):
+        r = run_script("fedavg.py", "--dataset", bad, "--rounds", 1, "--out", tmp_path / "bad")
+        assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "synthetic(ALPHA,BETA)" in r.stderr, bad
+    assert not os.path.exists(tmp_path / "bad")

@@ -209,22 +209,50 @@ def test_score_hand_example_and_absent_rows_left_out():
     tau = 0.99999
     off = (1 - tau) / 2
     kl = sum(P[i, j].item() * math.log(P[i, j].item() / (tau if i == j else off)) for i in range(3) for j in range(3))
-    V, got_kl = fedacd.aggregation_score(P, torch.ones(3, dtype=torch.bool), tau)
+    V, got_kl = fedacd.aggregation_score(P, torch.ones(3, dtype=torch.bool), tau, reduction="sum")
     assert got_kl.item() == pytest.approx(kl, rel=1e-6)
     assert V.item() == pytest.approx(1 / (1 + math.exp(-1 / kl)), rel=1e-9)
+    V_mean, kl_mean = fedacd.aggregation_score(P, torch.ones(3, dtype=torch.bool), tau)  # the default: the mean
+    assert kl_mean.item() == pytest.approx(kl / 3, rel=1e-6)
+    assert V_mean.item() == pytest.approx(1 / (1 + math.exp(-3 / kl)), rel=1e-9)
     Q = fedacd.template_matrix(3, tau)
     assert torch.allclose(Q.sum(1), torch.ones(3, dtype=torch.float64)) and Q[0, 0] == tau
 
     present = torch.tensor([True, False, True])
     kl_present = sum(P[i, j].item() * math.log(P[i, j].item() / (tau if i == j else off))
                      for i in (0, 2) for j in range(3))
-    V1, kl1 = fedacd.aggregation_score(P, present, tau)
+    V1, kl1 = fedacd.aggregation_score(P, present, tau, reduction="sum")
     garbage = P.clone()
     garbage[1] = torch.tensor([0.0, 0.0, 1.0])
-    V2, _ = fedacd.aggregation_score(garbage, present, tau)
+    V2, _ = fedacd.aggregation_score(garbage, present, tau, reduction="sum")
     assert kl1.item() == pytest.approx(kl_present, rel=1e-6) and V1 == V2
     _, kl_mean = fedacd.aggregation_score(P, present, tau, reduction="mean")
     assert kl_mean.item() == pytest.approx(kl_present / 2, rel=1e-6)
+
+
+def test_mean_score_separates_a_good_local_model_from_a_poor_one_where_the_sum_cannot():
+    """Table 9's scale: a client whose model is nearly diagonal on its 50 classes (KL per row
+    about 0.6, FedACD's CIFAR-100 figure) against one near FedAvg's 5. With the per-row mean the
+    weights differ clearly; with the sum over 50 rows every V_m is within 1% of 0.5 and the
+    weights are uniform to about 1% (FedACD_base in all but name)."""
+    tau, C = 0.99999, 100
+    present = torch.zeros(C, dtype=torch.bool)
+    present[:50] = True
+
+    def model_matrix(diagonal):
+        P = torch.full((C, C), (1 - diagonal) / (C - 1), dtype=torch.float64)
+        return P.fill_diagonal_(diagonal)
+
+    good, poor = model_matrix(0.95), model_matrix(0.60)
+    kls = {r: [fedacd.aggregation_score(P, present, tau, reduction=r)[1].item() for P in (good, poor)]
+           for r in ("mean", "sum")}
+    assert 0.3 < kls["mean"][0] < 1.0 and 3.0 < kls["mean"][1] < 8.0  # Table 9: 0.60-0.83 and 4.06-5.59
+    for reduction, spread in (("mean", "wide"), ("sum", "uniform")):
+        V = torch.stack([fedacd.aggregation_score(P, present, tau, reduction=reduction)[0] for P in (good, poor)])
+        weights = fedacd.aggregation_weights(V)
+        off_uniform = (weights / 0.5 - 1).abs().max().item()
+        assert (off_uniform > 0.05) if spread == "wide" else (off_uniform < 0.02), (reduction, weights)
+    assert fedacd.parse_args(["--dataset", "synthetic"]).score_kl == "mean"
 
 
 def test_aggregation_weights():

@@ -270,3 +270,16 @@ def test_resume_gives_the_uninterrupted_result(tmp_path, one_thread):
     assert stopped.value.code == 0 and len(read_rows(run_dir(tmp_path / "parts"))) == 3
     fedpake.main(["--resume", run_dir(tmp_path / "parts")])
     assert read_rows(run_dir(tmp_path / "parts"), MEASURED) == read_rows(run_dir(tmp_path / "whole"), MEASURED)
+
+
+def test_last10_mean_is_over_the_last_10_rounds_whatever_eval_every(tmp_path):
+    """Sec. 4.1 reports "the average testing accuracy of the global model over the last 10
+    rounds": with --eval-every 5 every one of the last 10 rounds is still evaluated."""
+    from conftest import metrics_rows, run_dir, run_in_process
+    assert run_in_process("fedpake.py", "--dataset", "synthetic", "--num-clients", 4, "--rounds", 17,
+                          "--eval-every", 5, "--model", "mlp", "--out", tmp_path) == 0
+    rows = metrics_rows(run_dir(tmp_path))
+    assert [int(r["round"]) for r in rows] == [5, *range(8, 18)]
+    summary = json.load(open(os.path.join(run_dir(tmp_path), "summary.json")))
+    last10 = [float(r["test_acc"]) for r in rows[-10:]]
+    assert summary["test_acc"]["last10_mean"] == pytest.approx(sum(last10) / 10, abs=1e-6)

@@ -1,4 +1,5 @@
 """Partition properties."""
+import os
 import time
 
 import numpy as np
@@ -107,3 +108,55 @@ def test_train_test_split_disjoint_with_ratio():
     for p, tr, te in zip(parts, train, test):
         assert np.array_equal(np.sort(np.concatenate([tr, te])), p)
         assert len(tr) == round(0.75 * len(p))
+
+
+# ----------------------------------------------------------------------------- pFedLA Sec. 4.2: same data per client
+
+def _npz(tmp_path, per_class=600, classes=10, seed=0):
+    """A CIFAR-10-like set in miniature (6,000 samples), as an .npz of vectors."""
+    rng = np.random.default_rng(seed)
+    y = rng.permutation(np.repeat(np.arange(classes), per_class))
+    path = tmp_path / "d.npz"
+    np.savez(path, x=rng.normal(size=(len(y), 8)).astype(np.float32) + y[:, None], y=y)
+    return str(path)
+
+
+@pytest.mark.parametrize("partition", ["pfedla1", "pfedla2"])
+def test_pfedla_partitions_give_10_and_100_clients_the_same_data_per_client(tmp_path, partition):
+    """Sec. 4.2: "all clients have the same amount of training data for both 10 and 100 clients
+    cases". By default (auto) the amount is what a 100-client split gives: 6,000 / 100 = 60
+    samples per client, 42 for training at the 70/30 split, for 10 clients as for 100."""
+    import common
+    import pfedla
+    path = _npz(tmp_path)
+    sizes = {}
+    for n in (10, 100):
+        args = pfedla.parse_args(["--dataset", path, "--partition", partition, "--num-clients", str(n)])
+        assert args.samples_per_client == "auto"
+        data = common.load_federated_data(args, "cpu")
+        train = {len(t) for t in data.train_idx}
+        total = {len(a) + len(b) for a, b in zip(data.train_idx, data.test_idx)}
+        assert len(train) == 1 and len(total) == 1, (n, train, total)
+        assert data.info["samples_per_client"] == {"flag": "auto", "samples": total.pop()}
+        sizes[n] = train.pop()
+    assert sizes[10] == sizes[100], sizes
+    if partition == "pfedla1":  # 4 classes, 15 samples each
+        assert sizes[10] == 42 and set(np.unique(data.train_counts + data.test_counts)) == {0, 15}
+    else:  # every class, 2 of them dominant; shares rounded down, so a little under 60
+        counts = data.train_counts + data.test_counts
+        assert (counts > 0).all() and 36 <= sizes[10] <= 42
+    args = pfedla.parse_args(["--dataset", path, "--partition", partition, "--samples-per-client", "200"])
+    data = common.load_federated_data(args, "cpu")
+    assert {len(a) + len(b) for a, b in zip(data.train_idx, data.test_idx)} == {200}
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--samples-per-client", "0"], "--samples-per-client"),
+    (["--samples-per-client", "many"], "--samples-per-client"),
+    (["--samples-per-client", "5000"], "--samples-per-client 5000"),
+    (["--samples-per-client", "5000", "--partition", "pfedla2"], "--samples-per-client 5000")])
+def test_impossible_samples_per_client_is_one_line_exit_2(tmp_path, flags, message):
+    from conftest import run_script
+    r = run_script("pfedla.py", "--dataset", _npz(tmp_path), "--rounds", 1, "--out", tmp_path / "runs", *flags)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and message in r.stderr, r.stderr
+    assert not os.path.exists(tmp_path / "runs") or not os.listdir(tmp_path / "runs")

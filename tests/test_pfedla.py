@@ -99,7 +99,8 @@ def test_alpha_on_simplex_and_personalised_model_is_layerwise_weighted_sum():
     with torch.no_grad():
         hn.head_bias.mul_(20)  # far from uniform, so a wrong mixing cannot pass by accident
         alpha = hn(ids)
-        theta_bar = pfedla.personalised_models(alpha, client_models, ids, sizes, pfedla.retained_layers(alpha, ids, 0))
+        theta_bar = pfedla.with_retained_layers(pfedla.aggregate_layerwise(alpha, client_models, sizes), client_models,
+                                                ids, sizes, pfedla.retained_layers(alpha, ids, 0))
     assert alpha.shape == (n, 7, n)
     assert (alpha >= 0).all()
     torch.testing.assert_close(alpha.sum(-1), torch.ones(n, 7))
@@ -207,8 +208,8 @@ def test_k0_is_pfedla_and_k1_retains_top_self_weight_layer(monkeypatch):
     ids = torch.arange(data_n)
     keep0 = pfedla.retained_layers(alpha, ids, 0)
     assert not keep0.any()
-    assert torch.equal(pfedla.personalised_models(alpha, cm, ids, [10, 20], keep0),
-                       pfedla.aggregate_layerwise(alpha, cm, [10, 20]))
+    aggregate = pfedla.aggregate_layerwise(alpha, cm, [10, 20])
+    assert torch.equal(pfedla.with_retained_layers(aggregate, cm, ids, [10, 20], keep0), aggregate)
 
     log0, traffic0, sizes, _, models0 = _run_rounds(0, 2, favour_layer=layer, monkeypatch=monkeypatch)
     log1, traffic1, _, hn1, models1 = _run_rounds(1, 2, favour_layer=layer, monkeypatch=monkeypatch)
@@ -323,3 +324,80 @@ def test_clients_in_parallel_give_the_same_rounds_as_one_at_a_time():
     (m1, h1, l1), (m3, h3, l3) = outcomes
     assert torch.equal(m1, m3) and torch.equal(h1, h3) and l1 == l3
     assert not torch.equal(m1[0], m1[1])  # clients 0 (trained) and 1 (not sampled) differ
+
+
+# ----------------------------------------------------------------------------- 7. the paper's model (Sec. 4.1, Table 3)
+
+def _fake_images(shape, classes=10):
+    return argparse.Namespace(x=torch.zeros(2, *shape), num_classes=classes, vocab_size=0, info={})
+
+
+def test_auto_model_is_the_cnn_whose_sizes_table_3_implies():
+    """Table 3 was computed from the model's size: its k=0 costs are 1500 x (121,278 and 85,822
+    float32 parameters) in MiB, and its savings for k = 1..3 are half the share of the retained
+    layers (they are not sent server->client, but still sent client->server)."""
+    cifar = common.build_model("auto", _fake_images((3, 32, 32)), auto_image=pfedla.AUTO_IMAGE)
+    emnist = common.build_model("auto", _fake_images((1, 28, 28)), auto_image=pfedla.AUTO_IMAGE)
+    params = lambda m: sum(p.numel() for p in m.parameters())
+    assert (params(cifar), params(emnist)) == (121_278, 85_822)
+    assert [n for n, _ in common.layers(cifar)] == ["conv1", "bn1", "conv2", "bn2", "fc1", "fc2", "fc3"]
+    assert [n for n, _ in common.layers(emnist)] == ["conv1", "conv2", "fc1", "fc2", "fc3"]  # no BN on grey
+
+    for model, k0 in ((cifar, 693.98), (emnist, 491.08)):
+        assert 1500 * params(model) * 4 / 2 ** 20 == pytest.approx(k0, rel=0.005)
+    assert (params(cifar) / params(emnist)) == pytest.approx(693.98 / 491.08, rel=0.005)
+
+    def cost_ratio(model, retained):  # pfedla.main's count: up all layers, down all but the retained
+        sizes = dict(zip((n for n, _ in common.layers(model)), pfedla.layer_sizes(model)))
+        total = sum(sizes.values())
+        return (2 * total - sum(sizes[name] for name in retained)) / (2 * total)
+
+    table_3 = {cifar: [(["fc1"], 418.97 / 693.98), (["fc1", "conv2"], 382.25 / 693.98),
+                       (["fc1", "conv2", "fc3"], 379.82 / 693.98)],
+               emnist: [(["fc3"], 488.65 / 491.08), (["fc3", "fc1"], 312.52 / 491.08)]}
+    for model, rows in table_3.items():
+        for retained, paper in rows:
+            assert cost_ratio(model, retained) == pytest.approx(paper, rel=0.005), retained
+    lenet = common.build_model("lenet", _fake_images((3, 32, 32)))  # the model we used before: far off
+    assert params(lenet) / params(cifar) < 0.6
+
+
+# ----------------------------------------------------------------------------- 8. HeurpFedLA's step, Alg. 2 l. 10
+
+def test_heurpfedla_step_trains_the_retained_layers_heads_with_the_full_aggregate(monkeypatch):
+    """Alg. 2 l. 10 updates v_i, psi_i by Eq. 10-11 with theta_bar_i of l. 5 (every layer
+    aggregated) and Delta theta_i over all layers (l. 17), so the head of a retained layer moves.
+    Its step equals the one computed by hand from the full aggregate."""
+    data = group_data()
+    n, layer = data.num_clients, 1
+    worker, sizes, client_models, hn = seeded_setup(data)
+    with torch.no_grad():
+        hn.head_bias[torch.arange(n), layer, torch.arange(n)] += 3.0  # layer 1 is every client's top layer
+    args, ids = make_args(k=1), torch.arange(n)
+    pfedla_round(hn, client_models, worker, data, list(range(n)), args, 1, sizes)  # stored models now differ
+    before = copy.deepcopy(hn)
+    stored = client_models.clone()
+    log = []
+    real_train = common.local_train
+
+    def recording_train(model, *a, **kw):
+        start = common.flatten_state(model).clone()
+        loss = real_train(model, *a, **kw)
+        log.append((start, common.flatten_state(model).clone()))
+        return loss
+
+    monkeypatch.setattr(common, "local_train", recording_train)
+    pfedla_round(hn, client_models, worker, data, list(range(n)), args, 2, sizes)
+    a, b = sum(sizes[:layer]), sum(sizes[:layer + 1])
+    received = torch.stack([start for start, _ in log])
+    trained = torch.stack([end for _, end in log])
+    assert torch.equal(received[:, a:b], stored[:, a:b])  # the client kept its own retained layer
+    head_moved = (hn.head_weight[:, :, layer] - before.head_weight[:, :, layer]).abs().amax(dim=(1, 2))
+    assert (head_moved > 0).all(), head_moved  # before the fix: exactly zero
+    # by hand: the gradient step on 1/2 ||theta_bar - sg(theta_bar + Delta)||^2 with the full aggregate
+    theta_bar = pfedla.aggregate_layerwise(before(ids), stored, sizes)
+    loss = -(theta_bar * (trained - received)).sum()
+    grads = torch.autograd.grad(loss, list(before.parameters()))
+    for p_new, p_old, g in zip(hn.parameters(), before.parameters(), grads):
+        torch.testing.assert_close(p_new.detach(), p_old.detach() - args.hn_lr * g, rtol=1e-5, atol=1e-6)
+    assert torch.equal(client_models, trained)  # theta_i := received + Delta theta_i, the trained model

@@ -1,0 +1,237 @@
+"""paper_tables.py: the schema of every table, the same settings for a baseline as for its algorithm (by
+parsing each run's command line with the script's own parse_args; nothing is trained or loaded), and the
+paper numbers quoted in docs/<algo>.md present in the tables."""
+import importlib
+import math
+import os
+import re
+
+import pytest
+
+import common
+import paper_tables
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TABLES = paper_tables.TABLES
+SOURCES = {"fedala": "fedala.py", "pfedla": "pfedla.py", "fedpake": "fedpake.py", "fedacd": "fedacd.py",
+           "synthetic": None}
+SUMMARIES = {"best", "final", "last10"}
+# The metrics.csv header of each script (mb_total: mb_down + mb_up, computed by the runner); global_acc and
+# global_loss only under --test-split global.
+COMMON_COLUMNS = {"round", "test_acc", "test_acc_mean", "test_acc_std", "test_loss", "train_loss", "seconds",
+                  "sec_per_round", "mb_down", "mb_up", "host_mb", "mb_total"}
+COLUMNS = {"fedavg.py": COMMON_COLUMNS,
+           "fedala.py": COMMON_COLUMNS | {"ala_epochs"},
+           "pfedla.py": COMMON_COLUMNS | {"self_weight"},
+           "fedpake.py": COMMON_COLUMNS | {"high_fraction", "macro_classes", "agg_seconds"},
+           "fedacd.py": COMMON_COLUMNS | {"local_kl", "score_min", "score_max", "local_risk"}}
+GLOBAL_COLUMNS = {"global_acc", "global_loss"}
+# The settings every run of a cell must share with the cell's algorithm (argparse dests).
+SHARED = ["dataset", "partition", "beta", "classes_per_client", "balance", "num_clients", "join_ratio", "rounds",
+          "local_epochs", "batch_size", "lr", "momentum", "weight_decay", "model", "test_split", "train_ratio",
+          "eval_every", "samples_per_client", "seed"]
+PARTITION = {"partition", "beta", "classes_per_client", "balance", "samples_per_client"}
+# Flags that common + cell flags must state explicitly in a paper table (not left to a script's default).
+EXPLICIT = ["--dataset", "--num-clients", "--join-ratio", "--local-epochs", "--batch-size", "--lr", "--momentum",
+            "--weight-decay", "--model", "--test-split", "--eval-every"]
+ID = re.compile(r"^[a-z0-9-]+$")
+CELL_ID = re.compile(r"^[a-z0-9.-]+$")
+
+
+def runs():
+    """(table id, table, cell, method, argv) for every run."""
+    for tid, table in TABLES.items():
+        for cell in table["cells"]:
+            for method in cell["methods"]:
+                argv = [*table["common"], *cell["flags"], *method["flags"], "--rounds", str(table["rounds"])]
+                yield tid, table, cell, method, argv
+
+
+def is_number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def flag_value(argv, flag):
+    """The value argparse would take for ``flag`` (the last occurrence), or None."""
+    values = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
+    return values[-1] if values else None
+
+
+# ----------------------------------------------------------------------------------------------- schema
+
+def test_table_ids_and_keys():
+    assert isinstance(TABLES, dict) and TABLES
+    assert "synthetic" in TABLES and "synthetic-sweep" in TABLES
+    for tid, table in TABLES.items():
+        assert ID.match(tid), tid
+        assert set(table) == {"title", "source", "metric", "rounds", "common", "cells"}, tid
+        assert isinstance(table["title"], str) and table["title"], tid
+        assert table["source"] in SOURCES, tid
+        assert isinstance(table["rounds"], int) and not isinstance(table["rounds"], bool) and table["rounds"] > 0
+        assert isinstance(table["common"], list) and all(isinstance(f, str) for f in table["common"]), tid
+        assert isinstance(table["cells"], list) and table["cells"], tid
+
+
+def check_metric(metric, where):
+    assert isinstance(metric, dict) and set(metric) == {"summary", "column", "protocol"}, where
+    assert metric["summary"] in SUMMARIES, where
+    assert isinstance(metric["column"], str) and metric["column"], where
+    assert isinstance(metric["protocol"], str) and len(metric["protocol"]) > 20, where
+
+
+def test_cells_and_methods():
+    for tid, table in TABLES.items():
+        check_metric(table["metric"], tid)
+        names = [c["name"] for c in table["cells"]]
+        assert len(names) == len(set(names)), tid
+        for cell in table["cells"]:
+            where = f"{tid}/{cell.get('name')}"
+            assert set(cell) == {"name", "flags", "methods"}, where
+            assert CELL_ID.match(cell["name"]), where
+            assert isinstance(cell["flags"], list) and all(isinstance(f, str) for f in cell["flags"]), where
+            assert isinstance(cell["methods"], list) and cell["methods"], where
+            methods = [m["method"] for m in cell["methods"]]
+            assert len(methods) == len(set(methods)), where
+            for m in cell["methods"]:
+                w = f"{where}/{m.get('method')}"
+                assert {"method", "script", "flags", "paper"} <= set(m), w
+                assert set(m) <= {"method", "script", "flags", "paper", "paper_std", "metric"}, w
+                assert isinstance(m["method"], str) and m["method"], w
+                assert m["script"] in COLUMNS and os.path.isfile(os.path.join(ROOT, m["script"])), w
+                assert isinstance(m["flags"], list) and all(isinstance(f, str) for f in m["flags"]), w
+                assert m["paper"] is None or is_number(m["paper"]), w
+                if "paper_std" in m:
+                    assert m["paper"] is not None and is_number(m["paper_std"]) and m["paper_std"] >= 0, w
+                if "metric" in m:
+                    check_metric(m["metric"], w)
+                if table["source"] == "synthetic":
+                    assert m["paper"] is None and "paper_std" not in m, w
+
+
+def test_rounds_come_from_the_table_only():
+    for tid, table, cell, method, argv in runs():
+        assert "--rounds" not in table["common"] + cell["flags"] + method["flags"], (tid, cell["name"])
+
+
+def test_every_paper_cell_has_its_algorithm_and_a_number():
+    for tid, table in TABLES.items():
+        if table["source"] == "synthetic":
+            continue
+        for cell in table["cells"]:
+            scripts = [m["script"] for m in cell["methods"]]
+            assert SOURCES[table["source"]] in scripts, (tid, cell["name"])
+            assert any(m["paper"] is not None for m in cell["methods"]), (tid, cell["name"])
+
+
+def test_metric_columns_are_written_by_the_scripts():
+    for tid, table, cell, method, argv in runs():
+        column = method.get("metric", table["metric"])["column"]
+        allowed = COLUMNS[method["script"]]
+        if flag_value(argv, "--test-split") == "global":
+            allowed = allowed | GLOBAL_COLUMNS
+        assert column in allowed, (tid, cell["name"], method["method"], column)
+
+
+def test_left_out_entries():
+    assert isinstance(paper_tables.LEFT_OUT, list)
+    for entry in paper_tables.LEFT_OUT:
+        assert {"table", "cell", "method", "paper", "why"} <= set(entry) <= {"table", "cell", "method", "paper",
+                                                                           "paper_std", "why"}, entry
+        assert entry["table"] in TABLES and is_number(entry["paper"]) and entry["why"], entry
+        assert CELL_ID.match(entry["cell"]), entry
+        assert "paper_std" not in entry or is_number(entry["paper_std"]), entry
+
+
+# ------------------------------------------------------------------------- same settings for every method
+
+def parse(script, argv):
+    module = importlib.import_module(script.removesuffix(".py"))
+    try:
+        return module.parse_args(argv)
+    except SystemExit as e:  # argparse refused a flag: report the command rather than a bare exit
+        pytest.fail(f"{script} {' '.join(argv)}: parse_args exited with {e.code}")
+
+
+@pytest.mark.parametrize("tid", list(TABLES))
+def test_every_method_of_a_cell_runs_with_the_algorithms_settings(tid):
+    table = TABLES[tid]
+    algorithm = SOURCES[table["source"]]
+    for cell in table["cells"]:
+        parsed = [(m, parse(m["script"], [*table["common"], *cell["flags"], *m["flags"],
+                                          "--rounds", str(table["rounds"])])) for m in cell["methods"]]
+        # the reference: the cell's algorithm (the first method of the source's script), else the first method
+        ref_method, ref = next(((m, a) for m, a in parsed if m["script"] == algorithm), parsed[0])
+        assert ref.rounds == table["rounds"]
+        # synthetic data is generated per client: the partition settings do not apply to it
+        ignored = PARTITION if common.synthetic_setting(ref.dataset) is not None else set()
+        for m, args in parsed:
+            for dest in set(SHARED) - ignored:
+                if hasattr(ref, dest) or hasattr(args, dest):
+                    assert getattr(args, dest, None) == getattr(ref, dest, None), \
+                        (tid, cell["name"], m["method"], ref_method["method"], dest)
+
+
+def test_paper_tables_state_their_settings_explicitly():
+    for tid, table in TABLES.items():
+        if table["source"] == "synthetic":
+            continue
+        for cell in table["cells"]:
+            given = table["common"] + cell["flags"]
+            missing = [f for f in EXPLICIT if f not in given]
+            if common.synthetic_setting(flag_value(given, "--dataset")) is None:
+                missing += [f for f in ("--partition",) if f not in given]
+            assert not missing, (tid, cell["name"], missing)
+            if flag_value(given, "--partition") == "dir":
+                assert "--beta" in given, (tid, cell["name"])
+
+
+def test_the_synthetic_tables_share_one_setting():
+    assert TABLES["synthetic"]["common"] == TABLES["synthetic-sweep"]["common"]
+    assert TABLES["synthetic"]["rounds"] == TABLES["synthetic-sweep"]["rounds"] == 200
+    scripts = {m["script"] for c in TABLES["synthetic"]["cells"] for m in c["methods"]}
+    assert scripts == set(COLUMNS)
+
+
+# ------------------------------------------------------------------------------ paper numbers in the docs
+
+def doc_paper_numbers(path):
+    """Decimal numbers in the table rows of a doc's paper-number section(s): after a line that says "paper
+    numbers" or "paper's numbers", the first markdown table (or, under such a heading, every table up to the
+    next heading). Code spans and the first column (the setting or command) are dropped."""
+    lines = open(path).read().splitlines()
+    numbers = []
+    for i, line in enumerate(lines):
+        if not re.search(r"paper(?:'s)? numbers", line, re.IGNORECASE):
+            continue
+        heading = line.startswith("#")
+        seen_table = False
+        for row in lines[i + 1:]:
+            if heading and row.startswith("#"):
+                break
+            if not row.startswith("|"):
+                if seen_table and not heading:
+                    break
+                continue
+            seen_table = True
+            if re.match(r"^\|[\s|:-]+\|$", row):  # the separator row
+                continue
+            columns = re.sub(r"`[^`]*`", "", row).strip().strip("|").split("|")[1:]
+            numbers += [float(x) for x in re.findall(r"(?<![\w.])\d+\.\d+(?![\w.])", "|".join(columns))]
+    return numbers
+
+
+def paper_values(source):
+    values = [v for t in TABLES.values() if t["source"] == source for c in t["cells"] for m in c["methods"]
+              for v in (m["paper"], m.get("paper_std")) if v is not None]
+    values += [v for e in paper_tables.LEFT_OUT if TABLES[e["table"]]["source"] == source
+               for v in (e["paper"], e.get("paper_std")) if v is not None]
+    return values
+
+
+@pytest.mark.parametrize("source", ["fedala", "pfedla", "fedpake", "fedacd"])
+def test_paper_numbers_quoted_in_the_docs_are_in_the_tables(source):
+    numbers = doc_paper_numbers(os.path.join(ROOT, "docs", f"{source}.md"))
+    assert len(numbers) >= 9, f"docs/{source}.md: no paper-number table found"
+    values = paper_values(source)
+    missing = sorted({n for n in numbers if not any(abs(n - v) < 1e-9 for v in values)})
+    assert not missing, f"docs/{source}.md quotes paper numbers that paper_tables.py lacks: {missing}"

@@ -43,7 +43,7 @@ def parse_args(argv=None):
     a("--s", type=float, default=80, help="percent of the client's train data used by ALA each round")
     a("--p", type=int, default=1, help="ALA range: the top p layers (p=1: the last Linear layer)")
     a("--threshold", type=float, default=0.1,
-      help="initial stage stops when the std of the last --num-pre-loss epoch losses is below this (paper: 0.01)")
+      help="initial stage stops when the std of the last --num-pre-loss epoch losses is below this (the paper gives no value; the official code: 0.1, its first commit 0.01)")
     a("--num-pre-loss", type=int, default=10, help="epoch losses looked at by the initial-stage rule")
     a("--max-init-epochs", type=int, default=100, help="hard cap on the initial stage's weight-learning epochs")
     a("--no-ala", action="store_true", help="overwrite with the global model (FedAvg with personal copies)")

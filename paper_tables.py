@@ -88,7 +88,7 @@ TABLES = {
                                "FedALA: each client's ALA-initialised model; pFedLA: each client's personalised "
                                "model) on every client's own test data, pooled over clients; mean of the last "
                                "10 rounds"},
-        "rounds": 200,
+        "rounds": 300,
         "common": ["--num-clients", "20", "--join-ratio", "1.0", "--local-epochs", "1", "--batch-size", "10",
                    "--lr", "0.01", "--momentum", "0", "--weight-decay", "0", "--model", "mlp",
                    "--train-ratio", "0.75", "--test-split", "client", "--eval-every", "1"],
@@ -118,7 +118,7 @@ TABLES = {
                                "FedALA: each client's ALA-initialised model; pFedLA: each client's personalised "
                                "model) on every client's own test data, pooled over clients; mean of the last "
                                "10 rounds"},
-        "rounds": 200,
+        "rounds": 300,
         "common": ["--num-clients", "20", "--join-ratio", "1.0", "--local-epochs", "1", "--batch-size", "10",
                    "--lr", "0.01", "--momentum", "0", "--weight-decay", "0", "--model", "mlp",
                    "--train-ratio", "0.75", "--test-split", "client", "--eval-every", "1"],

@@ -14,7 +14,7 @@ alpha_i (Eq. 3-4). Each round (Alg. 1):
 HeurpFedLA (--k K, Alg. 2, Eq. 12): the K layers with the largest self-weight alpha_i^{l,i}
 are neither aggregated nor sent; client i keeps its own theta_i^l for them (l. 7, 13). The
 hypernetwork step (l. 10) still uses theta_bar_i of l. 5, the full aggregate, and Delta theta_i
-over all layers (l. 17), so the heads of the retained layers learn too. K=0 is pFedLA.
+over all layers (its return line), so the heads of the retained layers learn too. K=0 is pFedLA.
 
 A "layer" is a module that owns parameters; BatchNorm running statistics
 are aggregated with their layer, integer buffers are not aggregated. The clients of a round
@@ -170,7 +170,7 @@ def client_update(model, theta_bar_i, data, client, args, round_, out=None):
 
 def server_update(hypernetworks, client_models, clients, theta_bar, received, trained, hn_lr):
     """The server after the round (Alg. 1 l. 7-8, Alg. 2 l. 9-10): Delta theta_i = trained -
-    received (what the client started from, retained layers included: Alg. 2 l. 17), the
+    received (what the client started from, retained layers included: the return line of Alg. 2), the
     hypernetwork step with the full aggregate theta_bar_i of l. 5 and that Delta over all layers,
     then theta_i := received + Delta theta_i stored, i.e. the trained model (bit-exact)."""
     trained = common.as_rows(trained)

@@ -366,7 +366,7 @@ def test_auto_model_is_the_cnn_whose_sizes_table_3_implies():
 
 def test_heurpfedla_step_trains_the_retained_layers_heads_with_the_full_aggregate(monkeypatch):
     """Alg. 2 l. 10 updates v_i, psi_i by Eq. 10-11 with theta_bar_i of l. 5 (every layer
-    aggregated) and Delta theta_i over all layers (l. 17), so the head of a retained layer moves.
+    aggregated) and Delta theta_i over all layers (its return line), so the head of a retained layer moves.
     Its step equals the one computed by hand from the full aggregate."""
     data = group_data()
     n, layer = data.num_clients, 1

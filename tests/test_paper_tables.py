@@ -187,7 +187,7 @@ def test_paper_tables_state_their_settings_explicitly():
 
 def test_the_synthetic_tables_share_one_setting():
     assert TABLES["synthetic"]["common"] == TABLES["synthetic-sweep"]["common"]
-    assert TABLES["synthetic"]["rounds"] == TABLES["synthetic-sweep"]["rounds"] == 200
+    assert TABLES["synthetic"]["rounds"] == TABLES["synthetic-sweep"]["rounds"] == 300
     scripts = {m["script"] for c in TABLES["synthetic"]["cells"] for m in c["methods"]}
     assert scripts == set(COLUMNS)
 

@@ -1,0 +1,302 @@
+"""reproduce.py: a tiny table run end to end (its report's numbers are the runs' own metrics), a table
+stopped in the middle that continues without re-running finished runs and ends with the same report,
+a failing run, Ctrl-C, --dry-run of every paper table, --list, the generated section of
+docs/results.md, and bad input. The tiny tables run fedavg.py and fedala.py on synthetic data with 4
+clients for 2 rounds (each run is a subprocess: about 3 s of start-up)."""
+import argparse
+import copy
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import compare
+import paper_tables
+import reproduce
+from conftest import ROOT, metrics_rows
+
+SEEDS = ["0", "1"]
+# --checkpoint-every 1 lets a run stopped after round 1 continue (it does not change results); --rounds 9 is
+# overridden by the table's rounds, which come later on the command line
+COMMON = ["--dataset", "synthetic", "--num-clients", "4", "--rounds", "9", "--checkpoint-every", "1"]
+
+
+def tiny_tables(fedala_flags=(), fedavg_flags=(), rounds=2, extra_methods=()):
+    """One table 'tiny': one cell, FedAvg (the table's metric: last10 test_acc) and FedALA (its own
+    metric: best test_acc_mean)."""
+    return {"tiny": {
+        "title": "Tiny: FedAvg and FedALA on synthetic data", "source": "synthetic",
+        "metric": {"summary": "last10", "column": "test_acc", "protocol": "pooled over clients, last 10 rounds"},
+        "rounds": rounds, "common": list(COMMON),
+        "cells": [{"name": "syn-4", "flags": [], "methods": [
+            {"method": "FedAvg", "script": "fedavg.py", "flags": list(fedavg_flags), "paper": 50.0,
+             "paper_std": 1.5},
+            {"method": "FedALA", "script": "fedala.py", "flags": list(fedala_flags), "paper": None,
+             "metric": {"summary": "best", "column": "test_acc_mean", "protocol": "client mean, best"}},
+            *extra_methods]}]}}
+
+
+def call(argv, tables=None):
+    """reproduce.main in this process; the exit status (bad input exits with SystemExit)."""
+    try:
+        return reproduce.main([*map(str, argv)], tables)
+    except SystemExit as e:
+        return e.code
+
+
+def table_rows(text):
+    """The report's markdown table as {method: [cells...]} (cell, method, paper, ours, n, ours - paper,
+    rounds, s/round, hardware, notes)."""
+    rows = [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in text.splitlines()
+            if line.startswith("| ") and not line.startswith("| cell ")]
+    return {r[1]: r for r in rows}
+
+
+def jobs_of(tables, out, seeds=(0, 1)):
+    args = argparse.Namespace(rounds=None, only=None, seeds=list(seeds), out=str(out))
+    return reproduce.table_jobs("tiny", tables["tiny"], args)
+
+
+def summary_of(job):
+    (folder,) = reproduce.run_folders(job["dir"])
+    with open(os.path.join(folder, "summary.json")) as f:
+        return folder, json.load(f)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """The tiny table run uninterrupted: (out folder, exit status, its report OUT/tiny.md, the tables)."""
+    out = tmp_path_factory.mktemp("reproduce") / "out"
+    tables = tiny_tables()
+    code = call(["tiny", "--seeds", *SEEDS, "--out", out, "--workers", 2], tables)
+    with open(out / "tiny.md") as f:
+        report = f.read()
+    return out, code, report, tables
+
+
+# ----------------------------------------------------------------------------------------- runs
+
+def test_tiny_table_end_to_end(finished):
+    out, code, report, tables = finished
+    assert code == 0
+    rows = table_rows(report)
+    assert set(rows) == {"FedAvg", "FedALA"}
+    assert "Tiny: FedAvg and FedALA" in report and "--seeds 0 1" in report and "last 10" in report
+    assert rows["FedAvg"][2] == "50.00 ± 1.50" and rows["FedALA"][2] == "-"
+    key = {"FedAvg": ("test_acc", "last10_mean"), "FedALA": ("test_acc_mean", "best")}
+    for job in jobs_of(tables, out):
+        folder, summary = summary_of(job)
+        assert summary["status"] == "finished"
+        assert os.path.isfile(os.path.join(job["dir"], "run.log"))
+    for method, (column, field) in key.items():
+        values = [summary_of(j)[1][column][field] for j in jobs_of(tables, out) if j["method"] == method]
+        assert rows[method][3] == compare.fmt(values, 2)  # mean ± std (n-1), as the runs' summary.json has it
+        assert rows[method][4] == "2" and rows[method][6] == "2/2"
+    assert rows["FedAvg"][9] == "-" and rows["FedALA"][9] == "metric: best test_acc_mean"
+    avg = [summary_of(j)[1]["test_acc"]["last10_mean"] for j in jobs_of(tables, out) if j["method"] == "FedAvg"]
+    assert rows["FedAvg"][5] == f"{sum(avg) / 2 - 50:+.2f}"  # ours - paper
+    assert os.path.isfile(out / "tiny-syn-4.png")
+    # exactly the runs' own numbers: summary.json's for the finished runs, metrics.csv's for mb_total
+    collected = reproduce.collect(jobs_of(tables, out))
+    assert list(collected) == [("syn-4", "fedavg"), ("syn-4", "fedala")]  # (cell, method folder)
+    for row in collected.values():
+        column, field = key[row["jobs"][0]["method"]]
+        for seed in row["seeds"]:
+            summary = summary_of(next(j for j in row["jobs"] if j["seed"] == seed["seed"]))[1]
+            assert seed["value"] == summary[column][field]
+            assert seed["done"] == 2 and seed["state"] == "finished"
+            last = metrics_rows(seed["folder"])[-1]
+            assert reproduce.summarise(seed["run"], {"summary": "final", "column": "mb_total"}) == \
+                float(last["mb_down"]) + float(last["mb_up"])
+    # run again: every run is done already, nothing is re-run, and the report is the same
+    mtimes = {f: os.stat(os.path.join(f, "metrics.csv")).st_mtime_ns
+              for j in jobs_of(tables, out) for f in reproduce.run_folders(j["dir"])}
+    assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--workers", 2], tables) == 0
+    assert {f: os.stat(os.path.join(f, "metrics.csv")).st_mtime_ns for f in mtimes} == mtimes
+    assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--report"], tables) == 0
+    with open(out / "tiny.md") as f:
+        again = table_rows(f.read())
+    assert {m: r[:7] for m, r in again.items()} == {m: r[:7] for m, r in rows.items()}
+
+
+def test_stopped_table_continues_where_it_was(tmp_path, finished):
+    """FedALA stops after round 1 as if killed (--stop-after); the same command without it resumes
+    FedALA, skips the finished FedAvg runs, and the report equals the uninterrupted table's."""
+    out = tmp_path / "out"
+    argv = ["tiny", "--seeds", *SEEDS, "--out", out, "--workers", 2]
+    stopped = tiny_tables(fedala_flags=["--stop-after", "1"])
+    assert call(argv, stopped) == 1  # two runs did not finish
+    with open(out / "tiny.md") as f:
+        partial = table_rows(f.read())
+    assert partial["FedALA"][6] == "1/2" and "unfinished" in partial["FedALA"][9]
+    assert partial["FedAvg"][6] == "2/2"
+    tables = tiny_tables()
+    avg = [j for j in jobs_of(tables, out) if j["method"] == "FedAvg"]
+    mtimes = {j["dir"]: os.stat(os.path.join(summary_of(j)[0], "metrics.csv")).st_mtime_ns for j in avg}
+    assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--dry-run"], tables) == 0
+    assert call(argv, tables) == 0
+    assert {j["dir"]: os.stat(os.path.join(summary_of(j)[0], "metrics.csv")).st_mtime_ns for j in avg} == mtimes
+    for job in jobs_of(tables, out):
+        assert len(reproduce.run_folders(job["dir"])) == 1  # resumed in place, not started again
+        with open(os.path.join(job["dir"], "run.log")) as f:
+            starts = f.read().count("== ")
+        assert starts == (2 if job["method"] == "FedALA" else 1)
+    with open(out / "tiny.md") as f:
+        resumed = table_rows(f.read())
+    uninterrupted = table_rows(finished[2])
+    assert {m: r[:7] for m, r in resumed.items()} == {m: r[:7] for m, r in uninterrupted.items()}
+
+
+def test_failing_run_is_reported_and_the_others_go_on(tmp_path, capsys):
+    bad = {"method": "FedAvg lr -1", "script": "fedavg.py", "flags": ["--lr", "-1"], "paper": None}
+    tables = tiny_tables(extra_methods=[bad])
+    tables["tiny"]["cells"][0]["methods"] = tables["tiny"]["cells"][0]["methods"][::2]  # FedAvg and the bad one
+    capsys.readouterr()
+    assert call(["tiny", "--seeds", 0, "--out", tmp_path, "--workers", 2], tables) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    failed = [line for line in err if line.startswith("failed")]
+    assert len(failed) == 1 and "--lr -1" in failed[0] and "run.log" in failed[0] and "--lr must be" in failed[0]
+    assert err[-1].startswith("1 of 2 runs failed")
+    with open(tmp_path / "tiny.md") as f:
+        rows = table_rows(f.read())
+    assert rows["FedAvg"][4] == "1" and rows["FedAvg lr -1"][4] == "0" and "not run" in rows["FedAvg lr -1"][9]
+
+
+def test_ctrl_c_stops_the_runs_with_a_checkpoint(tmp_path):
+    """SIGINT to reproduce.py: forwarded once to the running script, which writes a checkpoint and
+    stops; one line says how to continue; exit status 130."""
+    tables = tiny_tables(rounds=100000)
+    tables["tiny"]["cells"][0]["methods"] = tables["tiny"]["cells"][0]["methods"][:1]
+    code = ("import json, os, sys; sys.path.insert(0, os.environ['ROOT']); import reproduce; "
+            "sys.exit(reproduce.main(sys.argv[1:], json.loads(os.environ['TABLES'])))")
+    proc = subprocess.Popen([sys.executable, "-c", code, "tiny", "--seeds", "0", "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "ROOT": ROOT, "TABLES": json.dumps(tables), "OMP_NUM_THREADS": "1"})
+    seed_dir = tmp_path / "tiny" / "syn-4" / "fedavg" / "seed0"
+    deadline = time.time() + 60
+    while time.time() < deadline and not any(os.path.exists(os.path.join(f, "metrics.csv"))
+                                             for f in reproduce.run_folders(seed_dir)):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == (f"interrupted: the stopped runs kept their checkpoints; continue "
+                                               f"with: python reproduce.py tiny --seeds 0 --out {tmp_path}")
+    (folder,) = reproduce.run_folders(seed_dir)
+    assert os.path.exists(os.path.join(folder, "checkpoint.pt"))
+    assert not os.path.exists(os.path.join(folder, "summary.json"))
+    with open(seed_dir / "run.log") as f:
+        assert "interrupted after round" in f.read()
+
+
+# ----------------------------------------------------------------------------------------- no runs
+
+def test_dry_run_of_every_paper_table(tmp_path, capsys):
+    for table_id, table in paper_tables.TABLES.items():
+        capsys.readouterr()
+        assert call([table_id, "--dry-run", "--out", tmp_path]) == 0
+        text = capsys.readouterr().out
+        assert table["title"] in text
+        for cell in table["cells"]:
+            assert f"\ncell {cell['name']}\n" in text
+            for method in cell["methods"]:
+                paper = reproduce.paper_number(method)
+                assert f"  {method['method']}: paper {paper}" in text
+        commands = [line for line in text.splitlines() if "[new]: python " in line]
+        assert len(commands) == 3 * sum(len(c["methods"]) for c in table["cells"])
+        assert f"--rounds {table['rounds']} --seed 2 " in text
+    assert os.listdir(tmp_path) == []  # nothing was run or written
+
+
+@pytest.mark.parametrize("name", ["fedala-t2", "FedALA Table 2", "fedala-table2", "fedala_t2", "fedala2"])
+def test_a_table_may_be_named_as_the_paper_names_it(name, tmp_path, capsys):
+    assert call([name, "--dry-run", "--out", tmp_path]) == 0
+    assert paper_tables.TABLES["fedala-t2"]["title"] in capsys.readouterr().out
+
+
+def test_list_names_every_table_and_cell(capsys):
+    assert call(["--list"]) == 0
+    text = capsys.readouterr().out
+    for table_id, table in paper_tables.TABLES.items():
+        assert f"{table_id}: {table['title']}" in text
+        for cell in table["cells"]:
+            assert f"  {cell['name']}: " in text
+
+
+def test_results_doc_has_the_generated_paper_tables():
+    with open(os.path.join(ROOT, "docs", "results.md")) as f:
+        doc = f.read()
+    section = reproduce.paper_tables_markdown(paper_tables.TABLES)
+    assert section in doc, "docs/results.md is stale: python reproduce.py --markdown-paper-tables docs/results.md"
+
+
+def test_method_folders_are_distinct():
+    cell = {"methods": [{"method": "FedALA --no-ala"}, {"method": "FedALA  no ala"}, {"method": "FedALA"}]}
+    assert reproduce.method_slugs(cell) == ["fedala-no-ala", "fedala-no-ala-2", "fedala"]
+    for table in paper_tables.TABLES.values():
+        for cell in table["cells"]:
+            assert len(set(reproduce.method_slugs(cell))) == len(cell["methods"])
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["nosuch"], "unknown table 'nosuch'; known: tiny"),
+    (["tiny", "--only", "nosuch"], "unknown cell 'nosuch' in table tiny; its cells: syn-4"),
+    (["tiny", "--workers", "0"], "--workers must be an integer >= 1, got '0'"),
+    (["tiny", "--workers", "abc"], "--workers must be an integer >= 1, got 'abc'"),
+    (["tiny", "--seeds", "x"], "--seeds must be an integer >= 0, got 'x'"),
+    (["tiny", "--seeds", "1", "1"], "--seeds: a seed is given twice"),
+    (["tiny", "--rounds", "0"], "--rounds must be an integer >= 1"),
+    (["tiny", "--device", "gpu"], "--device: unknown device 'gpu'"),
+    ([], "name a table"),
+])
+def test_bad_input_one_line_exit_2(argv, words, tmp_path, capsys):
+    assert call([*argv, "--out", tmp_path], tiny_tables()) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and words in err, err
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"fedavg_flags": ["--lr", "0.02"]}, "--lr not given (now 0.02)"),
+    ({"rounds": 1}, "--rounds 2 (now 1; --rounds may only extend a run)"),
+])
+def test_out_holding_runs_of_other_settings(finished, change, words, capsys):
+    out = finished[0]
+    before = sorted(os.walk(out))
+    assert call(["tiny", "--seeds", *SEEDS, "--out", out], tiny_tables(**change)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds a run of other settings" in err and words in err, err
+    assert sorted(os.walk(out)) == before
+    # a changed setting of the same flag names both values
+    tables = copy.deepcopy(tiny_tables())
+    tables["tiny"]["common"][tables["tiny"]["common"].index("4")] = "5"
+    assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--report"], tables) == 2
+    assert "--num-clients 4 (now 5)" in capsys.readouterr().err
+
+
+def test_more_rounds_extend_and_a_diverged_run_is_not_run_again(finished, tmp_path, capsys):
+    out = tmp_path / "out"
+    shutil.copytree(finished[0], out)
+    tables = tiny_tables()
+    assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--dry-run", "--rounds", 5], tables) == 0
+    text = capsys.readouterr().out
+    assert text.count("[resume]: python ") == 4 and text.count("--rounds 5 --device auto") == 4
+    job = jobs_of(tables, out)[0]
+    folder, summary = summary_of(job)
+    with open(os.path.join(folder, "summary.json"), "w") as f:
+        json.dump({**summary, "status": "diverged"}, f)
+    assert call(["tiny", "--seeds", *SEEDS, "--out", out], tables) == 1
+    captured = capsys.readouterr()
+    assert "diverged before (not run again): syn-4 / FedAvg / seed 0" in captured.err
+    assert "start " not in captured.out
+    assert "seed 0: diverged" in table_rows(captured.out)["FedAvg"][9]
+
+
+def test_a_flag_stating_the_value_the_run_took_is_the_same_setting(finished):
+    same = tiny_tables(fedavg_flags=["--momentum", "0.0", "--lr", "5e-3"])  # fedavg.py took these anyway
+    assert call(["tiny", "--seeds", *SEEDS, "--out", finished[0], "--report"], same) == 0

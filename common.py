@@ -139,8 +139,8 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
         (bool(args.out.strip()), "--out must name a folder (. for the current one)"),
     ]
     for ok, message in [*shared, *(checks(args) if callable(checks) else checks)]:
-        if not ok:
-            raise UserError(message)
+        if not ok:  # with --resume, a value read from the run's config.json is named as such
+            raise UserError(run_folder.invalid_saved_value(parser, argv, message) if args.resume else message)
     return args
 
 
@@ -211,61 +211,6 @@ def load_vision(name, data_dir):
     return xtr[:, None], ytr, xte[:, None], yte
 
 
-def _load_npz(path):
-    try:
-        with np.load(path, allow_pickle=False) as d:
-            arrays = {k: d[k] for k in d.files}
-    except Exception as e:  # noqa: BLE001  truncated, empty, not a zip, pickled objects
-        raise UserError(f"cannot read {path} ({e.__class__.__name__}); it must be an .npz with arrays x, y")
-    for key in ("x", "y"):
-        if key not in arrays:
-            raise UserError(f"{path} has no array '{key}'; it needs x and y (optionally x_test and y_test)")
-    if ("x_test" in arrays) != ("y_test" in arrays):
-        raise UserError(f"{path} must hold both x_test and y_test, or neither")
-
-    def images_first(x):  # (N, H, W) -> (N, 1, H, W); NHWC -> NCHW
-        if x.ndim == 3:
-            return x[:, None]
-        return x.transpose(0, 3, 1, 2) if x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3) else x
-
-    x, y = images_first(arrays["x"]), arrays["y"]
-    if "x_test" in arrays:
-        return x, y, images_first(arrays["x_test"]), arrays["y_test"]
-    return x, y, x[:0], np.zeros(0, dtype=y.dtype)
-
-
-MAX_FEATURE = 1e10
-
-
-def check_arrays(name, xtr, ytr, xte, yte):
-    """Refuse data no run can use, before anything is written: one line that says what is wrong."""
-    max_classes = max(ytr.size + yte.size, 1000)  # a label of 10^9 would ask for 10^9-wide class-count tables
-    for x, y, what in ((xtr, ytr, "x, y"), (xte, yte, "x_test, y_test")):
-        if y.ndim != 1 or x.ndim not in (2, 4) or len(x) != len(y) or 0 in x.shape[1:]:
-            raise UserError(f"{name}: {what} must be (N, features), (N, H, W) or (N, C, H, W) samples with N "
-                            f"labels; got shapes {x.shape} and {y.shape}")
-        if not np.issubdtype(y.dtype, np.integer):
-            raise UserError(f"{name}: the labels in {what} must be integers 0..C-1, got {y.dtype}")
-        if x.dtype.kind not in "uif" or y.dtype.kind not in "ui":
-            raise UserError(f"{name}: {what} must be numbers")
-        bad = int(np.count_nonzero(~np.isfinite(x))) if x.dtype.kind == "f" else 0
-        if bad:
-            raise UserError(f"{name}: {what.split(',')[0]} has {bad} non-finite value(s) (NaN or inf); clean the data")
-        largest = max(abs(float(x.max())), abs(float(x.min()))) if x.size else 0.0
-        if largest > MAX_FEATURE:  # float32 training overflows long before 3e38; no real features are this large
-            raise UserError(f"{name}: {what.split(',')[0]} has values as large as {largest:.3g}; scale the features "
-                            f"(for example to [0, 1]) so that none exceeds {MAX_FEATURE:.0e}")
-        if len(y) and (y.min() < 0 or y.max() >= max_classes):
-            raise UserError(f"{name}: labels must be 0..C-1 with C at most {max_classes} (the larger of 1000 and "
-                            f"the number of samples); {what} has labels from {y.min()} to {y.max()}")
-    if not len(ytr):
-        raise UserError(f"{name} has no training samples")
-    if ytr.min() == ytr.max():
-        raise UserError(f"{name}: every training label is {ytr[0]}; classification needs at least 2 classes")
-    if len(yte) and xte.shape[1:] != xtr.shape[1:]:
-        raise UserError(f"{name}: x_test samples are {xte.shape[1:]} but x samples {xtr.shape[1:]}")
-
-
 def synthetic_setting(name):
     """(alpha, beta, iid) of a synthetic dataset name, None for other datasets (datasets_extra.py)."""
     import datasets_extra
@@ -274,34 +219,38 @@ def synthetic_setting(name):
 
 def load_arrays(name, data_dir):
     """(x_train, y_train, x_test, y_test) as numpy arrays for a named dataset or an .npz file,
-    checked (``check_arrays``); labels int64."""
+    checked (``datasets_extra.check_arrays``); labels int64."""
     import datasets_extra
+    if (name in VISION or name in datasets_extra.LOADERS) and os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        raise UserError(f"--data-dir {data_dir} is a file; it must name the folder the datasets are read from")
     if name in VISION:
         arrays = load_vision(name, data_dir)
     elif name in datasets_extra.LOADERS:
         arrays = datasets_extra.LOADERS[name](data_dir)
-    elif name.endswith(".npz"):
+    elif name.lower().endswith(".npz"):  # d.NPZ too
         if not os.path.isfile(name):
             raise UserError(f"{name} is a folder, not an .npz file" if os.path.isdir(name) else f"no such file: {name}")
-        arrays = _load_npz(name)
+        arrays = datasets_extra.load_npz(name)
     else:
         raise UserError(f"unknown dataset '{name}'; choose {', '.join([*VISION, *datasets_extra.LOADERS])}, "
                         f"{datasets_extra.SYNTHETIC_HELP}, or a .npz file")
-    check_arrays(name, *arrays)
+    datasets_extra.check_arrays(name, *arrays, npz=name.lower().endswith(".npz"))
     xtr, ytr, xte, yte = arrays
     return xtr, ytr.astype(np.int64), xte, yte.astype(np.int64)
 
 
-def __getattr__(name):  # the Tiny-ImageNet and AG News pieces live in datasets_extra.py
+def __getattr__(name):  # Tiny-ImageNet, AG News, the .npz reader and check_arrays live in datasets_extra.py
     import datasets_extra
     return getattr(datasets_extra, name)
 
 
-def to_tensor(x, reference=None):
-    """uint8 images -> float32 normalised per channel with the statistics of ``reference``.
-    Statistics are accumulated in chunks and the conversion is in place, so the peak memory
-    is one float32 copy of ``x`` (Tiny-ImageNet: 5.4 GB rather than four times that)."""
-    if x.dtype == np.uint8 and x.ndim == 4:
+def to_tensor(x, reference=None, tokens=False):
+    """Integer images (uint8, uint16, int32, ...) -> float32 normalised per channel with the mean
+    and std of ``reference``, so their range does not matter; float data as it is; integer
+    vectors as int64 token ids if ``tokens``, else as float32 numbers. Statistics are accumulated
+    in chunks and the conversion is in place, so the peak memory is one float32 copy of ``x``
+    (Tiny-ImageNet: 5.4 GB rather than four times that)."""
+    if x.dtype.kind in "ui" and x.ndim == 4:
         ref = torch.from_numpy(reference if reference is not None else x)
         total = torch.zeros(2, ref.shape[1], dtype=torch.float64)
         for start in range(0, len(ref), 4096):
@@ -312,9 +261,9 @@ def to_tensor(x, reference=None):
         std = (total[1] / count - mean ** 2).clamp_min(0).sqrt() + 1e-8
         shape = (1, -1, 1, 1)
         return torch.from_numpy(x).float().div_(255).sub_(mean.float().view(shape)).div_(std.float().view(shape))
-    if np.issubdtype(x.dtype, np.integer):
-        return torch.from_numpy(x.astype(np.int64))  # token ids
-    return torch.from_numpy(x.astype(np.float32))
+    if tokens and x.min() < 0:
+        raise UserError(f"token ids for --model fasttext must be >= 0 (0 pads), but x has ids down to {x.min()}")
+    return torch.from_numpy(x.astype(np.int64 if tokens else np.float32))
 
 
 @dataclass
@@ -375,10 +324,10 @@ def partition(labels, args, rng, num_classes, min_size):
 def load_federated_data(args, device):
     """Load the dataset, partition it over clients (docs/datasets.md: partitions and the two
     evaluation protocols) and move it to ``device`` once."""
+    import datasets_extra
     rng = np.random.default_rng([args.seed, 0])  # data and partition: independent of training randomness
     synthetic = synthetic_setting(args.dataset)
     if synthetic:
-        import datasets_extra
         clients = datasets_extra.synthetic_clients(args.num_clients, rng, *synthetic)
         x = np.concatenate([c[0] for c in clients])
         y = np.concatenate([c[1] for c in clients])
@@ -403,14 +352,24 @@ def load_federated_data(args, device):
         else:
             if not len(yte):
                 raise UserError(f"--test-split global needs a test set; {args.dataset} has none (add x_test, y_test)")
+            missing = np.setdiff1d(ytr, yte)  # a client holding such a label would be tested on nothing
+            if len(missing):
+                raise UserError(f"--test-split global needs test samples of every label; y_test has none of label(s) "
+                                f"{datasets_extra.first_few(missing)} (or use --test-split client)")
             train = parts = partition(ytr, args, rng, num_classes, args.batch_size)
             test = [t + len(ytr) for t in dp.proportional_test_sets([ytr[i] for i in train], yte, rng, num_classes)]
             global_test = np.arange(len(ytr), len(y))
-        x = to_tensor(x, reference=xtr)
+        # integer vectors are token ids only when asked for (--model fasttext) or for AG News; else numbers
+        tokens = xtr.dtype.kind in "ui" and xtr.ndim == 2 and (args.model == "fasttext" or args.dataset == "agnews")
+        x = to_tensor(x, reference=xtr, tokens=tokens)
     if synthetic:
         x = to_tensor(x)
     if min(len(t) for t in train) == 0:
         raise UserError("a client received no training data; use fewer --num-clients or another partition")
+    untested = [k for k, t in enumerate(test) if not len(t)]
+    if untested:  # their accuracy would be a number computed from no sample
+        raise UserError(f"client(s) {datasets_extra.first_few(untested)} got no test samples; use fewer --num-clients "
+                        "or another partition")
     on = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64)).to(device)
     x = x.to(device)
     if x.dim() == 4:  # channels-last images: faster convolutions and pooling (index batches keep the layout)
@@ -542,25 +501,61 @@ MODELS = ["cnn", "pfedlacnn", "lenet", "simplecnn", "resnet18", "resnet34", "mlp
 
 def build_model(name, data, auto_image="cnn"):
     """The model ``name`` for ``data``; ``auto`` picks ``auto_image`` for images, mlp for vectors,
-    fasttext for token ids."""
+    fasttext for token ids. The model runs once on one sample (``run_once``), so that data it does
+    not take is refused with one line while the scripts set up, before any run folder exists."""
     x = data.x
     if name == "auto":
         name = "fasttext" if not x.is_floating_point() else ("mlp" if x.dim() == 2 else auto_image)
     if name not in MODELS:
         raise UserError(f"unknown model '{name}'; choose auto, {', '.join(MODELS)}")
-    k = data.num_classes
+    try:
+        model = _model(name, data)
+        run_once(model, x[:1])
+        return model
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001  a shape or dtype its layers do not take, a vocabulary too large
+        with torch.random.fork_rng(devices=[]):  # trying the other models draws initial weights
+            takes = [m for m in MODELS if m != name and _takes(m, data)]
+        why = (str(e).strip().splitlines() or [e.__class__.__name__])[0]
+        raise UserError(f"--model {name} does not take samples of shape {tuple(x.shape[1:])}, "
+                        f"{str(x.dtype).removeprefix('torch.')} ({why}); models that do: {', '.join(takes) or 'none'}")
+
+
+def run_once(model, sample):
+    """One forward pass of ``model`` on ``sample`` on the CPU, which raises if the model does not take
+    the data and changes nothing: eval mode (BatchNorm's running statistics stay as they are, then
+    the train/eval mode is restored), no gradient, and torch's random state restored after."""
+    was_training = model.training
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            model.eval()(sample.cpu())
+    finally:
+        model.train(was_training)
+
+
+def _takes(name, data):
+    try:
+        run_once(_model(name, data), data.x[:1])
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _model(name, data):
+    x, k = data.x, data.num_classes
     if name == "mlp":
         return MLP(int(np.prod(x.shape[1:])), k)
     if name == "fasttext":
         if x.is_floating_point():
-            raise UserError("--model fasttext needs token-id data (e.g. --dataset agnews)")
+            raise UserError("--model fasttext needs token ids: integer (N, length) data, e.g. --dataset agnews")
         return FastText(data.vocab_size, k)
     if x.dim() != 4:
         raise UserError(f"--model {name} needs image data (N, C, H, W); {data.info.get('name', 'this dataset')} "
-                        f"has shape {tuple(x.shape[1:])}; use --model mlp")
+                        f"has shape {tuple(x.shape[1:])}; use --model {'mlp' if x.is_floating_point() else 'fasttext'}")
     channels, size = x.shape[1], x.shape[2]
-    if name in ("cnn", "pfedlacnn", "lenet", "simplecnn") and _pooled_side(size) < 1:
-        raise UserError(f"--model {name} needs images of at least 16x16, got {size}x{size}")
+    if name in ("cnn", "pfedlacnn", "lenet", "simplecnn") and _pooled_side(min(x.shape[2:])) < 1:
+        raise ValueError("it needs images of at least 16x16")  # build_model's message names the models that do
     if name == "cnn":
         return CNN(channels, k, size)
     if name == "pfedlacnn":

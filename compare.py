@@ -6,8 +6,10 @@
 Each PATH is a run folder (it holds metrics.csv or config.json) or a folder searched
 recursively for run folders. Finished runs whose settings are equal except for the seed
 are grouped into one row showing mean ± std (sample std, n-1) over seeds; unfinished,
-diverged, older-format and unreadable runs get a row of their own and a status saying so.
-By default each row uses its algorithm's headline metric, as its summary.json names it.
+diverged, older-format, unreadable and damaged runs get a row of their own and a status saying
+so (damaged: a file that cannot be read or is not a regular file, or metrics.csv lines that are
+cut off or malformed, from which no number is taken). By default each row uses its algorithm's
+headline metric, as its summary.json names it.
 """
 import argparse
 import csv
@@ -15,6 +17,7 @@ import json
 import math
 import os
 import re
+import stat
 import sys
 
 import numpy as np
@@ -46,52 +49,126 @@ def to_float(text):
         return None
 
 
-def read_json(path):
-    """(dict, None) for a readable JSON object; (None, None) if absent; (None, 'unreadable')."""
-    if not os.path.exists(path):
-        return None, None
+def why(error):
+    """An OSError in a few words: 'permission denied'."""
+    return (error.strerror or str(error)).lower()
+
+
+NOT_REGULAR = ((stat.S_ISDIR, "is a folder"), (stat.S_ISFIFO, "is a named pipe"), (stat.S_ISSOCK, "is a socket"),
+               (stat.S_ISCHR, "is a device"), (stat.S_ISBLK, "is a device"))
+
+
+def read_text(path):
+    """(text, None) for a readable regular file; (None, None) if absent; (None, problem), e.g.
+    'is a folder' or 'cannot be read (permission denied)'. Anything but a regular file is never
+    read (a named pipe would block), and this never raises. Text that is not UTF-8 is 'unreadable'."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None, ("is a broken link" if os.path.islink(path) else None)
+    except OSError as e:
+        return None, f"cannot be read ({why(e)})"
+    for is_kind, problem in NOT_REGULAR:
+        if is_kind(info.st_mode):
+            return None, problem
+    if not stat.S_ISREG(info.st_mode):
+        return None, "is not a regular file"
+    try:  # O_NONBLOCK: should a named pipe take the file's place after the stat, opening it does not wait
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None, "is not a regular file"
+            data = f.read()
+    except OSError as e:
+        return None, f"cannot be read ({why(e)})"
+    try:
+        return data.decode("utf-8"), None
+    except UnicodeDecodeError:
+        return None, "unreadable"
+
+
+def read_json(path):
+    """(dict, None) for a readable JSON object; (None, None) if absent; (None, 'unreadable') if
+    the file's text is not a JSON object; (None, problem) if it is not a regular file or cannot be
+    read (read_text's problem, e.g. 'is a named pipe')."""
+    text, problem = read_text(path)
+    if text is None:
+        return None, problem
+    try:
+        data = json.loads(text)
+    except ValueError:
         return None, "unreadable"
     return (data, None) if isinstance(data, dict) else (None, "unreadable")
 
 
 def read_metrics(path):
-    """metrics.csv as (columns, {column: [(round, value), ...]}); None if missing, unreadable,
-    or without rows. Cells that are empty or not numbers are left out."""
+    """metrics.csv as (columns, {column: [(round, value), ...]}, problem): columns and series are
+    None if the file is missing, unreadable or has no good row; problem is None, 'unreadable' or
+    what is damaged (read_text's problem, or the first bad line, e.g. 'line 7 cut off'). A bad line
+    is left out whole: one cut off (the last line, shorter than the header), with more or fewer
+    cells than the header, a cell that is not a number, or a round that is not a whole number.
+    Empty cells (a metric not evaluated that round) are no damage; nan and inf are numbers."""
+    text, problem = read_text(path)
+    if text is None:
+        return None, None, problem
     try:
-        with open(path, newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
-    except (OSError, ValueError, csv.Error):
-        return None
-    columns = [c for c in (rows[0].keys() if rows else []) if c]
-    if "round" not in columns:
-        return None
-    series = {c: [] for c in columns}
-    for row in rows:
-        r = to_float(row.get("round"))
-        if r is None or not math.isfinite(r):
+        lines = list(csv.reader(text.splitlines(keepends=True)))
+    except csv.Error:
+        return None, None, "unreadable"
+    header = lines[0] if lines else []
+    if "round" not in header:
+        return None, None, "unreadable"
+    series = {c: [] for c in header if c}
+    last = max(n for n, cells in enumerate(lines, 1) if cells)
+    bad = []  # (line number, what is wrong)
+    for number, cells in enumerate(lines[1:], 2):
+        if not cells:
+            continue  # a blank line holds nothing
+        wrong = bad_line(header, cells, last=number == last)
+        if wrong:
+            bad.append((number, wrong))
             continue
-        for c in columns:
-            v = to_float(row.get(c))
-            if v is not None:
-                series[c].append((int(r), v))
-    return (columns, series) if series["round"] else None
+        round_ = int(float(cells[header.index("round")]))
+        for c, cell in zip(header, cells):
+            if c and cell.strip():
+                series[c].append((round_, float(cell)))
+    if bad:
+        problem = f"line {bad[0][0]} {bad[0][1]}" + (f" (and {len(bad) - 1} more bad lines)" if len(bad) > 1 else "")
+    if not series["round"]:
+        return None, None, problem or "unreadable"
+    return [c for c in header if c], series, problem
+
+
+def bad_line(header, cells, last):
+    """What is wrong with one metrics.csv line (a list of cells), or None; the last line of the
+    file that is short or has a cell that is not a number was cut off."""
+    round_ = to_float(cells[header.index("round")]) if len(cells) > header.index("round") else None
+    if len(cells) != len(header):
+        wrong = f"has {len(cells)} cells, the header {len(header)}"
+    elif round_ is None or not math.isfinite(round_) or round_ != int(round_):
+        wrong = f"has round {cells[header.index('round')]!r}, not a whole number"
+    else:
+        wrong = next((f"has {c} {cell!r}, not a number" for c, cell in zip(header, cells)
+                      if cell.strip() and to_float(cell) is None), None)
+    return "cut off" if wrong and last and len(cells) <= len(header) else wrong
 
 
 def find_runs(paths):
-    """Every run folder at or under the given paths, sorted and without duplicates."""
+    """Every run folder at or under the given paths, sorted and without duplicates: folders with
+    an entry named metrics.csv or config.json (whatever it is), and folders that cannot be read
+    (load_run reports them as damaged rather than leave them out)."""
     found = set()
+
+    def unreadable(error):  # os.walk could not list this folder
+        found.add(os.path.realpath(error.filename))
+
     for path in paths:
         if not os.path.exists(path):
             fail(f"no such path: {path}")
         if not os.path.isdir(path):
             fail(f"not a folder: {path}")
         before = len(found)
-        for folder, subdirs, files in os.walk(path):
-            if "metrics.csv" in files or "config.json" in files:
+        for folder, subdirs, files in os.walk(path, onerror=unreadable):
+            if {"metrics.csv", "config.json"} & set(files + subdirs):
                 found.add(os.path.realpath(folder))
                 subdirs[:] = []  # a run folder holds no further runs
             subdirs.sort()
@@ -101,10 +178,18 @@ def find_runs(paths):
 
 
 def load_run(folder):
-    """Everything the table needs from one run folder, as a dict; never raises."""
-    run = {"folder": folder, "flags": [], "metrics": None, "columns": [], "config": False}
-    config, config_err = read_json(os.path.join(folder, "config.json"))
-    summary, summary_err = read_json(os.path.join(folder, "summary.json"))
+    """Everything the table needs from one run folder, as a dict; never raises. ``damage`` lists
+    what is damaged ('metrics.csv line 7 cut off', 'config.json is a named pipe'); the flags
+    (the status) say it as one 'damaged: ...' entry."""
+    run = {"folder": folder, "flags": [], "metrics": None, "columns": [], "config": False, "damage": []}
+    try:
+        os.listdir(folder)
+        readable = True
+    except OSError as e:
+        run["damage"].append(f"the folder cannot be read ({why(e)})")
+        readable = False
+    config, config_err = read_json(os.path.join(folder, "config.json")) if readable else (None, None)
+    summary, summary_err = read_json(os.path.join(folder, "summary.json")) if readable else (None, None)
     run["summary"] = summary or {}
     if config and isinstance(config.get("algorithm"), str) and isinstance(config.get("args"), dict):
         run["algorithm"], run["args"], run["config"] = config["algorithm"], config["args"], True
@@ -112,14 +197,25 @@ def load_run(folder):
         m = OLD_NAME.match(os.path.basename(folder))
         run["algorithm"], dataset, seed = m.groups() if m else (os.path.basename(folder), "?", "?")
         run["args"] = {"dataset": dataset, "seed": int(seed) if seed.isdigit() else "?"}
-        run["flags"].append("unreadable config.json" if config_err else "older format")
-    if summary_err:
+        if config_err == "unreadable":
+            run["flags"].append("unreadable config.json")
+        elif config_err:
+            run["damage"].append(f"config.json {config_err}")
+        elif readable:
+            run["flags"].append("older format")
+    if summary_err == "unreadable":
         run["flags"].append("unreadable summary.json")
-    loaded = read_metrics(os.path.join(folder, "metrics.csv"))
-    if loaded is None:
+    elif summary_err:
+        run["damage"].append(f"summary.json {summary_err}")
+    columns, series, metrics_err = read_metrics(os.path.join(folder, "metrics.csv")) if readable else (None, None, None)
+    if metrics_err not in (None, "unreadable"):
+        run["damage"].append(f"metrics.csv {metrics_err}")
+    elif series is None and readable:
         run["flags"].append("unreadable metrics.csv")
-    else:
-        run["columns"], run["metrics"] = loaded
+    if series is not None:
+        run["columns"], run["metrics"] = columns, series
+    if run["damage"]:
+        run["flags"].insert(0, "damaged: " + "; ".join(run["damage"]))
     planned = run["args"].get("rounds", run["summary"].get("rounds"))
     run["planned"] = planned if isinstance(planned, int) else None
     run["done"] = max((r for r, _ in run["metrics"]["round"]), default=0) if run["metrics"] else 0
@@ -256,7 +352,8 @@ def plot(runs, rows, metric_of, table, path):
             continue
         y = np.array([[c[r] for r in rounds] for c in curves], dtype=float)
         y[~np.isfinite(y)] = np.nan
-        label = f"{line[0]} {line[1]} {line[2]}" + (f" {line[12]}" if line[12] != "-" else "") + \
+        where = line[1] if line[1].startswith("synthetic") else f"{line[1]} {line[2]}"  # synthetic: no partition
+        label = f"{line[0]} {where}" + (f" {line[12]}" if line[12] != "-" else "") + \
             (f" ({len(members)} seeds)" if len(members) > 1 else "") + f" [{metric}]" + \
             (f" {line[13]}" if line[13] != "ok" else "")
         style = "-" if line[13] == "ok" else "--"
@@ -309,7 +406,9 @@ def main(argv=None):
     runs = [load_run(folder) for folder in find_runs(args.paths)]
     available = sorted({c for r in runs for c in r["columns"]} - BOOKKEEPING)
     if not available:
-        fail("no readable metrics.csv in the run folders found")
+        damaged = [r for r in runs if r["damage"]]
+        fail("no readable metrics.csv in the run folders found" + (
+            f"; {len(damaged)} damaged, e.g. {damaged[0]['folder']}: {damaged[0]['damage'][0]}" if damaged else ""))
     if args.metric and args.metric not in available:
         fail(f"unknown metric {args.metric!r}; available: {', '.join(available)}")
     by_algorithm = {}

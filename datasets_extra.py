@@ -1,6 +1,7 @@
 """Datasets that torchvision does not provide: Tiny-ImageNet-200 and AG News (used by FedALA,
 FedACD and FedPake) as (x_train, y_train, x_test, y_test) numpy arrays, named in ``LOADERS``
-for ``common.load_arrays``; and FedProx's Synthetic(alpha, beta), which is generated per client.
+for ``common.load_arrays``; FedProx's Synthetic(alpha, beta), which is generated per client;
+and a user's .npz file, with the checks every loaded dataset passes (``check_arrays``).
 """
 import csv
 import math
@@ -321,3 +322,90 @@ def synthetic_clients(num_clients, rng, alpha=SYNTHETIC_ALPHA, beta=SYNTHETIC_BE
         y = np.argmax(x @ w.T + b, axis=1).astype(np.int64)
         out.append((x, y))
     return out
+
+
+# ----------------------------------------------------------------------------- .npz files; checks of every dataset
+
+def load_npz(path):
+    """(x, y, x_test, y_test) of a user's .npz (docs/datasets.md): images (N, H, W) become
+    (N, 1, H, W) and NHWC becomes NCHW; without x_test and y_test the test set is empty. Other
+    arrays in the file are not read."""
+    arrays = {}
+    try:
+        with np.load(path, allow_pickle=False) as d:  # no pickles: nothing in the file can run code
+            for key in (k for k in ("x", "y", "x_test", "y_test") if k in d.files):
+                try:
+                    arrays[key] = d[key]
+                except ValueError as e:
+                    if "Object arrays" not in str(e):
+                        raise
+                    raise UserError(f"{path}: '{key}' is an array of Python objects (dtype object); store numbers")
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001  truncated, empty, not a zip, no permission
+        if isinstance(e, OSError) and e.strerror:  # the file may well be a good .npz: say why it cannot be read
+            raise UserError(f"cannot read {path}: {e.strerror}")
+        raise UserError(f"cannot read {path} ({e.__class__.__name__}); it must be an .npz with arrays x, y")
+    for key in ("x", "y"):
+        if key not in arrays:
+            raise UserError(f"{path} has no array '{key}'; it needs x and y (optionally x_test and y_test)")
+    if ("x_test" in arrays) != ("y_test" in arrays):
+        raise UserError(f"{path} must hold both x_test and y_test, or neither")
+
+    def images_first(x):  # (N, H, W) -> (N, 1, H, W); NHWC -> NCHW
+        if x.ndim == 3:
+            return x[:, None]
+        return x.transpose(0, 3, 1, 2) if x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3) else x
+
+    x, y = images_first(arrays["x"]), arrays["y"]
+    if "x_test" in arrays:
+        return x, y, images_first(arrays["x_test"]), arrays["y_test"]
+    return x, y, x[:0], np.zeros(0, dtype=y.dtype)
+
+
+MAX_FEATURE = 1e10
+
+
+def first_few(values, most=10):
+    """``values`` as '3, 7, 9' (the first ``most`` of them, then how many more)."""
+    more = f" and {len(values) - most} more" if len(values) > most else ""
+    return ", ".join(str(v) for v in values[:most]) + more
+
+
+def check_arrays(name, xtr, ytr, xte, yte, npz=False):
+    """Refuse data no run can use, before anything is written: one line that says what is wrong.
+    In a user's ``npz`` every test label must also be a training label (a named dataset's classes
+    are its publisher's)."""
+    max_classes = max(ytr.size + yte.size, 1000)  # a label of 10^9 would ask for 10^9-wide class-count tables
+    for x, y, what in ((xtr, ytr, "x, y"), (xte, yte, "x_test, y_test")):
+        if y.ndim != 1 or x.ndim not in (2, 4) or len(x) != len(y) or 0 in x.shape[1:]:
+            raise UserError(f"{name}: {what} must be (N, features), (N, H, W) or (N, C, H, W) samples with N "
+                            f"labels; got shapes {x.shape} and {y.shape}")
+        if not np.issubdtype(y.dtype, np.integer):
+            raise UserError(f"{name}: the labels in {what} must be integers 0..C-1, got {y.dtype}")
+        if x.dtype.kind not in "uif":  # complex, bool, strings, records
+            raise UserError(f"{name}: {what.split(',')[0]} is {x.dtype}; samples must be real numbers "
+                            "(integers or floats)")
+        bad = int(np.count_nonzero(~np.isfinite(x))) if x.dtype.kind == "f" else 0
+        if bad:
+            raise UserError(f"{name}: {what.split(',')[0]} has {bad} non-finite value(s) (NaN or inf); clean the data")
+        largest = max(abs(float(x.max())), abs(float(x.min()))) if x.size else 0.0
+        if largest > MAX_FEATURE:  # float32 training overflows long before 3e38; no real features are this large
+            raise UserError(f"{name}: {what.split(',')[0]} has values as large as {largest:.3g}; scale the features "
+                            f"(for example to [0, 1]) so that none exceeds {MAX_FEATURE:.0e}")
+        if len(y) and (y.min() < 0 or y.max() >= max_classes):
+            raise UserError(f"{name}: labels must be 0..C-1 with C at most {max_classes} (the larger of 1000 and "
+                            f"the number of samples); {what} has labels from {y.min()} to {y.max()}")
+    if not len(ytr):
+        raise UserError(f"{name} has no training samples")
+    if ytr.min() == ytr.max():
+        raise UserError(f"{name}: every training label is {ytr[0]}; classification needs at least 2 classes")
+    if len(yte) and xte.shape[1:] != xtr.shape[1:]:
+        raise UserError(f"{name}: x_test samples are {xte.shape[1:]} but x samples {xtr.shape[1:]}")
+    if len(yte) and (xtr.dtype.kind == "f") != (xte.dtype.kind == "f"):  # integer images are standardised, floats not
+        raise UserError(f"{name}: x is {xtr.dtype} but x_test is {xte.dtype}; store both as integers or both as "
+                        "floats, on the same scale")
+    unseen = np.setdiff1d(yte, ytr) if npz else []
+    if len(unseen):
+        raise UserError(f"{name}: y_test has label(s) {first_few(unseen)} that no training sample has; "
+                        "a model cannot learn them, so drop those test samples or add training samples")

@@ -21,6 +21,8 @@ model (its last trained one). Headline: the best pooled test accuracy over round
     python fedala.py --dataset synthetic --rounds 20        # offline quick start
     python fedala.py --dataset cifar10 --beta 0.1           # Table 2, Dir(0.1) CIFAR-10
 """
+import early_signals  # noqa: F401  first, before torch loads: a Ctrl-C or SIGTERM while starting is one line
+
 import math
 
 import numpy as np

@@ -15,6 +15,8 @@ Details and our choices: docs/fedavg.md.
     python fedavg.py --dataset synthetic --rounds 20        # offline quick start
     python fedavg.py --dataset cifar10 --beta 0.1           # the paper-scale run
 """
+import early_signals  # noqa: F401  first, before torch loads: a Ctrl-C or SIGTERM while starting is one line
+
 import torch
 
 import common

@@ -33,6 +33,8 @@ model is evaluated on every client's test data; the paper reports the mean over 
     python fedpake.py --dataset synthetic --rounds 20      # offline quick start
     python fedpake.py --dataset cifar10                    # Table 1, Dir(0.1), ResNet-18
 """
+import early_signals  # noqa: F401  first, before torch loads: a Ctrl-C or SIGTERM while starting is one line
+
 import time
 
 import torch

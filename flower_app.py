@@ -6,7 +6,11 @@
 ALGORITHM is fedavg, fedala, pfedla, fedpake or fedacd; the flags are that script's (its own
 ``parse_args``), and the run folder is the script's (config.json, partition.json,
 metrics.csv, summary.json; no checkpoint: ``--resume`` is refused). With the same flags and
-seed, metrics.csv equals the script's (docs/flower.md).
+seed, metrics.csv equals the script's (docs/flower.md). Ctrl-C (SIGHUP; SIGTERM until Ray has
+started, then Ray takes it) stops at once with one line (exit status 130, 129, 143); a node's
+failure comes back to the server as one
+line (``reply``), which stops the run: exit status 2 for bad input (common.UserError), 1
+otherwise.
 
 Who does what. The ServerApp samples the clients with the script's generator
 (``common.sample_clients``), sends each its model, runs the script's server step (FedAvg's
@@ -19,15 +23,19 @@ keeps between rounds (FedALA's local model and ALA weights) lives in its ``Conte
 Deployment (SuperLink, SuperNodes, ``flwr run``): ``server_app`` and ``client_app`` below;
 the run config holds ``algorithm`` and ``flags`` (a string); see docs/flower.md.
 """
+import contextlib
 import importlib
 import logging
 import os
 import shlex
+import signal
 import sys
+import threading
 import time
+import traceback
 
 try:
-    from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
     from flwr.serverapp import ServerApp
 except ImportError:
@@ -45,6 +53,17 @@ import run_folder
 RESUME_REFUSED = "flower_app.py does not support --resume (a Flower run writes no checkpoint); start the run again"
 ALGORITHMS = ("fedavg", "fedala", "pfedla", "fedpake", "fedacd")
 USAGE = f"usage: python flower_app.py {{{','.join(ALGORITHMS)}}} [that script's flags]"
+# a node's reply when its client fails, as a one-line Error: the server stops the run and says why
+USER_ERROR = 100  # common.UserError (bad input, e.g. data the model does not fit): exit status 2
+NODE_FAULT = 101  # any other exception: exit status 1
+
+
+class NodeFailed(Exception):
+    """A node's client failed with something else than bad input; main() says so in one line."""
+
+
+class Interrupted(Exception):
+    """Raised in the server thread after a Ctrl-C (SIGTERM, SIGHUP), so that it records no further round."""
 
 # ----------------------------------------------------------------------------- what every process shares
 
@@ -186,30 +205,54 @@ def _node_call(msg, context, handlers):
     """Run this node's client (partition-id) for the message's run with ``handlers[algorithm]``."""
     config = msg.content["job"]
     job = job_for(config["algorithm"], config["flags"])
-    client = int(context.node_config["partition-id"])
+    client = partition_id(context)
     if not 0 <= client < job.args.num_clients:
         raise common.UserError(f"this node's partition-id {client} is outside 0..{job.args.num_clients - 1}")
     out_arrays, metrics = handlers[job.algorithm](job, client, int(config["round"]),
                                                   tensors(msg.content["arrays"], job.device), bool(config["evaluate"]),
                                                   NodeState(context.state, config["run"], job.device))
-    return Message(RecordDict({"arrays": arrays(out_arrays), "metrics": MetricRecord(metrics)}), reply_to=msg)
+    return RecordDict({"arrays": arrays(out_arrays), "metrics": MetricRecord(metrics)})
+
+
+def partition_id(context):
+    """This node's client: the partition-id of its node config."""
+    try:
+        return int(context.node_config["partition-id"])
+    except (KeyError, TypeError, ValueError):
+        raise common.UserError("a node without an integer partition-id in its node config; start each SuperNode "
+                               "with --node-config \"partition-id=i num-partitions=N\"") from None
+
+
+def reply(msg, work):
+    """The reply to ``msg`` with what ``work()`` returns (a RecordDict). If it fails, the reply is
+    an Error of one line instead (not a traceback in the node's log and again on the server):
+    USER_ERROR for common.UserError, e.g. from loading the data or building the model, else
+    NODE_FAULT with the exception and where it was raised; the server stops the run with it."""
+    try:
+        return Message(work(), reply_to=msg)
+    except common.UserError as e:
+        return Message(Error(USER_ERROR, str(e)), reply_to=msg)
+    except Exception as e:  # noqa: BLE001  any failure of the client: reported by the server
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        first_line = (str(e).strip().splitlines() or [""])[0]
+        return Message(Error(NODE_FAULT, f"{e.__class__.__name__}: {first_line} "
+                                         f"({os.path.basename(where.filename)}:{where.lineno})"), reply_to=msg)
 
 
 @client_app.query()
 def query(msg, context):
     """The server asks each node which client (partition-id) it is."""
-    return Message(RecordDict({"metrics": MetricRecord({"partition-id": int(context.node_config["partition-id"])})}),
-                   reply_to=msg)
+    return reply(msg, lambda: RecordDict({"metrics": MetricRecord({"partition-id": partition_id(context)})}))
 
 
 @client_app.train()
 def train(msg, context):
-    return _node_call(msg, context, CLIENTS)
+    return reply(msg, lambda: _node_call(msg, context, CLIENTS))
 
 
 @client_app.evaluate()
 def evaluate(msg, context):
-    return _node_call(msg, context, {"fedala": fedala_evaluate})
+    return reply(msg, lambda: _node_call(msg, context, {"fedala": fedala_evaluate}))
 
 
 # ----------------------------------------------------------------------------- server side
@@ -229,11 +272,19 @@ def connect(grid, num_clients, timeout=600.0):
     return nodes
 
 
-def check(replies):
+def check(replies, client_of=None, during=""):
+    """The replies, unless a node failed: then its one-line Error (see ``reply``) as a
+    common.UserError (exit status 2) or NodeFailed (exit status 1). An Error that Flower made
+    (say, a node that crashed) shows its last line."""
     replies = list(replies)
     for r in replies:
         if r.has_error():
-            raise RuntimeError(f"node {r.metadata.src_node_id} failed: {r.error.reason}")
+            if r.error.code == USER_ERROR:
+                raise common.UserError(r.error.reason)
+            node = r.metadata.src_node_id
+            who = f"client {client_of[node]} (node {node})" if node in (client_of or {}) else f"node {node}"
+            lines = [line.strip() for line in str(r.error.reason or "").splitlines() if line.strip()]
+            raise NodeFailed(f"{who} failed{during}: {lines[-1] if lines else f'Flower error code {r.error.code}'}")
     return replies
 
 
@@ -245,7 +296,7 @@ def exchange(grid, nodes, job, run_name, message_type, round_, per_client, evalu
                         group_id=str(round_)) for client, sent in per_client.items()]
     client_of = {node: client for client, node in nodes.items()}
     return {client_of[r.metadata.src_node_id]: (tensors(r.content["arrays"], job.device), dict(r.content["metrics"]))
-            for r in check(grid.send_and_receive(messages))}
+            for r in check(grid.send_and_receive(messages), client_of, f" in round {round_}")}
 
 
 def fedavg_setup(job, server):
@@ -396,17 +447,133 @@ def serve(grid, algorithm, flags, nodes=None):
         for round_ in range(1, args.rounds + 1):
             clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
             metrics, down, up = one_round(job, server, clients, round_, run.should_eval(round_), send)
-            run.add_bytes(down=down, up=up)
-            if metrics:
-                run.log(round_, metrics)
+            with recording():
+                run.add_bytes(down=down, up=up)
+                if metrics:
+                    run.log(round_, metrics)
             if run.stop_requested(round_):
                 break
-        run.finish(summary_extra(job, server, run))
+        with recording():
+            run.finish(summary_extra(job, server, run))
+            run.close()
     except BaseException as e:  # as the scripts: a diverged run says so in summary.json
-        run.close(failed=True, diverged=isinstance(e, common.DivergedError))
+        with _RECORDING:
+            run.close(failed=True, diverged=isinstance(e, common.DivergedError))
         raise
-    run.close()
     return nodes
+
+
+# Ctrl-C (or SIGTERM, SIGHUP) in main()'s simulation: it stops at once, as there is no checkpoint
+# to write. The server thread runs on (Flower's), so main() reports what the run folder holds and
+# leaves; the server thread writes nothing after that. Exit status 128 + the signal's number.
+# (Once Ray has started, its core worker has its own SIGTERM handler in this process: a stack dump
+# and abort. Taking SIGTERM back would mean starting Ray here rather than in Flower's RayBackend.)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_STOPPED = threading.Event()
+_RECORDING = threading.Lock()  # held while the server thread writes to the run folder, and by main() on a stop
+_STOPPED_BY = []  # the signal that stopped the simulation
+_REAL_STDERR = []  # after it: a duplicate of the real stderr, while file descriptor 2 goes to /dev/null
+_CHILDREN = {}  # after it: this process's descendants then (Ray's), {pid: start time}
+
+
+@contextlib.contextmanager
+def recording():
+    """The server thread writes to the run folder in here; after a stop it raises Interrupted."""
+    with _RECORDING:
+        if _STOPPED.is_set():
+            raise Interrupted
+        yield
+
+
+def handle_stop_signals(handler):
+    """Make ``handler`` handle STOP_SIGNALS (SIGTERM and SIGHUP only unless ignored, as under
+    nohup); returns the handlers it replaced."""
+    previous = {}
+    for signum in STOP_SIGNALS:
+        if signum == signal.SIGINT or signal.getsignal(signum) is not signal.SIG_IGN:
+            previous[signum] = signal.signal(signum, handler)
+    return previous
+
+
+def on_stop_signal(signum, frame):
+    """main()'s handler of Ctrl-C, SIGTERM and SIGHUP: from now on stderr goes to /dev/null (what
+    Flower, Ray and the nodes print while they stop) and a further signal changes nothing; the
+    KeyboardInterrupt ends the simulation (Flower then stops Ray), and leave_after_stop says one line."""
+    handle_stop_signals(signal.SIG_IGN)
+    _STOPPED_BY.append(signum)
+    _CHILDREN.update(descendants())  # now: once Ray stops its raylet, the nodes' workers are no children of ours
+    sys.stderr.flush()
+    _REAL_STDERR.append(os.dup(2))
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    raise KeyboardInterrupt
+
+
+def leave_after_stop():
+    """Stop Ray if Flower has not, release the run folder (run_folder.Run.close: one without an
+    evaluated round is removed), say in one line on the real stderr what is kept, and exit with
+    status 128 + the signal's number at once (Flower's server thread may wait for replies that
+    will never come)."""
+    signum = _STOPPED_BY[0] if _STOPPED_BY else signal.SIGINT
+    what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+    with _RECORDING:
+        _STOPPED.set()
+        run = run_folder.OPEN_RUNS[-1] if run_folder.OPEN_RUNS else None
+        if run is None:
+            line = f"{what} before the run folder was made; nothing was written"
+        elif not run.rows:
+            line = f"{what} before the first evaluated round; nothing was kept (a Flower run writes no checkpoint)"
+        else:
+            line = (f"{what}; a Flower run writes no checkpoint, so there is nothing to resume; "
+                    f"{run.dir}/metrics.csv keeps the rounds up to {run.rows[-1]['round']}")
+        for open_run in list(run_folder.OPEN_RUNS):
+            open_run.close(failed=True)
+    try:
+        stop_ray()
+    except Exception:  # noqa: BLE001  leaving anyway; stderr is silenced
+        pass
+    for pid, start in _CHILDREN.items():  # Ray's workers take seconds to notice that Ray has stopped
+        if parent_and_start(pid)[1] == start:  # the same process, not a new one with its id
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError, ValueError):  # after SIGHUP the terminal may be gone
+        sys.stdout.flush()
+        os.write(_REAL_STDERR[0] if _REAL_STDERR else 2, f"{line}\n".encode())
+    os._exit(128 + signum)
+
+
+def stop_ray():
+    """Shut Ray down if it is still up: Flower does, unless stopped while Ray was starting."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
+def parent_and_start(pid):
+    """(parent pid, start time) of process ``pid`` from /proc/PID/stat (Linux), or (None, None)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        return int(fields[1]), int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None, None
+
+
+def descendants():
+    """{pid: start time} of this process's children, their children, ... (Ray's raylet, GCS and
+    workers); empty where there is no /proc."""
+    children = {}  # parent pid: [(pid, start time)]
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            parent, start = parent_and_start(entry)
+            children.setdefault(parent, []).append((int(entry), start))
+    found, parents = {}, [os.getpid()]
+    while parents:
+        for pid, start in children.get(parents.pop(), []):
+            found[pid] = start
+            parents.append(pid)
+    return found
 
 
 def build_server_app(jobs=None):
@@ -445,9 +612,14 @@ def simulate(jobs, num_cpus=None):
     logging.getLogger("flwr").addFilter(_no_run_simulation_notice)  # added once, however many calls
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report over the network
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # and no warning about GPUs on CPU nodes
-    run_simulation(server_app=build_server_app(jobs), client_app=client_app, num_supernodes=sizes.pop(),
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                   "init_args": {"num_cpus": num_cpus, "include_dashboard": False}})
+    try:  # log_to_driver False: what the nodes' Ray workers print stays in Ray's logs (a client's failure
+        # comes back to the server in its reply, see ``reply``), not Flower's warnings as Ray stops them
+        run_simulation(server_app=build_server_app(jobs), client_app=client_app, num_supernodes=sizes.pop(),
+                       backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                       "init_args": {"num_cpus": num_cpus, "include_dashboard": False,
+                                                     "log_to_driver": False}})
+    finally:
+        stop_ray()
 
 
 def main(argv=None):
@@ -461,7 +633,17 @@ def main(argv=None):
         raise common.UserError(RESUME_REFUSED)
     importlib.import_module(argv[0]).parse_args(argv[1:])  # bad flags: one line and exit 2, before Ray starts
     import flower_app  # the apps by module name, so that Ray's workers import them rather than copy __main__
-    flower_app.simulate([(argv[0], argv[1:])])
+    previous = flower_app.handle_stop_signals(flower_app.on_stop_signal)
+    try:
+        flower_app.simulate([(argv[0], argv[1:])])
+    except KeyboardInterrupt:
+        flower_app.leave_after_stop()  # one line, exit status 130 (Ctrl-C), 143 (SIGTERM) or 129 (SIGHUP)
+    except flower_app.NodeFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ data; the paper reports the unweighted mean over clients (test_acc_mean).
     python pfedla.py --dataset cifar10                        # Table 1, 10 clients, non-IID_1
     python pfedla.py --dataset emnist --k 1                   # HeurpFedLA (Table 1 / 3)
 """
+import early_signals  # noqa: F401  first, before torch loads: a Ctrl-C or SIGTERM while starting is one line
+
 import math
 
 import torch

@@ -400,6 +400,10 @@ def report_end(job, code):
     if code in (130, -signal.SIGINT):  # Ctrl-C: a checkpoint was written (or it stopped while starting)
         print(f"stopped: {label(job)} ({folder or 'no run folder yet'})", file=sys.stderr, flush=True)
         return 0
+    if code in (143, 129, -signal.SIGTERM, -signal.SIGHUP):  # stopped from outside (a scheduler): resumable
+        print(f"stopped by a signal (exit {code}): {label(job)} ({folder or 'no run folder yet'}); run the same "
+              f"reproduce.py command again to continue it", file=sys.stderr, flush=True)
+        return 1
     if code != 0:
         print(f"failed (exit {code}): {shown(job['command'])}; log: {job['log']}; last line: {last_line(job['log'])}",
               file=sys.stderr, flush=True)

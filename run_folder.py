@@ -1,11 +1,13 @@
 """The run folder of every script: ``--out/<algo>-<dataset>-s<seed>-<time>/`` with config.json,
-partition.json, metrics.csv, summary.json and checkpoint.pt, its lock, Ctrl-C at the end of a
-round, and ``--resume``; ``run_main`` turns how a script ends into its exit status and one line.
-Bookkeeping around the training loop; nothing here is an algorithm.
+partition.json, metrics.csv, summary.json and checkpoint.pt, its lock, Ctrl-C (SIGTERM, SIGHUP)
+at the end of a round, and ``--resume``; ``run_main`` turns how a script ends into its exit
+status and one line. Bookkeeping around the training loop; nothing here is an algorithm.
 """
 import argparse
 import atexit
 import contextlib
+import errno
+import hashlib
 import json
 import os
 import platform
@@ -14,6 +16,7 @@ import resource
 import shutil
 import signal
 import socket
+import stat
 import sys
 import time
 
@@ -22,6 +25,7 @@ import torch
 
 import common
 import data_partition
+import early_signals
 
 
 def _json(obj):
@@ -40,33 +44,114 @@ def current_host_mb():
 # open run folders (Run), released by run_main on the way out
 OPEN_RUNS = []
 
+# Ctrl-C, SIGTERM (what Slurm and Kubernetes send some time before they kill a job) and SIGHUP (the
+# terminal closed) stop a run alike. The exit status is 128 + the signal's number, the shell's
+# convention, so that a batch system sees which signal ended the run: 130, 143 and 129.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_STATUSES = tuple(128 + signum for signum in STOP_SIGNALS)
+
+
+def _signal_name(signum):
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+def _stopped_by(signum):
+    """How a one-line message says what stopped the run."""
+    return "interrupted" if signum == signal.SIGINT else f"stopped by {_signal_name(signum)}"
+
+
+class Stopped(KeyboardInterrupt):
+    """A signal that stops the run at once, wherever it is: a second signal, or one that comes
+    before the run folder exists. A KeyboardInterrupt, so that what cleans up after Ctrl-C (the
+    client threads, the temporary file of a write) cleans up after SIGTERM too."""
+
+    def __init__(self, signum):
+        super().__init__(_signal_name(signum))
+        self.signum = signum
+
+
+def _stop_at_once(signum, frame):
+    raise Stopped(signum)
+
+
+def _handle_stop_signals(handler):
+    """Make ``handler`` handle Ctrl-C, SIGTERM and SIGHUP; returns the handlers it replaced. A SIGTERM
+    or SIGHUP ignored already (nohup) stays ignored. Outside the main thread (Flower's server)
+    Python allows no handler, and nothing changes."""
+    previous = {}
+    for signum in STOP_SIGNALS:
+        current = signal.getsignal(signum)
+        if signum != signal.SIGINT and current is signal.SIG_IGN:
+            continue
+        try:
+            signal.signal(signum, handler)
+        except ValueError:  # not the main thread
+            break
+        previous[signum] = current
+    return previous
+
+
+def _restore_signals(previous, ignore=False):
+    """Put back the handlers that ``_handle_stop_signals`` replaced, or ignore the signals (leaving
+    after one: a further one must not turn the exit into a traceback)."""
+    for signum, handler in previous.items():
+        if ignore or handler is early_signals.stop_while_starting:  # the script is ending: nothing left to stop
+            handler = signal.SIG_IGN
+        signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+
+
+class FileFault(OSError):
+    """A file of the run folder could not be written (disk full, a read-only folder, a folder in the
+    file's place): one line naming the file, the OS error and what is kept; exit status 1."""
+
+    def __init__(self, path, error, kept="", verb="write"):
+        super().__init__(error.errno, error.strerror, path)
+        self.line = f"cannot {verb} {path} ({error.strerror or error}){kept}"
+
+    def __str__(self):
+        return self.line
+
+
+def _say(line):
+    """One line on stderr; a terminal that is gone (SIGHUP) must not turn it into a traceback."""
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
+
 
 def run_main(main, argv=None):
-    """Run a script's ``main``. Bad input: one line and exit status 2; divergence: one line and
-    status 1; Ctrl-C: status 130 (``main`` returns a status when it stops early)."""
-    code, returned = 0, False
+    """Run a script's ``main``. Bad input: one line and exit status 2; divergence, or a file that
+    cannot be written (disk full, permissions): one line and status 1; Ctrl-C, SIGTERM, SIGHUP:
+    130, 143, 129 (``main`` returns that status when it stops at the end of a round; a signal
+    before the run folder exists, or a second one, stops at once)."""
+    code, returned, diverged = 0, False, False
+    previous = _handle_stop_signals(_stop_at_once)  # until a Run takes them over: nothing is written yet
     try:
         code = main(argv) or 0
         returned = True
     except (common.UserError, data_partition.PartitionError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        _say(f"error: {e}")
         code = 2
     except common.DivergedError as e:
-        print(f"stopped: {e}", file=sys.stderr)
+        _say(f"stopped: {e}")
+        code, diverged = 1, True
+    except KeyboardInterrupt as e:  # a signal that stops at once: a second one, in the middle of a round
+        _restore_signals(previous, ignore=True)
+        signum = getattr(e, "signum", signal.SIGINT)
+        _say(OPEN_RUNS[-1].interrupted_line(signum) if OPEN_RUNS else
+             f"{_stopped_by(signum)} before the run folder was made; nothing was written")
+        code = 128 + signum
+    except OSError as e:  # disk full, permissions: the run's own files (FileFault) or any other
+        _say(f"error: {e}" if isinstance(e, FileFault) or not e.filename else f"error: {e.filename}: {e.strerror}")
         code = 1
-    except KeyboardInterrupt:  # the second Ctrl-C, in the middle of a round
-        print(OPEN_RUNS[-1].interrupted_line() if OPEN_RUNS else "interrupted before the run folder was made; "
-              "nothing was written", file=sys.stderr)
-        code = 130
     finally:
         for run in list(OPEN_RUNS):
-            run.close(failed=code != 0, diverged=code == 1)
-    if code == 130:  # leaving after Ctrl-C: a further one must not turn the exit into a traceback
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if not returned:  # at once: client threads still running hold nothing that is saved
+            run.close(failed=code != 0, diverged=diverged)
+    _restore_signals(previous, ignore=code in STOP_STATUSES)
+    if code in STOP_STATUSES and not returned:  # at once: client threads still running hold nothing that is saved
+        with contextlib.suppress(OSError, ValueError):
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(code)
+        os._exit(code)
     if code:
         sys.exit(code)
 
@@ -90,14 +175,44 @@ def _given_flags(parser, argv):
             action.default = default
 
 
+# the files of a run folder, each written whole by common.atomic_write
+RUN_FILES = ("config.json", "partition.json", "metrics.csv", "summary.json", "checkpoint.pt")
+
+
+def _file_kind(mode):
+    return ("a folder" if stat.S_ISDIR(mode) else "a named pipe" if stat.S_ISFIFO(mode) else
+            "a socket" if stat.S_ISSOCK(mode) else "a device")
+
+
+def check_regular(path, doing="cannot resume"):
+    """Refuse ``path`` unless it is a regular file or absent: a named pipe in its place would block a
+    read forever, a device would be read without end. Returns whether the file exists."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return False
+    except OSError:  # unreadable: the read that follows says why
+        return True
+    if not stat.S_ISREG(mode):
+        raise common.UserError(f"{doing}: {path} is {_file_kind(mode)}, not a regular file; move it away")
+    return True
+
+
+def _read_json(path):
+    check_regular(path)
+    with open(path) as f:
+        return json.load(f)
+
+
 def resumed_args(parser, argv):
     """The saved arguments of ``--resume RUN_DIR``, with the flags given now that may change."""
     given = _given_flags(parser, argv)
     folder = given["resume"]
     path = os.path.join(folder, "config.json")
+    for name in RUN_FILES:  # before any of them is opened
+        check_regular(os.path.join(folder, name))
     try:
-        with open(path) as f:
-            config = json.load(f)
+        config = _read_json(path)
         saved, script = config["args"], config.get("script")
         if not isinstance(saved, dict):
             raise ValueError("args is not a mapping")
@@ -107,6 +222,9 @@ def resumed_args(parser, argv):
         script = {"heurpfedla": "pfedla"}.get(config.get("algorithm"), config.get("algorithm"))
     if not isinstance(script, str):
         raise common.UserError(f"cannot resume: {path} names no script or algorithm")
+    if script == "flower_app":  # no script could continue it
+        raise common.UserError(f"cannot resume: {folder} is a run of flower_app.py, and Flower runs cannot be "
+                               "resumed (they write no checkpoint); start the run again")
     if f"{script}.py" != parser.prog:
         raise common.UserError(f"cannot resume: {folder} is a run of {script}.py, not {parser.prog}; "
                         f"use python {script}.py --resume {folder}")
@@ -130,11 +248,26 @@ def resumed_args(parser, argv):
         setattr(args, k, given[k])
     args.resume, args.stop_after = folder, given.get("stop_after")
     with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
-        summary = json.load(open(os.path.join(folder, "summary.json")))
+        summary = _read_json(os.path.join(folder, "summary.json"))
         if summary.get("status") == "finished" and summary.get("rounds_done") == args.rounds:
             raise common.UserError(f"cannot resume: {folder} has finished its {args.rounds} rounds; "
                                    f"give --rounds N (more than {args.rounds}) to extend it")
     return args
+
+
+def invalid_saved_value(parser, argv, message):
+    """The line for a flag check (common.parse_args) that failed after ``--resume``: a value given
+    on the command line now keeps the check's message; a value read from the run's config.json
+    (hand-edited or damaged) is named as that file's, not as a flag the user never gave."""
+    given = _given_flags(parser, argv)
+    flag, _, rest = message.partition(" ")
+    action = next((a for a in parser._actions if flag in a.option_strings), None)
+    if action is not None and action.dest in given and action.dest in RESUME_MAY_CHANGE:
+        return message
+    path = os.path.join(given["resume"], "config.json")
+    if action is None:
+        return f"cannot resume: {path} holds an invalid setting ({message})"
+    return f"cannot resume: {path} has an invalid {action.dest}: {rest} (the file was edited or damaged)"
 
 
 def _fits(action, value):
@@ -159,14 +292,14 @@ def _fmt_time(s):
 
 def _lock(folder):
     """Create the run folder's lock file: one process per run folder. A lock whose process is gone
-    (killed, crashed; a zombie counts as gone) is stale and taken over."""
+    (killed, crashed; a zombie counts as gone) is stale and taken over. A lock that cannot be
+    written (disk full) is removed again and raises FileFault."""
     path = os.path.join(folder, ".lock")
     for _ in range(3):
         try:
-            with open(path, "x") as f:
-                f.write(f"{os.getpid()} {socket.gethostname()}\n")
-            return path
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # as open(path, "x"): the umask applies
         except FileExistsError:
+            check_regular(path, doing=f"cannot use {folder}")  # a named pipe would block the read below
             pid, host, alive = "?", "?", True
             try:
                 with open(path) as f:
@@ -184,11 +317,142 @@ def _lock(folder):
             if alive or host != socket.gethostname():
                 raise common.UserError(f"{folder} is in use by process {pid} on {host}; wait for it to end "
                                 f"(or delete {path} if that process is gone)")
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 os.remove(path)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                raise FileFault(path, e, verb="remove the stale lock") from None
+            continue
         except OSError as e:
-            raise common.UserError(f"cannot write in the run folder {folder} ({e.strerror})")
+            raise FileFault(path, e, verb="create") from None
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{os.getpid()} {socket.gethostname()}\n")
+            return path
+        except OSError as e:  # an empty lock would keep every later run out
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            raise FileFault(path, e) from None
     raise common.UserError(f"cannot take the lock {path}; delete it if no run is using {folder}")
+
+
+def _short(path, width=80):
+    """A path for a one-line message, a very long one (beyond the system's limit) abbreviated."""
+    return path if len(path) <= width else f"{path[:40]}...{path[-30:]}"
+
+
+def _missing_folders(path):
+    """The folders that os.makedirs(path) would create, deepest first."""
+    missing = []
+    while path and not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
+
+
+def _remove_empty_folders(folders):
+    """Remove folders a run made and left empty, deepest first; os.rmdir never removes a folder that
+    holds anything (another run started meanwhile under the same --out)."""
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except (FileNotFoundError, NotADirectoryError):  # not made: os.makedirs stopped above it
+            continue
+        except OSError as e:
+            if e.errno != errno.ENAMETOOLONG:  # a folder that holds something: so do its parents
+                break
+
+
+def _check_path_fits(out, folder):
+    """Refuse a run folder whose files' paths would exceed the system's limits, before anything is
+    created: os.makedirs would make the part of the path that fits (20 nested empty folders)."""
+    existing = out
+    while existing and not os.path.isdir(existing):
+        existing = os.path.dirname(existing)
+    try:
+        path_max, name_max = os.pathconf(existing or ".", "PC_PATH_MAX"), os.pathconf(existing or ".", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        path_max, name_max = 4096, 255  # Linux's
+    folder += "-99"  # what a run started in the same second as others gets
+    longest = len(os.fsencode(os.path.join(os.path.abspath(folder), "partition.json")))  # its longest file name
+    name = len(os.fsencode(os.path.basename(folder)))
+    if 0 < name_max < name:
+        raise common.UserError(f"the run folder's name would be {name} bytes, more than the {name_max} this system "
+                               f"allows; use a shorter --dataset file name")
+    longest_in_out = max(len(os.fsencode(n)) for n in out.split(os.sep))
+    if 0 < name_max < longest_in_out:
+        raise common.UserError(f"--out {_short(out)} has a folder name of {longest_in_out} bytes; this system allows "
+                               f"at most {name_max}")
+    if 0 < path_max <= longest:
+        raise common.UserError(f"--out {_short(out)} is too long for this system: the run folder's files would have "
+                               f"paths of {longest} bytes, and at most {path_max - 1} are allowed")
+
+
+def data_fingerprint(data, chunk_bytes=64 * 2 ** 20):
+    """sha256 of the data as it enters the run: the samples and labels, a chunk at a time whatever
+    their device and memory layout (GPU data is copied to the host in chunks), and every client's
+    train and test indices. About a second for CIFAR-10; --resume compares it."""
+    digest = hashlib.sha256()
+
+    def add(t):
+        digest.update(f"{t.dtype} {tuple(t.shape)};".encode())
+        if t.dim() == 4:  # images: in the order the channels-last layout of common.load_federated_data keeps
+            t = t.permute(0, 2, 3, 1)  # them in memory, so that no chunk is copied on the host
+        step = max(1, chunk_bytes // max(1, t[0].numel() * t.element_size())) if len(t) else 1
+        for start in range(0, len(t), step):
+            digest.update(t[start: start + step].contiguous().cpu().numpy())
+
+    add(data.x)
+    add(data.y)
+    for indices in (data.train_idx, data.test_idx, [] if data.global_test_idx is None else [data.global_test_idx]):
+        digest.update(f"{[len(i) for i in indices]};".encode())
+        if len(indices):
+            add(torch.cat(list(indices)))
+    return digest.hexdigest()
+
+
+class _KeepError:
+    """A file whose failed write is remembered: torch.save turns an OSError (disk full) into a
+    RuntimeError that names no cause ("unexpected pos 704 vs 598")."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, b):
+        try:
+            return self.f.write(b)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self):
+        return self.f.flush()
+
+
+def _torch_save(blob):
+    """torch.save as content for common.atomic_write, raising the OS error of a failed write."""
+    def write(f):
+        out = _KeepError(f)
+        try:
+            torch.save(blob, out)
+        except RuntimeError:
+            if out.error is not None:
+                raise out.error from None
+            raise
+    return write
+
+
+def _detach_from_terminal():
+    """After SIGHUP the terminal is gone and a write to it fails (EIO): what is still printed goes to
+    /dev/null instead, so that the round can end with its checkpoint."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            out = os.fstat(fd)
+            if stat.S_ISCHR(out.st_mode) and out.st_rdev != os.fstat(null).st_rdev:  # a terminal, not /dev/null
+                os.dup2(null, fd)
+    os.close(null)
 
 
 class Run:
@@ -198,35 +462,41 @@ class Run:
     it, writes config.json and partition.json; then records evaluations (metrics.csv),
     checkpoints (checkpoint.pt: tensors and plain containers only) and the summary. Build it
     once set-up has succeeded: a run that fails before its first round leaves no folder.
-    The first Ctrl-C asks the loop to stop at the end of the round (``stop_requested``)."""
+    The first Ctrl-C, SIGTERM or SIGHUP asks the loop to stop at the end of the round
+    (``stop_requested``); a second one stops at once."""
 
     def __init__(self, algo, args, data, device, headline, headline_metric="test_acc", script=None):
         self.algo, self.args, self.data, self.device = algo, args, data, device
         self.headline, self.headline_metric, self.script = headline, headline_metric, script or algo
         self.rows, self.bytes_down, self.bytes_up, self.elapsed = [], 0, 0, 0.0
-        self.created, self.interrupted, self.finished = False, False, False
-        self.checkpoint_round, self.stopping = 0, False
-        self.dir = args.resume or self._new_dir()
-        if args.resume:
-            self.lock = _lock(self.dir)
-        OPEN_RUNS.append(self)
-        if not args.resume:  # a resumed run keeps its record (resume() updates --rounds)
-            common.atomic_write(os.path.join(self.dir, "config.json"), _json({
+        self.dir, self.lock, self.created, self.finished, self._made = None, None, False, False, []
+        self.interrupted = 0  # the signal that asked the run to stop at the end of the round; 0: none
+        self.checkpoint_round, self.stopping, self._latest = 0, False, None
+        self.data_sha256 = data_fingerprint(data)
+        OPEN_RUNS.append(self)  # from here on close() releases what this makes, however the run ends
+        self._previous_handlers = _handle_stop_signals(self._on_signal)
+        if args.resume:  # a resumed run keeps its record (resume() updates --rounds)
+            self.dir, self.lock = args.resume, _lock(args.resume)
+            self._check_data()
+        else:
+            self._new_dir()
+            self._write("config.json", _json({
                 "algorithm": algo, "script": self.script, "args": {**vars(args), "resume": None, "stop_after": None},
                 "command": sys.argv, "device": str(device), "device_name": torch.cuda.get_device_name(device)
                 if device.type == "cuda" else platform.processor() or platform.machine(),
                 "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
-                "num_classes": data.num_classes, "input_shape": list(data.x.shape[1:])}))
+                "num_classes": data.num_classes, "input_shape": list(data.x.shape[1:]),
+                "data_sha256": self.data_sha256}))
         self._write_partition()
         self._t_last, self._last_round = time.perf_counter(), 0
-        try:
-            self._previous_handler = signal.signal(signal.SIGINT, self._on_sigint)
-        except ValueError:  # not the main thread: Ctrl-C keeps its default
-            self._previous_handler = None
 
     def _new_dir(self):
+        """Create and lock a new run folder under --out. What it makes (the folder, and --out and its
+        parents where they were missing) is removed by close() if the run fails before any result."""
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", os.path.basename(self.args.dataset).replace(".npz", "")).strip("-")
         base = os.path.join(self.args.out, f"{self.algo}-{name}-s{self.args.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
+        _check_path_fits(self.args.out, base)
+        self._made = _missing_folders(os.path.dirname(base))
         path, n = base, 1
         while True:
             try:
@@ -237,25 +507,67 @@ class Run:
                     raise common.UserError(f"--out {self.args.out} is not a folder")
                 path, n = f"{base}-{n}", n + 1
             except OSError as e:
-                raise common.UserError(f"cannot create a run folder under --out {self.args.out} ({e.strerror})")
-        self.created = True
+                _remove_empty_folders(self._made)
+                if e.errno in (errno.ENOTDIR, errno.ENAMETOOLONG):  # the --out given cannot hold a folder
+                    raise common.UserError(f"cannot create a run folder under --out {_short(self.args.out)} "
+                                           f"({e.strerror})")
+                raise FileFault(path, e, verb="create") from None
+        self.dir, self.created = path, True
         self.lock = _lock(path)
-        return path
 
-    def _on_sigint(self, signum, frame):
-        if self.stopping:
+    def _on_signal(self, signum, frame):
+        """The first Ctrl-C, SIGTERM or SIGHUP asks the loop to stop at the end of the round, after a
+        checkpoint; a second one stops at once (Stopped), keeping the last checkpoint written."""
+        if self.stopping:  # the checkpoint is written, or the run is stopping at once: nothing left to stop
             return
-        if self.interrupted:  # the second Ctrl-C stops at once
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            raise KeyboardInterrupt
-        self.interrupted = True
-        print(f"\n[{self.algo}] Ctrl-C: stopping at the end of this round (Ctrl-C again stops at once)",
-              file=sys.stderr, flush=True)
+        if self.interrupted:
+            self.stopping = True
+            raise Stopped(signum)
+        self.interrupted = signum
+        if signum == signal.SIGHUP:
+            _detach_from_terminal()
+        with contextlib.suppress(OSError, ValueError):  # on stdout: stderr gets the one line that ends the run
+            print(f"\n[{self.algo}] {_signal_name(signum)}: stopping at the end of this round, after a checkpoint "
+                  f"(a second {_signal_name(signum)} stops at once)", flush=True)
+
+    def _write(self, name, content):
+        """common.atomic_write of a file of the run folder. A failure (disk full, a read-only folder, a
+        folder in the file's place) is a FileFault naming the file, the OS error and what is kept."""
+        path = os.path.join(self.dir, name)
+        try:
+            common.atomic_write(path, content)
+        except OSError as e:
+            raise FileFault(path, e, self._kept()) from None
+
+    def _kept(self):
+        """The end of a failed write's one line: what the run folder keeps, and how to go on."""
+        if self.checkpoint_round:
+            return (f"; the checkpoint of round {self.checkpoint_round} is kept: once the file can be written, "
+                    f"continue with: python {self.script}.py --resume {self.dir}")
+        if self.rows:
+            return ("; no checkpoint was written yet, so the run cannot be resumed: once the file can be written, "
+                    f"start it again (the metrics so far stay in {self.dir})")
+        return "; nothing was kept"
+
+    def _check_data(self):
+        """With --resume: refuse data other than the data the run started with (an .npz overwritten
+        since, another --data-dir): the rest of the run would silently compute something else.
+        A config.json from before the fingerprint (2026-11) has none: resume() records it."""
+        try:
+            saved = _read_json(os.path.join(self.dir, "config.json")).get("data_sha256")
+        except (OSError, ValueError, AttributeError) as e:
+            raise common.UserError(f"cannot resume: {self.dir}/config.json is not a run's config ({e})")
+        if saved is not None and saved != self.data_sha256:
+            d = self.args.dataset
+            name = (f"{d}, generated from --seed {self.args.seed}" if common.synthetic_setting(d) else
+                    d if d.endswith(".npz") else f"{d} in --data-dir {self.args.data_dir}")
+            raise common.UserError(f"cannot resume: the data of {self.dir} changed since the run started ({name}: "
+                                   f"fingerprint {saved[:16]} now {self.data_sha256[:16]})")
 
     def _write_partition(self):
         d = self.data
         if not self.args.resume:
-            common.atomic_write(os.path.join(self.dir, "partition.json"), _json({
+            self._write("partition.json", _json({
                 "train_class_counts": d.train_counts, "test_class_counts": d.test_counts,
                 "train_sizes": d.train_counts.sum(1), "test_sizes": d.test_counts.sum(1),
                 "global_test_size": 0 if d.global_test_idx is None else len(d.global_test_idx),
@@ -315,7 +627,7 @@ class Run:
         keys = list(dict.fromkeys(k for r in self.rows for k in r))
         with_header = [keys] + [[r.get(k, "") for k in keys] for r in self.rows]
         text = "".join(",".join(map(str, r)) + "\n" for r in with_header)
-        common.atomic_write(os.path.join(self.dir, "metrics.csv"), text)
+        self._write("metrics.csv", text)
 
     # -- checkpoints, stopping and resuming
 
@@ -328,24 +640,34 @@ class Run:
         """Every ``--checkpoint-every`` rounds, at the last round and before a requested stop:
         the algorithm ``state`` (modules and objects by their state_dict, tensors as they are),
         every RNG state and the metrics so far, as tensors and plain containers."""
-        if not (round_ % self.args.checkpoint_every == 0 or round_ == self.args.rounds or self.interrupted):
-            return
+        self._latest = (round_, state, rng)  # for stop(), should a signal come after this call
+        if round_ % self.args.checkpoint_every == 0 or round_ == self.args.rounds or self.interrupted:
+            self._save_checkpoint(round_, state, rng)
+
+    def _save_checkpoint(self, round_, state, rng):
         blob = {"algorithm": self.algo, "round": round_, "rows": self.rows, "args": self._fixed_args(),
                 "bytes": [self.bytes_down, self.bytes_up],
                 "elapsed": self.elapsed + time.perf_counter() - self._t_last,
                 "state": {k: (v.state_dict() if hasattr(v, "state_dict") else v) for k, v in state.items()},
                 "rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
                 "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-        common.atomic_write(os.path.join(self.dir, "checkpoint.pt"), lambda f: torch.save(blob, f))
+        self._write("checkpoint.pt", _torch_save(blob))
         self.checkpoint_round = round_
 
     def stop(self, round_):
-        """Report a requested stop after ``round_`` (checkpoint written) and return the exit status."""
+        """Report a requested stop after ``round_`` and return the exit status; the one line is
+        printed only once the round's checkpoint is written."""
         command = f"python {self.script}.py --resume {self.dir}"
         if self.interrupted:
-            self.stopping = True  # the checkpoint is written: a further Ctrl-C has nothing left to stop
-            print(f"interrupted after round {round_}; continue with: {command}", file=sys.stderr, flush=True)
-            return 130
+            if self.checkpoint_round != round_ and self._latest and self._latest[0] == round_:
+                self._save_checkpoint(*self._latest)  # the signal came after this round's checkpoint() call
+            self.stopping = True  # a further signal has nothing left to stop
+            if self.interrupted == signal.SIGINT:
+                _say(f"interrupted after round {round_}; continue with: {command}")
+            else:
+                _say(f"stopped by {_signal_name(self.interrupted)} after round {round_}, whose checkpoint is in "
+                     f"{os.path.join(self.dir, 'checkpoint.pt')}; continue with: {command}")
+            return 128 + self.interrupted
         print(f"[{self.algo}] stopping after round {round_} (--stop-after); continue with: {command}")
         self.close()
         sys.exit(0)  # as if killed here
@@ -362,7 +684,7 @@ class Run:
         if not self.args.resume:
             return 1
         path = os.path.join(self.dir, "checkpoint.pt")
-        if not os.path.exists(path):
+        if not check_regular(path):
             raise common.UserError(f"cannot resume: {self.dir} has no checkpoint.pt (the run stopped before its first "
                             "checkpoint; start it again)")
         try:
@@ -397,16 +719,17 @@ class Run:
         if round_ > self.args.rounds:
             raise common.UserError(f"cannot resume: the run already has {round_} rounds; --rounds {self.args.rounds} "
                             f"must be at least that")
-        config_path = os.path.join(self.dir, "config.json")
-        with open(config_path) as f:
-            config = json.load(f)
-        if config["args"]["rounds"] != self.args.rounds:
-            config["args"]["rounds"] = self.args.rounds
-            common.atomic_write(config_path, _json(config))
         self.rows, self.bytes_down, self.bytes_up, self.elapsed = rows, int(down), int(up), elapsed
-        self._write_metrics()  # drop rows logged after the checkpoint: they will be recomputed
         self._last_round = self.checkpoint_round = round_
-        print(f"[{self.algo}] resumed {self.dir} after round {round_}")
+        config = _read_json(os.path.join(self.dir, "config.json"))
+        note = ""
+        if "data_sha256" not in config:  # a run from before the fingerprint: checked from this resume on
+            config["data_sha256"], note = self.data_sha256, " (its config.json had no data fingerprint: now recorded)"
+        if config["args"]["rounds"] != self.args.rounds or note:
+            config["args"]["rounds"] = self.args.rounds
+            self._write("config.json", _json(config))
+        self._write_metrics()  # drop rows logged after the checkpoint: they will be recomputed
+        print(f"[{self.algo}] resumed {self.dir} after round {round_}{note}")
         return round_ + 1
 
     def summary(self, extra=None, status="finished"):
@@ -424,7 +747,7 @@ class Run:
             values = np.array([float(r[key]) for r in self.rows if r.get(key, "") != ""])
             summary[key] = {"best": float(values.max()), "final": float(values[-1]),
                             "last10_mean": float(values[-10:].mean())}
-        common.atomic_write(os.path.join(self.dir, "summary.json"), _json(summary))
+        self._write("summary.json", _json(summary))
         return summary
 
     def finish(self, extra=None):
@@ -440,34 +763,42 @@ class Run:
               f"files in {self.dir}")
         return summary
 
-    def interrupted_line(self):
-        """What a second Ctrl-C (a stop in the middle of a round) leaves behind, in one line."""
+    def interrupted_line(self, signum=signal.SIGINT):
+        """What a signal that stops at once (a second one, in the middle of a round) leaves behind,
+        in one line."""
+        what = _stopped_by(signum)
+        command = f"python {self.script}.py --resume {self.dir}"
         if self.checkpoint_round:
-            return (f"interrupted; the checkpoint of round {self.checkpoint_round} is kept; "
-                    f"continue with: python {self.script}.py --resume {self.dir}")
+            return f"{what}; the checkpoint of round {self.checkpoint_round} is kept; continue with: {command}"
+        if self.args.resume and self.dir:
+            return f"{what} before the run continued; {self.dir} is as it was; continue with: {command}"
         if self.rows:
-            return (f"interrupted before the first checkpoint (--checkpoint-every {self.args.checkpoint_every}); "
+            return (f"{what} before the first checkpoint (--checkpoint-every {self.args.checkpoint_every}); "
                     f"{self.dir}/metrics.csv keeps rounds up to {self.rows[-1]['round']}; nothing to resume")
-        return "interrupted before the first round; nothing was kept"
+        return f"{what} before the first round; nothing was kept"
 
     def close(self, failed=False, diverged=False):
-        """Release the folder: a new run that failed before writing any result leaves nothing behind;
-        a run that stopped with results keeps them (a diverged one says so in summary.json)."""
+        """Release the folder: a new run that failed before writing any result leaves nothing behind
+        (nor the --out folders it made); a run that stopped with results keeps them (a diverged one
+        says so in summary.json). Never raises: it runs on the way out of every failure."""
         if self not in OPEN_RUNS:
             return
         OPEN_RUNS.remove(self)
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGINT, self._previous_handler)
-        if failed and not diverged and self.created and not self.rows and \
-                not os.path.exists(os.path.join(self.dir, "checkpoint.pt")):
+        if not self.interrupted:  # after a signal run_main ignores further ones until the process ends
+            _restore_signals(self._previous_handlers)
+        if self.dir is None:
+            return
+        if failed and not diverged and self.created and \
+                not any(os.path.lexists(os.path.join(self.dir, name)) for name in ("metrics.csv", "checkpoint.pt")):
             shutil.rmtree(self.dir, ignore_errors=True)
+            _remove_empty_folders(self._made)
             return
         if diverged and not self.finished:
-            self.summary(status="diverged")
-        try:
-            os.remove(self.lock)
-        except OSError:
-            pass
+            with contextlib.suppress(OSError):  # a full disk: the metrics so far are what is left
+                self.summary(status="diverged")
+        if self.lock:
+            with contextlib.suppress(OSError):  # a folder made read-only: the lock names a process that has
+                os.remove(self.lock)            # ended, and the next run on the folder takes it over
 
 
 

@@ -1,14 +1,17 @@
 """compare.py: the table (grouping over seeds, settings kept apart, best/final per metric,
-statuses of unfinished, diverged, older-format and unreadable runs), the plot, and bad input.
+statuses of unfinished, diverged, older-format, unreadable and damaged runs), the plot, and bad input.
 Most run folders are fabricated; one end-to-end case runs fedavg.py and fedala.py."""
 import json
 import os
 import re
+import shutil
 import statistics
+import subprocess
+import sys
 
 import pytest
 
-from conftest import metrics_rows, run_script
+from conftest import ROOT, metrics_rows, run_script
 
 ARGS = {"dataset": "synthetic", "data_dir": "./data", "partition": "dir", "beta": 0.1, "num_clients": 20,
         "rounds": 5, "lr": 0.005, "seed": 0, "device": "auto", "out": "runs", "resume": None,
@@ -227,3 +230,116 @@ def test_plot_of_groups_and_missing_matplotlib(tmp_path):
                       env={"PYTHONPATH": str(shim.parent)})
     assert_one_line_error(proc, "pip install matplotlib")
     assert not (tmp_path / "y.png").exists()
+
+
+# ----------------------------------------------------------------------------- damaged run folders
+
+def compare_within(seconds, *args, prefix=()):
+    """compare() that fails the test (subprocess.TimeoutExpired) if compare.py takes more than
+    ``seconds`` (a named pipe must not make it wait); ``prefix`` runs it under another command."""
+    proc = subprocess.run([*prefix, sys.executable, os.path.join(ROOT, "compare.py"), *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=seconds)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip() and not ln.startswith("---")]
+    header = re.split(r"\s{2,}", lines[0].strip()) if lines else []
+    return proc, [dict(zip(header, re.split(r"\s{2,}", ln.strip()))) for ln in lines[1:]]
+
+
+def rewrite_metrics(folder, edit):
+    """metrics.csv of ``folder`` with its text replaced by ``edit(text)``."""
+    path = os.path.join(folder, "metrics.csv")
+    with open(path) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write(edit(text))
+
+
+def replace_with(folder, name, kind):
+    """Put a folder or a named pipe in the place of the run folder's file ``name``."""
+    path = os.path.join(folder, name)
+    if os.path.exists(path):
+        os.remove(path)
+    os.mkdir(path) if kind == "folder" else os.mkfifo(path)
+
+
+def test_damaged_runs_are_listed_with_what_is_damaged_and_no_number_from_it(tmp_path):
+    make_run(tmp_path, "fedavg-synthetic-s0-ok", seed=0)
+    last_line = "5,35.0,17.5,36.0,65.0,2.5,0.5,7.5,2.5,700\n"  # make_run's round 5
+    rewrite_metrics(make_run(tmp_path, "cut", seed=1), lambda t: t.replace(last_line, "5,35.0,17.5,"))
+    rewrite_metrics(make_run(tmp_path, "cut-cell", seed=2), lambda t: t.replace(last_line, last_line[:-4] + "7e"))
+    rewrite_metrics(make_run(tmp_path, "inf-round", seed=3), lambda t: t.replace("\n3,", "\ninf,"))
+    rewrite_metrics(make_run(tmp_path, "bad-rounds", seed=4),
+                    lambda t: t.replace("\n2,", "\nnan,").replace("\n4,", "\n4.5,"))
+    rewrite_metrics(make_run(tmp_path, "bad-cell", seed=5), lambda t: t.replace("\n2,30.0,", "\n2,abc,"))
+    rewrite_metrics(make_run(tmp_path, "short-line", seed=6),
+                    lambda t: t.replace("\n2,30.0,15.0,31.0,70.0,1.0,0.5,3.0,1.0,700\n", "\n2,30.0\n"))
+    replace_with(make_run(tmp_path, "csv-folder", seed=7), "metrics.csv", "folder")
+    both = make_run(tmp_path, "fedavg-synthetic-s8-both-folders")  # was left out of the table without a word
+    replace_with(both, "metrics.csv", "folder")
+    replace_with(both, "config.json", "folder")
+    replace_with(make_run(tmp_path, "fedavg-synthetic-s9-config-pipe"), "config.json", "pipe")
+    replace_with(make_run(tmp_path, "csv-pipe", seed=10), "metrics.csv", "pipe")
+    replace_with(make_run(tmp_path, "summary-pipe", seed=11), "summary.json", "pipe")
+    proc, rows = compare_within(30, tmp_path)  # compare.py opens no named pipe: it would wait forever
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert len(rows) == 12  # nothing left out, nothing grouped
+    status = {r["seeds"]: r["status"] for r in rows}
+    assert status["0"] == "ok"
+    assert status["1"] == "damaged: metrics.csv line 6 cut off, unfinished 4/5"
+    assert status["2"] == "damaged: metrics.csv line 6 cut off, unfinished 4/5"
+    assert status["3"] == "damaged: metrics.csv line 4 has round 'inf', not a whole number"
+    assert status["4"] == "damaged: metrics.csv line 3 has round 'nan', not a whole number (and 1 more bad lines)"
+    assert status["5"] == "damaged: metrics.csv line 3 has test_acc 'abc', not a number"
+    assert status["6"] == "damaged: metrics.csv line 3 has 2 cells, the header 10"
+    assert status["7"] == "damaged: metrics.csv is a folder"
+    assert status["8"] == "damaged: config.json is a folder; metrics.csv is a folder"
+    assert status["9"] == "damaged: config.json is a named pipe"
+    assert status["10"] == "damaged: metrics.csv is a named pipe"
+    assert status["11"].startswith("damaged: summary.json is a named pipe")
+    row = {r["seeds"]: r for r in rows}
+    for cut in ("1", "2"):  # every number from round 4, the last whole line
+        assert (row[cut]["rounds"], row[cut]["final"], row[cut]["MB"], row[cut]["s/round"]) == \
+            ("4/5", "40.00", "8.0", "0.500")
+    assert (row["3"]["best"], row["3"]["@round"], row["3"]["final"]) == ("40.00", "4", "35.00")  # round 3 left out
+    assert row["5"]["best"] == "40.00" and row["7"]["best"] == row["8"]["best"] == "-"
+    assert row["9"]["best"] == "40.00" and row["9"]["algorithm"] == "fedavg"  # metrics.csv itself is fine
+
+
+def test_paths_that_are_files_and_folders_with_only_damaged_runs(tmp_path):
+    run = make_run(tmp_path / "runs", "a")
+    assert_one_line_error(compare_within(30, os.path.join(run, "metrics.csv"))[0], "not a folder")
+    cut = make_run(tmp_path / "cut", "fedavg-synthetic-s0")
+    rewrite_metrics(cut, lambda t: t.split("\n")[0] + "\n1,10.0,5.0")  # its only round cut off
+    replace_with(make_run(tmp_path / "cut", "fedavg-synthetic-s1"), "metrics.csv", "pipe")
+    proc, _ = compare_within(30, tmp_path / "cut")  # nothing readable: bad input, naming the damage
+    assert_one_line_error(proc, "no readable metrics.csv", "2 damaged", "metrics.csv line 2 cut off")
+
+
+def without_root_reading_everything():
+    """A command prefix under which compare.py cannot read files that forbid it: none for a user,
+    for root setpriv without the capabilities to read any file (skips if that is not possible)."""
+    if os.geteuid() != 0:
+        return []
+    prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+    if shutil.which("setpriv") is None or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("running as root, who reads every file, and setpriv cannot drop that")
+    return prefix
+
+
+def test_unreadable_files_and_folders_are_listed_as_damaged(tmp_path):
+    prefix = without_root_reading_everything()
+    make_run(tmp_path, "fedavg-synthetic-s0-ok", seed=0)
+    config = os.path.join(make_run(tmp_path, "no-config", seed=1), "config.json")
+    locked = make_run(tmp_path, "fedavg-synthetic-s2-locked-folder")
+    os.chmod(config, 0)
+    os.chmod(locked, 0)
+    try:
+        proc, rows = compare_within(30, tmp_path, prefix=prefix)
+    finally:
+        os.chmod(config, 0o644)
+        os.chmod(locked, 0o755)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    status = {r["seeds"]: r["status"] for r in rows}
+    assert status == {"0": "ok", "?": "damaged: config.json cannot be read (permission denied)",
+                      "2": "damaged: the folder cannot be read (permission denied)"}
+    (no_config,) = [r for r in rows if r["seeds"] == "?"]
+    assert no_config["best"] == "40.00"  # metrics.csv could be read

@@ -336,6 +336,30 @@ DATA_CASES = [  # (case, file maker for --dataset FILE (.npz) or --data-dir DIR,
     ("a single class", npz(x=rng_x(40, 8), y=np.zeros(40, int)), "FILE", [], "at least 2 classes"),
     ("features of 1e30", npz(x=rng_x(40, 8) * 1e30, y=Y40), "FILE", [], "scale the features"),
     ("a folder named .npz", lambda p: os.makedirs(p), "FILE", [], "is a folder, not an .npz file"),
+    # data that loads but that the model does not take: it runs once on one sample while it is built
+    ("images 32x8 (not square)", npz(x=rng_x(40, 1, 32, 8), y=Y40), "FILE", ["--partition", "iid"],
+     "--model cnn does not take samples of shape (1, 32, 8), float32 (it needs images of at least 16x16); "
+     "models that do: resnet18, resnet34, mlp"),
+    ("images 16x64 (not square)", npz(x=rng_x(40, 1, 16, 64), y=Y40), "FILE", ["--partition", "iid"],
+     "--model cnn does not take samples of shape (1, 16, 64), float32"),
+    ("negative token ids with --model fasttext", npz(x=np.arange(-40, 360).reshape(40, 10), y=Y40), "FILE",
+     ["--partition", "iid", "--model", "fasttext"], "token ids for --model fasttext must be >= 0 (0 pads), but x has "
+     "ids down to -40"),
+    ("uint8 x with float x_test", npz(x=np.zeros((40, 1, 28, 28), np.uint8), y=Y40, x_test=rng_x(8, 1, 28, 28),
+                                      y_test=Y40[:8]), "FILE", [], "x is uint8 but x_test is float32"),
+    ("a test label no training sample has", npz(x=rng_x(40, 8), y=Y40, x_test=rng_x(9, 8), y_test=np.arange(9)),
+     "FILE", [], "y_test has label(s) 4, 5, 6, 7, 8 that no training sample has"),
+    ("clients with no test sample", npz(x=rng_x(40, 8), y=Y40), "FILE", ["--partition", "iid", "--num-clients", "40"],
+     "client(s) 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 and 30 more got no test samples"),
+    ("a training label missing from y_test under --test-split global",
+     npz(x=rng_x(40, 8), y=Y40, x_test=rng_x(8, 8), y_test=Y40[:8] % 3), "FILE", ["--test-split", "global"],
+     "--test-split global needs test samples of every label; y_test has none of label(s) 3"),
+    ("complex x", npz(x=rng_x(40, 8).astype(np.complex128), y=Y40), "FILE", [],
+     "x is complex128; samples must be real numbers"),
+    ("an array of Python objects", npz(x=np.array([[1.0] * 8] * 40, dtype=object), y=Y40), "FILE", [],
+     "'x' is an array of Python objects"),
+    ("--data-dir names a file", lambda d: (os.rmdir(d), open(d, "w").close()), "cifar10", [],
+     "is a file; it must name the folder"),
 ]
 
 

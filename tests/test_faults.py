@@ -1,0 +1,421 @@
+"""Signals and faults. SIGTERM and SIGHUP stop a run as Ctrl-C does: a checkpoint at the end of the
+round, one line, exit status 143 or 129, and --resume ends with the uninterrupted metrics. A signal
+while a script starts is one line. A file the run cannot write (a folder in its place, a read-only
+folder, a full disk) is one line naming it, exit status 1, the lock released and the last
+checkpoint kept. A run that fails in set-up leaves nothing behind; a named pipe in a run folder
+is refused, never read; --resume refuses data that changed since the run started. The faults are
+real (the OS refuses the write); only the moment they happen is chosen by the test."""
+import ast
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import early_signals
+import run_folder
+from conftest import ROOT, metrics_rows, run_dir, run_in_process
+
+SMALL = ["--dataset", "synthetic", "--num-clients", "4"]
+TIMING = {"seconds", "sec_per_round", "host_mb"}  # the columns that differ between two runs of the same flags
+
+
+def results(folder):
+    """metrics.csv without its timing columns."""
+    return [{k: v for k, v in row.items() if k not in TIMING} for row in metrics_rows(folder)]
+
+
+def run(capsys, *argv):
+    """fedavg.py in this process, as on the command line: (exit status, the lines on stderr)."""
+    capsys.readouterr()
+    code = run_in_process("fedavg.py", *argv)
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def checkpoint_round(folder):
+    return torch.load(os.path.join(folder, "checkpoint.pt"), weights_only=True)["round"]
+
+
+def assert_released(folder):
+    """No lock and no temporary file of a failed write left in the run folder."""
+    left = [name for name in os.listdir(folder) if name == ".lock" or name.startswith(".tmp-")]
+    assert left == [], left
+
+
+def start(script, *argv):
+    """Start ``python script argv`` as a user would (one torch thread, as run_in_process)."""
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, script), *map(str, argv)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"})
+
+
+def wait_for_line(process, text):
+    for line in process.stdout:
+        if text in line:
+            return line
+    raise AssertionError(f"the run ended before printing {text!r}: {process.communicate()[1]}")
+
+
+def catches(pid, signum):
+    """Whether process ``pid`` has a handler for ``signum`` (Linux: the SigCgt mask in /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    return bool(mask >> (signum - 1) & 1)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished 2-round FedAvg run folder (cases copy it before touching it)."""
+    out = tmp_path_factory.mktemp("finished")
+    assert run_in_process("fedavg.py", *SMALL, "--rounds", "2", "--out", out) == 0
+    return run_dir(out)
+
+
+@pytest.fixture
+def copy_of(tmp_path):
+    def make(folder):
+        shutil.copytree(folder, tmp_path / "run")
+        return str(tmp_path / "run")
+    return make
+
+
+@pytest.fixture
+def after_checkpoint(monkeypatch):
+    """``after_checkpoint(k, fault)``: ``fault(run folder)`` right after the training loop's
+    checkpoint() call of round k (which writes a checkpoint only every --checkpoint-every rounds)."""
+    def arm(round_, fault):
+        original = run_folder.Run.checkpoint
+
+        def checkpoint(self, r, state, rng):
+            original(self, r, state, rng)
+            if r == round_:
+                fault(self.dir)
+        monkeypatch.setattr(run_folder.Run, "checkpoint", checkpoint)
+    return arm
+
+
+def folder_in_place_of(name):
+    def fault(folder):
+        path = os.path.join(folder, name)
+        if os.path.exists(path):
+            os.remove(path)
+        os.mkdir(path)
+    return fault
+
+
+# ----------------------------------------------------------------------------- signals
+
+def test_every_script_imports_early_signals_before_anything_else():
+    for name in early_signals.SCRIPTS:
+        tree = ast.parse(open(os.path.join(ROOT, name)).read())
+        first = next(node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom)))
+        assert isinstance(first, ast.Import) and first.names[0].name == "early_signals", name
+    assert sorted(early_signals.SCRIPTS) == sorted(
+        name for name in os.listdir(ROOT) if name.endswith(".py") and "run_folder.run_main(main)" in
+        open(os.path.join(ROOT, name)).read() and name != "flower_app.py")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_script_imports_torch_is_one_line(signum, tmp_path):
+    process = start("fedavg.py", *SMALL, "--rounds", "2", "--out", tmp_path / "runs")
+    while not catches(process.pid, signal.SIGTERM):  # early_signals is in place: torch is loading now
+        time.sleep(0.005)
+    process.send_signal(signum)
+    out, err = process.communicate(timeout=60)
+    what = "interrupted" if signum == signal.SIGINT else "stopped by SIGTERM"
+    assert process.returncode == 128 + signum and err == f"{what} while starting; nothing was written\n", err
+    assert not os.path.exists(tmp_path / "runs")
+
+
+def test_sigterm_stops_at_the_end_of_the_round_and_resume_ends_with_the_uninterrupted_metrics(tmp_path):
+    flags = [*SMALL, "--rounds", "20", "--checkpoint-every", "100"]
+    assert run_in_process("fedavg.py", *flags, "--out", tmp_path / "full") == 0
+    process = start("fedavg.py", *flags, "--out", tmp_path / "cut")
+    wait_for_line(process, "round 2/20")
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    cut = run_dir(tmp_path / "cut")
+    done = checkpoint_round(cut)  # the checkpoint of the round the signal came in, not one of --checkpoint-every
+    assert process.returncode == 143 and err.splitlines() == [
+        f"stopped by SIGTERM after round {done}, whose checkpoint is in {cut}/checkpoint.pt; continue with: "
+        f"python fedavg.py --resume {cut}"], err
+    assert "SIGTERM: stopping at the end of this round" in out
+    assert 2 <= done < 20 and len(metrics_rows(cut)) == done
+    assert_released(cut)
+    assert run_in_process("fedavg.py", "--resume", cut) == 0
+    assert results(cut) == results(run_dir(tmp_path / "full"))
+
+
+@pytest.mark.slow
+def test_a_terminal_that_hangs_up_stops_the_run_at_the_end_of_the_round_with_status_129(tmp_path):
+    """The run's terminal (a pseudo-terminal here) closes: SIGHUP, and every write to the terminal
+    fails from then on, yet the round ends with its checkpoint."""
+    import pty
+    import select
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: the run, on the terminal
+        try:
+            os.chdir(ROOT)
+            os.environ["OMP_NUM_THREADS"] = "1"
+            os.execv(sys.executable, [sys.executable, "fedavg.py", *SMALL, "--rounds", "400", "--local-epochs", "20",
+                                      "--checkpoint-every", "100", "--out", str(tmp_path)])
+        finally:
+            os._exit(127)  # reached only if the exec failed: never return into pytest
+    shown = b""
+    while b"round 2/400" not in shown and select.select([terminal], [], [], 120)[0]:
+        shown += os.read(terminal, 4096)
+    os.close(terminal)  # hang up
+    _, status = os.waitpid(pid, 0)
+    folder = run_dir(tmp_path)
+    assert os.waitstatus_to_exitcode(status) == 129 and 2 <= checkpoint_round(folder) < 400
+    assert len(metrics_rows(folder)) == checkpoint_round(folder)
+    assert_released(folder)
+
+
+@pytest.mark.slow
+def test_a_second_sigterm_stops_in_the_middle_of_a_round_and_keeps_the_last_checkpoint(tmp_path):
+    process = start("fedavg.py", *SMALL, "--rounds", "20", "--local-epochs", "200", "--checkpoint-every", "1",
+                    "--parallel-clients", "2", "--out", tmp_path)
+    round_seconds = float(wait_for_line(process, "round 1/20").split(" s/round")[0].split()[-1])
+    time.sleep(0.3)  # round 1's checkpoint is written; round 2 is under way
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    begin = time.perf_counter()
+    out, err = process.communicate(timeout=120)
+    folder = run_dir(tmp_path)
+    assert process.returncode == 143 and err.splitlines() == [
+        "stopped by SIGTERM; the checkpoint of round 1 is kept; continue with: "
+        f"python fedavg.py --resume {folder}"], err
+    assert time.perf_counter() - begin < 0.3 * round_seconds
+    assert checkpoint_round(folder) == 1
+    assert_released(folder)
+
+
+def test_sigterm_before_the_run_folder_exists_is_one_line(tmp_path):
+    """After the imports, while main() sets up (data, models): run_main's handler."""
+    code = ("import os, signal, run_folder\n"
+            "run_folder.run_main(lambda argv: os.kill(os.getpid(), signal.SIGTERM) or sum(range(10 ** 6)))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 143, r.stderr
+    assert r.stderr == "stopped by SIGTERM before the run folder was made; nothing was written\n"
+
+
+# ----------------------------------------------------------------------------- files that cannot be written
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    """An uninterrupted run of FAULT_FLAGS, to compare resumed runs with."""
+    out = tmp_path_factory.mktemp("full")
+    assert run_in_process("fedavg.py", *FAULT_FLAGS, "--out", out) == 0
+    return run_dir(out)
+
+
+FAULT_FLAGS = [*SMALL, "--rounds", "4", "--checkpoint-every", "2"]
+
+
+@pytest.mark.parametrize("name,round_", [("metrics.csv", 2), ("summary.json", 4)])
+def test_a_folder_in_place_of_a_result_file_is_one_line_and_the_run_resumes(name, round_, full_run, tmp_path, capsys,
+                                                                           after_checkpoint):
+    after_checkpoint(round_, folder_in_place_of(name))
+    code, lines = run(capsys, *FAULT_FLAGS, "--out", tmp_path)
+    folder = run_dir(tmp_path)
+    assert code == 1 and lines == [
+        f"error: cannot write {folder}/{name} (Is a directory); the checkpoint of round {round_} is kept: once the "
+        f"file can be written, continue with: python fedavg.py --resume {folder}"], lines
+    assert checkpoint_round(folder) == round_
+    assert_released(folder)
+    os.rmdir(os.path.join(folder, name))
+    assert run_in_process("fedavg.py", "--resume", folder) == 0
+    assert results(folder) == results(full_run)
+    assert json.load(open(os.path.join(folder, "summary.json")))["status"] == "finished"
+
+
+def test_a_failed_first_checkpoint_says_the_run_cannot_be_resumed(tmp_path, capsys, after_checkpoint):
+    after_checkpoint(1, folder_in_place_of("checkpoint.pt"))  # round 2 writes the first checkpoint
+    code, lines = run(capsys, *FAULT_FLAGS, "--out", tmp_path)
+    folder = run_dir(tmp_path)
+    assert code == 1 and lines == [
+        f"error: cannot write {folder}/checkpoint.pt (Is a directory); no checkpoint was written yet, so the run "
+        f"cannot be resumed: once the file can be written, start it again (the metrics so far stay in {folder})"]
+    assert len(metrics_rows(folder)) == 2
+    assert_released(folder)
+    os.rmdir(os.path.join(folder, "checkpoint.pt"))
+    code, lines = run(capsys, "--resume", folder)
+    assert code == 2 and lines == [f"error: cannot resume: {folder} has no checkpoint.pt (the run stopped before its "
+                                   "first checkpoint; start it again)"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a folder without write permission (run as a normal "
+                    "user, or in a user namespace: unshare -U python -m pytest -k read_only)")
+def test_a_folder_made_read_only_during_the_run_is_one_line_and_keeps_the_checkpoint(tmp_path, capsys,
+                                                                                    after_checkpoint):
+    after_checkpoint(2, lambda folder: os.chmod(folder, 0o555))
+    try:
+        code, lines = run(capsys, *FAULT_FLAGS, "--out", tmp_path)
+    finally:
+        folder = run_dir(tmp_path)
+        os.chmod(folder, 0o755)
+    assert code == 1 and lines == [
+        f"error: cannot write {folder}/metrics.csv (Permission denied); the checkpoint of round 2 is kept: once the "
+        f"file can be written, continue with: python fedavg.py --resume {folder}"]
+    assert checkpoint_round(folder) == 2
+    assert not [name for name in os.listdir(folder) if name.startswith(".tmp-")]
+    # the lock could not be removed from the read-only folder; it names this process, which is still alive
+    # here (a script's process has ended, and its lock is taken over)
+    os.remove(os.path.join(folder, ".lock"))
+    assert run_in_process("fedavg.py", "--resume", folder) == 0 and checkpoint_round(folder) == 4
+
+
+def test_a_run_whose_first_write_fails_leaves_no_folder_nor_the_out_folders_it_made(tmp_path, capsys, monkeypatch):
+    lock = run_folder._lock
+
+    def lock_then_block_config(folder):  # a folder where config.json goes: the first write of the run fails
+        os.mkdir(os.path.join(folder, "config.json"))
+        return lock(folder)
+    monkeypatch.setattr(run_folder, "_lock", lock_then_block_config)
+    code, lines = run(capsys, *SMALL, "--rounds", "2", "--out", tmp_path / "a" / "b")
+    assert code == 1 and len(lines) == 1 and "config.json (Is a directory); nothing was kept" in lines[0], lines
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("out,expected", [(["d" * 250] * 20, "is too long for this system: the run folder's files "
+                                          "would have paths of"), (["x" * 300], "has a folder name of 300 bytes")],
+                         ids=["a path of 5000 bytes", "a name of 300 bytes"])
+def test_an_out_beyond_the_system_limits_is_one_line_and_makes_no_folder(out, expected, tmp_path, capsys):
+    code, lines = run(capsys, *SMALL, "--rounds", "1", "--out", os.path.join(tmp_path, *out))
+    assert code == 2 and len(lines) == 1 and expected in lines[0] and len(lines[0]) < 300, lines
+    assert os.listdir(tmp_path) == []
+
+
+# ----------------------------------------------------------------------------- a full disk (a small tmpfs)
+
+def in_small_filesystem(tmp_path, size_kb, script):
+    """Run the shell ``script`` with a tmpfs of ``size_kb`` mounted at $FS, in a user and mount
+    namespace (no root needed where the kernel allows them); $KEEP receives a copy of the tmpfs
+    afterwards. Skips where no tmpfs can be mounted."""
+    fs, keep = tmp_path / "fs", tmp_path / "keep"
+    fs.mkdir()
+    keep.mkdir()
+    probe = subprocess.run(["unshare", "-Urm", "sh", "-c", f"mount -t tmpfs -o size=16k tmpfs {fs}"],
+                           capture_output=True, text=True) if shutil.which("unshare") else None
+    if probe is None or probe.returncode:
+        pytest.skip(f"cannot mount a small tmpfs here (unshare -Urm: {probe and probe.stderr.strip()})")
+    wrapped = (f'mount -t tmpfs -o size={size_kb}k tmpfs "$FS" || exit 99\n{script}\n'
+               'rc=$?\ncp -a "$FS/." "$KEEP/"\nexit $rc')
+    return subprocess.run(["unshare", "-Urm", "sh", "-c", wrapped], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "FS": str(fs), "KEEP": str(keep), "OMP_NUM_THREADS": "1",
+                                            "PY": sys.executable}), str(keep)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size_kb,kept", [(32, 0), (64, 2)], ids=["at the first checkpoint", "at a later checkpoint"])
+def test_a_full_disk_at_a_checkpoint_is_one_line_and_keeps_the_last_checkpoint(size_kb, kept, tmp_path):
+    """32 KB hold the small files but no checkpoint (about 29 KB); 64 KB hold one but not a second
+    beside it (the new one is written in full before it replaces the old)."""
+    r, keep = in_small_filesystem(tmp_path, size_kb, '"$PY" fedavg.py ' + " ".join(FAULT_FLAGS) + ' --out "$FS"')
+    folder = run_dir(keep)
+    path = os.path.join(folder.replace(keep, str(tmp_path / "fs")), "checkpoint.pt")
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"error: cannot write {path} (No space left on device); ")
+    if kept:
+        assert "the checkpoint of round 2 is kept" in r.stderr and checkpoint_round(folder) == kept
+    else:
+        assert "no checkpoint was written yet, so the run cannot be resumed" in r.stderr
+        assert not os.path.exists(os.path.join(folder, "checkpoint.pt"))
+    assert len(metrics_rows(folder)) == kept + 2
+    assert_released(folder)
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_the_lock_leaves_no_folder(tmp_path):
+    r, keep = in_small_filesystem(tmp_path, 16, 'dd if=/dev/zero of="$FS/fill" bs=4k count=4 2>/dev/null\n'
+                                  '"$PY" fedavg.py ' + " ".join(SMALL) + ' --rounds 2 --out "$FS/runs"')
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"error: cannot write {tmp_path}/fs/runs/fedavg-synthetic-s0-") and \
+        r.stderr.endswith("/.lock (No space left on device)\n"), r.stderr
+    assert os.listdir(keep) == ["fill"]
+
+
+# ----------------------------------------------------------------------------- what --resume reads
+
+@pytest.mark.parametrize("name", ["checkpoint.pt", "config.json", "metrics.csv", "summary.json", ".lock"])
+def test_a_named_pipe_in_the_run_folder_is_refused_never_read(name, finished, copy_of, capsys):
+    folder = copy_of(finished)
+    path = os.path.join(folder, name)
+    if os.path.exists(path):
+        os.remove(path)
+    os.mkfifo(path)
+    previous = signal.signal(signal.SIGALRM, lambda *_: pytest.fail(f"blocked reading the named pipe {name}"))
+    signal.alarm(60)
+    try:
+        code, lines = run(capsys, "--resume", folder, "--rounds", "3")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    doing = f"cannot use {folder}" if name == ".lock" else "cannot resume"
+    assert code == 2 and lines == [f"error: {doing}: {path} is a named pipe, not a regular file; move it away"], lines
+
+
+def test_resume_refuses_data_that_changed_since_the_run_started(tmp_path, capsys):
+    data = str(tmp_path / "d.npz")
+    x, y = np.random.default_rng(0).normal(size=(80, 8)).astype(np.float32), np.arange(80) % 4
+    np.savez(data, x=x, y=y)
+    assert run_in_process("fedavg.py", "--dataset", data, "--num-clients", "2", "--rounds", "2",
+                          "--out", tmp_path / "runs") == 0
+    folder = run_dir(tmp_path / "runs")
+    config_path = os.path.join(folder, "config.json")
+    saved = json.load(open(config_path))["data_sha256"]
+    np.savez(data, x=x + 1, y=y)  # overwritten after the run stopped
+    code, lines = run(capsys, "--resume", folder, "--rounds", "3")
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(
+        f"error: cannot resume: the data of {folder} changed since the run started ({data}: fingerprint {saved[:16]} "
+        "now "), lines
+    np.savez(data, x=x, y=y)
+    config = json.load(open(config_path))
+    del config["data_sha256"]  # a run folder from before the fingerprint: accepted, and recorded from now on
+    json.dump(config, open(config_path, "w"))
+    assert run_in_process("fedavg.py", "--resume", folder, "--rounds", "3") == 0
+    assert "config.json had no data fingerprint: now recorded" in capsys.readouterr().out
+    assert json.load(open(config_path))["data_sha256"] == saved
+
+
+def test_the_fingerprint_is_the_same_on_every_device_and_layout(finished):
+    import common
+    import fedavg
+    data = common.load_federated_data(fedavg.parse_args([*SMALL, "--rounds", "2"]), torch.device("cpu"))
+    assert run_folder.data_fingerprint(data) == json.load(open(os.path.join(finished, "config.json")))["data_sha256"]
+    assert run_folder.data_fingerprint(data, chunk_bytes=1000) == run_folder.data_fingerprint(data)
+    data.y = data.y.clone()
+    data.y[0] = 1 - data.y[0]
+    assert run_folder.data_fingerprint(data) != json.load(open(os.path.join(finished, "config.json")))["data_sha256"]
+
+
+def test_an_invalid_value_in_config_json_is_named_as_the_config_s(finished, copy_of, capsys):
+    folder = copy_of(finished)
+    path = os.path.join(folder, "config.json")
+    config = json.load(open(path))
+    config["args"]["lr"] = float("nan")
+    json.dump(config, open(path, "w"))
+    code, lines = run(capsys, "--resume", folder, "--rounds", "3")
+    assert code == 2 and lines == [f"error: cannot resume: {path} has an invalid lr: must be a finite number > 0, "
+                                   "got nan (the file was edited or damaged)"], lines
+    code, lines = run(capsys, "--resume", folder, "--rounds", "0")  # a flag given now keeps its own message
+    assert code == 2 and lines == ["error: --rounds must be >= 1, got 0"], lines
+
+
+def test_resuming_a_flower_run_says_flower_runs_cannot_be_resumed(finished, copy_of, capsys):
+    folder = copy_of(finished)
+    path = os.path.join(folder, "config.json")
+    config = json.load(open(path))
+    config["script"] = "flower_app"  # what flower_app.py records
+    json.dump(config, open(path, "w"))
+    code, lines = run(capsys, "--resume", folder)
+    assert code == 2 and lines == [f"error: cannot resume: {folder} is a run of flower_app.py, and Flower runs cannot "
+                                   "be resumed (they write no checkpoint); start the run again"], lines

@@ -70,6 +70,7 @@ def assert_one_line_error(proc, *fragments):
         assert fragment in proc.stderr
 
 
+@pytest.mark.slow  # end to end, tens of seconds: runs in CI with the full suite
 def test_end_to_end_real_runs_table_and_plot(tmp_path):
     parent = tmp_path / "runs"
     for algo in ("fedavg", "fedala"):

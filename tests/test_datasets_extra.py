@@ -332,7 +332,9 @@ def test_synthetic_family_run_folder_and_bad_names(tmp_path):
                    "--out", tmp_path)
     assert r.returncode == 0, r.stderr
     assert os.path.basename(run_dir(tmp_path)).startswith("fedavg-synthetic-0.5-0.5-s0-")
-    for bad in ("synthetic(1)", "synthetic(a,b)", "synthetic(-1,1)", "synthetic(1,1", "synthetic(inf,0)"):
-        r = run_script("fedavg.py", "--dataset", bad, "--rounds", 1, "--out", tmp_path / "bad")
-        assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "synthetic(ALPHA,BETA)" in r.stderr, bad
+    r = run_script("fedavg.py", "--dataset", "synthetic(a,b)", "--rounds", 1, "--out", tmp_path / "bad")
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "synthetic(ALPHA,BETA)" in r.stderr
     assert not os.path.exists(tmp_path / "bad")
+    for bad in ("synthetic(1)", "synthetic(-1,1)", "synthetic(1,1", "synthetic(inf,0)", "synthetic()"):
+        with pytest.raises(common.UserError, match=r"synthetic\(ALPHA,BETA\)"):
+            fedavg.parse_args(["--dataset", bad])

@@ -295,6 +295,7 @@ def read_metrics(folder, columns=("round", "test_acc", "test_acc_mean", "test_ac
     return [[row[c] for c in columns] for row in metrics_rows(folder)]
 
 
+@pytest.mark.slow  # a real run end to end (signals, resume or the quick start): runs in CI
 def test_quick_start_under_a_minute(tmp_path):
     start = time.perf_counter()
     r = run_script("fedala.py", "--dataset", "synthetic", "--rounds", "20", "--out", tmp_path)
@@ -312,6 +313,7 @@ def test_quick_start_under_a_minute(tmp_path):
     assert summary["test_acc"]["best"] > 70
 
 
+@pytest.mark.slow  # a real run end to end (signals, resume or the quick start): runs in CI
 def test_resume_ends_with_uninterrupted_metrics(tmp_path, capsys):
     """The reference run and the run stopped after round 4 (checkpoint at 3) run in-process; the
     resume is a new process that has only the run folder."""

@@ -247,6 +247,7 @@ def test_bad_flags_are_user_errors():
     assert (args.n_micro, args.n_macro, args.rounds, args.model) == (5, 5, 1000, "auto")
 
 
+@pytest.mark.slow  # a real run end to end (signals, resume or the quick start): runs in CI
 def test_quick_start_runs_on_cpu_in_under_a_minute(tmp_path):
     start = time.perf_counter()
     result = run_script("fedpake.py", "--dataset", "synthetic", "--rounds", 20, "--out", tmp_path)

@@ -37,6 +37,7 @@ def runs(tmp_path_factory):
     return {name: (run_dir(str(out / "script" / name)), run_dir(str(out / "flower" / name))) for name in JOBS}
 
 
+@pytest.mark.slow  # end to end, tens of seconds: runs in CI with the full suite
 @pytest.mark.parametrize("name", list(JOBS))
 def test_flower_simulation_equals_script(runs, name):
     script, flower = runs[name]
@@ -67,6 +68,7 @@ def close(a, b):
         return abs(a - b) <= 1e-4
     return a == b
 
+@pytest.mark.slow  # end to end, tens of seconds: runs in CI with the full suite
 def test_refusals_exit_2_with_one_line(tmp_path):
     """--resume, bad flags, an unknown algorithm, and a missing Flower (a shadowing ``flwr``
     that fails to import): exit status 2 and one line, before any simulation starts."""

@@ -310,6 +310,7 @@ def read_metrics(folder, columns=("round", "test_acc", "test_acc_mean", "test_ac
     return [[row[c] for c in columns] for row in metrics_rows(folder)]
 
 
+@pytest.mark.slow  # a real run end to end (signals, resume or the quick start): runs in CI
 def test_quick_start_under_a_minute(tmp_path):
     start = time.perf_counter()
     r = run_script("fedavg.py", "--dataset", "synthetic", "--rounds", "20", "--out", tmp_path)
@@ -339,6 +340,7 @@ def test_same_seed_same_metrics_other_seed_other_partition(tmp_path):
     assert part(a) == part(b) and part(a) != part(c)
 
 
+@pytest.mark.slow  # a real run end to end (signals, resume or the quick start): runs in CI
 def test_resume_ends_with_uninterrupted_metrics(tmp_path):
     args = ["--dataset", "synthetic", "--rounds", "6", "--num-clients", "5", "--join-ratio", "0.6",
             "--checkpoint-every", "2"]

@@ -274,6 +274,7 @@ def test_no_tensor_growth_over_rounds():
 
 
 
+@pytest.mark.slow  # a real run end to end (signals, resume or the quick start): runs in CI
 def test_quick_start_synthetic_under_a_minute_prints_hn_size_and_counts_bytes(script, tmp_path):
     t0 = time.time()
     r = script("pfedla.py", "--dataset", "synthetic", "--rounds", 10, "--out", tmp_path, timeout=120)
@@ -292,6 +293,7 @@ def test_quick_start_synthetic_under_a_minute_prints_hn_size_and_counts_bytes(sc
     assert summary["mb_down"] == summary["mb_up"] == 10 * n * d * 4 / 2 ** 20
 
 
+@pytest.mark.slow  # a real run end to end (signals, resume or the quick start): runs in CI
 def test_resume_gives_the_uninterrupted_result(script, tmp_path):
     common_args = ["--dataset", "synthetic", "--rounds", 4, "--local-epochs", 1, "--num-clients", 5,
                    "--join-ratio", 0.6, "--k", 1, "--checkpoint-every", 2]

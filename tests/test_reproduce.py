@@ -124,6 +124,7 @@ def test_tiny_table_end_to_end(finished):
     assert {m: r[:7] for m, r in again.items()} == {m: r[:7] for m, r in rows.items()}
 
 
+@pytest.mark.slow  # end to end, tens of seconds: runs in CI with the full suite
 def test_stopped_table_continues_where_it_was(tmp_path, finished):
     """FedALA stops after round 1 as if killed (--stop-after); the same command without it resumes
     FedALA, skips the finished FedAvg runs, and the report equals the uninterrupted table's."""
@@ -167,6 +168,7 @@ def test_failing_run_is_reported_and_the_others_go_on(tmp_path, capsys):
     assert rows["FedAvg"][4] == "1" and rows["FedAvg lr -1"][4] == "0" and "not run" in rows["FedAvg lr -1"][9]
 
 
+@pytest.mark.slow  # a real run end to end (signals, resume or the quick start): runs in CI
 def test_ctrl_c_stops_the_runs_with_a_checkpoint(tmp_path):
     """SIGINT to reproduce.py: forwarded once to the running script, which writes a checkpoint and
     stops; one line says how to continue; exit status 130."""

@@ -195,6 +195,7 @@ def test_config_records_the_algorithm_and_every_argument(tmp_path):
     assert set(vars(pfedla.parse_args([]))) <= set(config["args"]) and config["args"]["k"] == 1
 
 
+@pytest.mark.slow  # a real run end to end (signals, resume or the quick start): runs in CI
 def test_ctrl_c_stops_at_the_round_boundary_and_resume_ends_with_the_uninterrupted_result(tmp_path):
     flags = ["--dataset", "synthetic", "--num-clients", "5", "--rounds", "20", "--checkpoint-every", "100"]
     assert run_in_process("fedavg.py", *flags, "--out", tmp_path / "full") == 0
@@ -220,6 +221,7 @@ def test_ctrl_c_stops_at_the_round_boundary_and_resume_ends_with_the_uninterrupt
         [[row[c] for c in columns] for row in metrics_rows(run_dir(tmp_path / "full"))]
 
 
+@pytest.mark.slow  # a real run end to end (signals, resume or the quick start): runs in CI
 def test_a_second_ctrl_c_stops_in_the_middle_of_a_round_and_keeps_the_last_checkpoint(tmp_path):
     """Slow rounds run on two client threads: the second Ctrl-C must not wait for the round's
     remaining clients, and the one line says which checkpoint is kept."""
@@ -248,6 +250,7 @@ def test_a_second_ctrl_c_stops_in_the_middle_of_a_round_and_keeps_the_last_check
     assert torch.load(os.path.join(folder, "checkpoint.pt"), weights_only=True)["round"] == 1
 
 
+@pytest.mark.slow  # a real run end to end (signals, resume or the quick start): runs in CI
 def test_kill_9_then_resume_is_byte_identical(tmp_path):
     flags = ["--dataset", "synthetic", "--num-clients", "5", "--rounds", "12", "--checkpoint-every", "3",
              "--join-ratio", "0.6"]

@@ -54,6 +54,7 @@ def test_models_are_built_once_not_per_client_or_round(name, monkeypatch, tmp_pa
     assert small[0] - one[0] == 1 and small[1] == 0  # one model per worker, no deep copies
 
 
+@pytest.mark.slow  # end to end, tens of seconds: runs in CI with the full suite
 def test_benchmark_prints_its_table_and_the_interleaved_ratios(tmp_path):
     r = run_script("tests/bench_round.py", "--only", "fedavg", "--samples", "300", "--num-clients", "4", "--rounds", "3",
                    timeout=300)

@@ -414,15 +414,16 @@ class PFedLACNN(nn.Module):
     conv5x5(in,16) [BN] ReLU maxpool2, conv5x5(16,32) [BN] ReLU maxpool2, fc(.,120) ReLU,
     fc(120,84) ReLU, fc(84,classes); BatchNorm after the convs for colour inputs only. 121,278
     parameters on CIFAR-10 and 85,822 on EMNIST digits: Table 3's costs are 1500 x these sizes."""
+    CHANNELS = (16, 32)
 
     def __init__(self, in_channels, num_classes, image_size):
         super().__init__()
-        bn = in_channels == 3
-        self.conv1 = nn.Conv2d(in_channels, 16, 5)
-        self.bn1 = nn.BatchNorm2d(16) if bn else nn.Identity()
-        self.conv2 = nn.Conv2d(16, 32, 5)
-        self.bn2 = nn.BatchNorm2d(32) if bn else nn.Identity()
-        self.fc1 = nn.Linear(32 * _pooled_side(image_size) ** 2, 120)
+        bn, (c1, c2) = in_channels == 3, self.CHANNELS
+        self.conv1 = nn.Conv2d(in_channels, c1, 5)
+        self.bn1 = nn.BatchNorm2d(c1) if bn else nn.Identity()
+        self.conv2 = nn.Conv2d(c1, c2, 5)
+        self.bn2 = nn.BatchNorm2d(c2) if bn else nn.Identity()
+        self.fc1 = nn.Linear(c2 * _pooled_side(image_size) ** 2, 120)
         self.fc2 = nn.Linear(120, 84)
         self.fc3 = nn.Linear(84, num_classes)
 
@@ -432,24 +433,9 @@ class PFedLACNN(nn.Module):
         return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x.flatten(1))))))
 
 
-class LeNet(nn.Module):
-    """LeNet-5 (6 and 16 channels); BatchNorm after each conv for colour inputs only."""
-
-    def __init__(self, in_channels, num_classes, image_size):
-        super().__init__()
-        bn = in_channels == 3
-        self.conv1 = nn.Conv2d(in_channels, 6, 5)
-        self.bn1 = nn.BatchNorm2d(6) if bn else nn.Identity()
-        self.conv2 = nn.Conv2d(6, 16, 5)
-        self.bn2 = nn.BatchNorm2d(16) if bn else nn.Identity()
-        self.fc1 = nn.Linear(16 * _pooled_side(image_size) ** 2, 120)
-        self.fc2 = nn.Linear(120, 84)
-        self.fc3 = nn.Linear(84, num_classes)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
-        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
-        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x.flatten(1))))))
+class LeNet(PFedLACNN):
+    """LeNet-5: the same layers with 6 and 16 channels (BatchNorm for colour inputs only)."""
+    CHANNELS = (6, 16)
 
 
 class SimpleCNN(nn.Module):

@@ -40,13 +40,8 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return action.help if "default" in (action.help or "") else super()._get_help_string(action)
 
 
-def _parallel_clients(text):
-    if text == "auto" or text.isdigit() and int(text) >= 1:
-        return text if text == "auto" else int(text)
-    raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 1, got {text!r}")
-
-
-def _samples_per_client(text):
+def _auto_or_count(text):
+    """argparse type of --parallel-clients and --samples-per-client: 'auto' or an integer >= 1."""
     if text == "auto" or text.isdigit() and int(text) >= 1:
         return text if text == "auto" else int(text)
     raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 1, got {text!r}")
@@ -67,7 +62,7 @@ def base_parser(description, script=None, helps=None, **defaults):
       help="pat: classes per client (default 2, 10 for 100 classes, 20 for 200); "
       "pfedla1: 4 (12 for 100 classes); pfedla2: dominant classes 2 (6 for 100 classes)")
     a("--balance", action="store_true", help="pat: equal shares of each class")
-    a("--samples-per-client", type=_samples_per_client, default="auto",
+    a("--samples-per-client", type=_auto_or_count, default="auto",
       help="pfedla1, pfedla2: samples per client before the train/test split, the same for any --num-clients "
       "(pFedLA Sec. 4.2); default: auto, what a split over max(N, 100) clients gives (600 on CIFAR-10)")
     a("--num-clients", type=int, default=20, help="number of clients N")
@@ -86,7 +81,7 @@ def base_parser(description, script=None, helps=None, **defaults):
     a("--checkpoint-every", type=int, default=50, help="write a checkpoint every this many rounds")
     a("--seed", type=int, default=0, help="fixes partition, sampling, initialisation and batch order")
     a("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    a("--parallel-clients", type=_parallel_clients, default="auto",
+    a("--parallel-clients", type=_auto_or_count, default="auto",
       help="train this many clients at once on CPU threads, one torch thread each (1: one client at a time on "
       "all threads; auto: one per torch thread on CPU, 1 on a GPU); results depend on whether this is 1, "
       "not on the schedule")

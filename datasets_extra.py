@@ -307,17 +307,13 @@ def synthetic_clients(num_clients, rng, alpha=SYNTHETIC_ALPHA, beta=SYNTHETIC_BE
     sizes = np.minimum(rng.lognormal(4, 2, num_clients).astype(int) + 50, 1000)
     sigma = np.arange(1, d + 1) ** -1.2
     if iid:
-        shared_w, shared_b = rng.normal(0, 1, (c, d)), rng.normal(0, 1, c)
+        w, b, v = rng.normal(0, 1, (c, d)), rng.normal(0, 1, c), np.zeros(d)
     out = []
     for k in range(num_clients):
-        if iid:
-            w, b, v = shared_w, shared_b, np.zeros(d)
-            x = rng.normal(v, np.sqrt(sigma), (sizes[k], d)).astype(np.float32)
-            out.append((x, np.argmax(x @ w.T + b, axis=1).astype(np.int64)))
-            continue
-        u, big_b = rng.normal(0, math.sqrt(alpha)), rng.normal(0, math.sqrt(beta))
-        w, b = rng.normal(u, 1, (c, d)), rng.normal(u, 1, c)
-        v = rng.normal(big_b, 1, d)
+        if not iid:
+            u, big_b = rng.normal(0, math.sqrt(alpha)), rng.normal(0, math.sqrt(beta))
+            w, b = rng.normal(u, 1, (c, d)), rng.normal(u, 1, c)
+            v = rng.normal(big_b, 1, d)
         x = rng.normal(v, np.sqrt(sigma), (sizes[k], d)).astype(np.float32)
         y = np.argmax(x @ w.T + b, axis=1).astype(np.int64)
         out.append((x, y))

@@ -468,7 +468,6 @@ def serve(grid, algorithm, flags, nodes=None):
 # leaves; the server thread writes nothing after that. Exit status 128 + the signal's number.
 # (Once Ray has started, its core worker has its own SIGTERM handler in this process: a stack dump
 # and abort. Taking SIGTERM back would mean starting Ray here rather than in Flower's RayBackend.)
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _STOPPED = threading.Event()
 _RECORDING = threading.Lock()  # held while the server thread writes to the run folder, and by main() on a stop
 _STOPPED_BY = []  # the signal that stopped the simulation
@@ -485,21 +484,11 @@ def recording():
         yield
 
 
-def handle_stop_signals(handler):
-    """Make ``handler`` handle STOP_SIGNALS (SIGTERM and SIGHUP only unless ignored, as under
-    nohup); returns the handlers it replaced."""
-    previous = {}
-    for signum in STOP_SIGNALS:
-        if signum == signal.SIGINT or signal.getsignal(signum) is not signal.SIG_IGN:
-            previous[signum] = signal.signal(signum, handler)
-    return previous
-
-
 def on_stop_signal(signum, frame):
     """main()'s handler of Ctrl-C, SIGTERM and SIGHUP: from now on stderr goes to /dev/null (what
     Flower, Ray and the nodes print while they stop) and a further signal changes nothing; the
     KeyboardInterrupt ends the simulation (Flower then stops Ray), and leave_after_stop says one line."""
-    handle_stop_signals(signal.SIG_IGN)
+    run_folder.handle_stop_signals(signal.SIG_IGN)
     _STOPPED_BY.append(signum)
     _CHILDREN.update(descendants())  # now: once Ray stops its raylet, the nodes' workers are no children of ours
     sys.stderr.flush()
@@ -516,7 +505,7 @@ def leave_after_stop():
     status 128 + the signal's number at once (Flower's server thread may wait for replies that
     will never come)."""
     signum = _STOPPED_BY[0] if _STOPPED_BY else signal.SIGINT
-    what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+    what = run_folder.stopped_by(signum)
     with _RECORDING:
         _STOPPED.set()
         run = run_folder.OPEN_RUNS[-1] if run_folder.OPEN_RUNS else None
@@ -633,7 +622,7 @@ def main(argv=None):
         raise common.UserError(RESUME_REFUSED)
     importlib.import_module(argv[0]).parse_args(argv[1:])  # bad flags: one line and exit 2, before Ray starts
     import flower_app  # the apps by module name, so that Ray's workers import them rather than copy __main__
-    previous = flower_app.handle_stop_signals(flower_app.on_stop_signal)
+    previous = run_folder.handle_stop_signals(flower_app.on_stop_signal)
     try:
         flower_app.simulate([(argv[0], argv[1:])])
     except KeyboardInterrupt:
@@ -642,8 +631,7 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 1
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        run_folder.restore_signals(previous)
 
 
 if __name__ == "__main__":

@@ -436,17 +436,13 @@ def load(job):
 
 
 def summarise(run, metric):
-    """The metric of a run as summary.json computes it (run_folder.Run.summary), over the column's
+    """The metric of a run as summary.json computes it (run_folder.summarise), over the column's
     evaluations in metrics.csv: best = max, final = the last, last10 = mean of the last 10."""
     points = run["metrics"].get(metric["column"], [])
     if not points:
         return None
-    values = np.array([v for _, v in points])
-    if metric["summary"] == "best":
-        return float(values.max())
-    if metric["summary"] == "final":
-        return float(values[-1])
-    return float(values[-10:].mean())
+    key = {"best": "best", "final": "final", "last10": "last10_mean"}[metric["summary"]]
+    return run_folder.summarise([v for _, v in points])[key]
 
 
 def hardware(run, job):

@@ -55,7 +55,7 @@ def _signal_name(signum):
     return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
 
 
-def _stopped_by(signum):
+def stopped_by(signum):
     """How a one-line message says what stopped the run."""
     return "interrupted" if signum == signal.SIGINT else f"stopped by {_signal_name(signum)}"
 
@@ -74,7 +74,7 @@ def _stop_at_once(signum, frame):
     raise Stopped(signum)
 
 
-def _handle_stop_signals(handler):
+def handle_stop_signals(handler):
     """Make ``handler`` handle Ctrl-C, SIGTERM and SIGHUP; returns the handlers it replaced. A SIGTERM
     or SIGHUP ignored already (nohup) stays ignored. Outside the main thread (Flower's server)
     Python allows no handler, and nothing changes."""
@@ -91,8 +91,8 @@ def _handle_stop_signals(handler):
     return previous
 
 
-def _restore_signals(previous, ignore=False):
-    """Put back the handlers that ``_handle_stop_signals`` replaced, or ignore the signals (leaving
+def restore_signals(previous, ignore=False):
+    """Put back the handlers that ``handle_stop_signals`` replaced, or ignore the signals (leaving
     after one: a further one must not turn the exit into a traceback)."""
     for signum, handler in previous.items():
         if ignore or handler is early_signals.stop_while_starting:  # the script is ending: nothing left to stop
@@ -124,7 +124,7 @@ def run_main(main, argv=None):
     130, 143, 129 (``main`` returns that status when it stops at the end of a round; a signal
     before the run folder exists, or a second one, stops at once)."""
     code, returned, diverged = 0, False, False
-    previous = _handle_stop_signals(_stop_at_once)  # until a Run takes them over: nothing is written yet
+    previous = handle_stop_signals(_stop_at_once)  # until a Run takes them over: nothing is written yet
     try:
         code = main(argv) or 0
         returned = True
@@ -135,10 +135,10 @@ def run_main(main, argv=None):
         _say(f"stopped: {e}")
         code, diverged = 1, True
     except KeyboardInterrupt as e:  # a signal that stops at once: a second one, in the middle of a round
-        _restore_signals(previous, ignore=True)
+        restore_signals(previous, ignore=True)
         signum = getattr(e, "signum", signal.SIGINT)
         _say(OPEN_RUNS[-1].interrupted_line(signum) if OPEN_RUNS else
-             f"{_stopped_by(signum)} before the run folder was made; nothing was written")
+             f"{stopped_by(signum)} before the run folder was made; nothing was written")
         code = 128 + signum
     except OSError as e:  # disk full, permissions: the run's own files (FileFault) or any other
         _say(f"error: {e}" if isinstance(e, FileFault) or not e.filename else f"error: {e.filename}: {e.strerror}")
@@ -146,7 +146,7 @@ def run_main(main, argv=None):
     finally:
         for run in list(OPEN_RUNS):
             run.close(failed=code != 0, diverged=diverged)
-    _restore_signals(previous, ignore=code in STOP_STATUSES)
+    restore_signals(previous, ignore=code in STOP_STATUSES)
     if code in STOP_STATUSES and not returned:  # at once: client threads still running hold nothing that is saved
         with contextlib.suppress(OSError, ValueError):
             sys.stdout.flush()
@@ -455,6 +455,13 @@ def _detach_from_terminal():
     os.close(null)
 
 
+def summarise(values):
+    """summary.json's numbers of one metric over a run's evaluations: the best (the maximum), the
+    final value and the mean of the last 10."""
+    values = np.asarray(values, dtype=float)
+    return {"best": float(values.max()), "final": float(values[-1]), "last10_mean": float(values[-10:].mean())}
+
+
 class Run:
     """The run folder and the bookkeeping around the training loop (not the algorithm).
 
@@ -474,7 +481,7 @@ class Run:
         self.checkpoint_round, self.stopping, self._latest = 0, False, None
         self.data_sha256 = data_fingerprint(data)
         OPEN_RUNS.append(self)  # from here on close() releases what this makes, however the run ends
-        self._previous_handlers = _handle_stop_signals(self._on_signal)
+        self._previous_handlers = handle_stop_signals(self._on_signal)
         if args.resume:  # a resumed run keeps its record (resume() updates --rounds)
             self.dir, self.lock = args.resume, _lock(args.resume)
             self._check_data()
@@ -744,9 +751,7 @@ class Run:
                    "peak_device_mb": (torch.cuda.max_memory_allocated(self.device) / 2 ** 20
                                       if self.device.type == "cuda" else None), **(extra or {})}
         for key in [k for k in self.rows[0] if "acc" in k and not k.endswith("_std")] if self.rows else []:
-            values = np.array([float(r[key]) for r in self.rows if r.get(key, "") != ""])
-            summary[key] = {"best": float(values.max()), "final": float(values[-1]),
-                            "last10_mean": float(values[-10:].mean())}
+            summary[key] = summarise([float(r[key]) for r in self.rows if r.get(key, "") != ""])
         self._write("summary.json", _json(summary))
         return summary
 
@@ -766,7 +771,7 @@ class Run:
     def interrupted_line(self, signum=signal.SIGINT):
         """What a signal that stops at once (a second one, in the middle of a round) leaves behind,
         in one line."""
-        what = _stopped_by(signum)
+        what = stopped_by(signum)
         command = f"python {self.script}.py --resume {self.dir}"
         if self.checkpoint_round:
             return f"{what}; the checkpoint of round {self.checkpoint_round} is kept; continue with: {command}"
@@ -785,7 +790,7 @@ class Run:
             return
         OPEN_RUNS.remove(self)
         if not self.interrupted:  # after a signal run_main ignores further ones until the process ends
-            _restore_signals(self._previous_handlers)
+            restore_signals(self._previous_handlers)
         if self.dir is None:
             return
         if failed and not diverged and self.created and \

@@ -179,22 +179,26 @@ def test_a_terminal_that_hangs_up_stops_the_run_at_the_end_of_the_round_with_sta
 
 
 @pytest.mark.slow
-def test_a_second_sigterm_stops_in_the_middle_of_a_round_and_keeps_the_last_checkpoint(tmp_path):
+@pytest.mark.parametrize("signum, status, what", [(signal.SIGINT, 130, "interrupted"),
+                                                  (signal.SIGTERM, 143, "stopped by SIGTERM")])
+def test_a_second_signal_stops_in_the_middle_of_a_round_and_keeps_the_last_checkpoint(tmp_path, signum, status,
+                                                                                      what):
+    """Slow rounds run on two client threads: the second Ctrl-C or SIGTERM must not wait for the
+    round's remaining clients, and the one line says which checkpoint is kept."""
     process = start("fedavg.py", *SMALL, "--rounds", "20", "--local-epochs", "200", "--checkpoint-every", "1",
                     "--parallel-clients", "2", "--out", tmp_path)
     round_seconds = float(wait_for_line(process, "round 1/20").split(" s/round")[0].split()[-1])
     time.sleep(0.3)  # round 1's checkpoint is written; round 2 is under way
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(signum)
     time.sleep(0.1)
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(signum)
     begin = time.perf_counter()
     out, err = process.communicate(timeout=120)
     folder = run_dir(tmp_path)
-    assert process.returncode == 143 and err.splitlines() == [
-        "stopped by SIGTERM; the checkpoint of round 1 is kept; continue with: "
-        f"python fedavg.py --resume {folder}"], err
+    assert process.returncode == status and err.splitlines() == [
+        f"{what}; the checkpoint of round 1 is kept; continue with: python fedavg.py --resume {folder}"], err
     assert time.perf_counter() - begin < 0.3 * round_seconds
-    assert checkpoint_round(folder) == 1
+    assert checkpoint_round(folder) == 1 and len(metrics_rows(folder)) == 1
     assert_released(folder)
 
 

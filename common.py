@@ -81,6 +81,8 @@ def base_parser(description, script=None, helps=None, **defaults):
     a("--checkpoint-every", type=int, default=50, help="write a checkpoint every this many rounds")
     a("--seed", type=int, default=0, help="fixes partition, sampling, initialisation and batch order")
     a("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    a("--deterministic", default="auto", choices=["auto", "on", "off"], help="on: deterministic GPU kernels, no "
+      "TF32 (repeatable on one GPU model, driver, torch); auto: on for CUDA only (a CPU repeats anyway)")
     a("--parallel-clients", type=_auto_or_count, default="auto",
       help="train this many clients at once on CPU threads, one torch thread each (1: one client at a time on "
       "all threads; auto: one per torch thread on CPU, 1 on a GPU); results depend on whether this is 1, "
@@ -244,7 +246,7 @@ def to_tensor(x, reference=None, tokens=False):
     and std of ``reference``, so their range does not matter; float data as it is; integer
     vectors as int64 token ids if ``tokens``, else as float32 numbers. Statistics are accumulated
     in chunks and the conversion is in place, so the peak memory is one float32 copy of ``x``
-    (Tiny-ImageNet: 5.4 GB rather than four times that)."""
+    (Tiny-ImageNet: 5.4 GB rather than four times that), made channels-last (the data's layout)."""
     if x.dtype.kind in "ui" and x.ndim == 4:
         ref = torch.from_numpy(reference if reference is not None else x)
         total = torch.zeros(2, ref.shape[1], dtype=torch.float64)
@@ -255,7 +257,8 @@ def to_tensor(x, reference=None, tokens=False):
         mean = total[0] / count
         std = (total[1] / count - mean ** 2).clamp_min(0).sqrt() + 1e-8
         shape = (1, -1, 1, 1)
-        return torch.from_numpy(x).float().div_(255).sub_(mean.float().view(shape)).div_(std.float().view(shape))
+        x = torch.from_numpy(x).to(torch.float32, memory_format=torch.channels_last)
+        return x.div_(255).sub_(mean.float().view(shape)).div_(std.float().view(shape))
     if tokens and x.min() < 0:
         raise UserError(f"token ids for --model fasttext must be >= 0 (0 pads), but x has ids down to {x.min()}")
     return torch.from_numpy(x.astype(np.int64 if tokens else np.float32))
@@ -318,7 +321,8 @@ def partition(labels, args, rng, num_classes, min_size):
 
 def load_federated_data(args, device):
     """Load the dataset, partition it over clients (docs/datasets.md: partitions and the two
-    evaluation protocols) and move it to ``device`` once."""
+    evaluation protocols) and move it to ``device`` once, after set_determinism (before any GPU work)."""
+    set_determinism(device, args.deterministic)
     import datasets_extra
     rng = np.random.default_rng([args.seed, 0])  # data and partition: independent of training randomness
     synthetic = synthetic_setting(args.dataset)
@@ -366,9 +370,9 @@ def load_federated_data(args, device):
         raise UserError(f"client(s) {datasets_extra.first_few(untested)} got no test samples; use fewer --num-clients "
                         "or another partition")
     on = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64)).to(device)
+    if x.dim() == 4:  # channels-last images: faster convolutions and pooling (index batches keep the layout);
+        x = x.contiguous(memory_format=torch.channels_last)  # on the host: on the device it would take twice the data
     x = x.to(device)
-    if x.dim() == 4:  # channels-last images: faster convolutions and pooling (index batches keep the layout)
-        x = x.contiguous(memory_format=torch.channels_last)
     data = FedData(
         x=x, y=torch.from_numpy(y).to(device), num_classes=num_classes,
         train_idx=[on(t) for t in train], test_idx=[on(t) for t in test],
@@ -492,7 +496,9 @@ def build_model(name, data, auto_image="cnn"):
     try:
         model = _model(name, data)
         run_once(model, x[:1])
-        return model
+        # channels-last weights for channels-last images, or cuDNN converts them on every call; CUDA only: on
+        # a CPU other kernels run (ResNet-18's gradients change). Flat states keep the logical order
+        return model.to(memory_format=torch.channels_last) if x.is_cuda and x.dim() == 4 else model
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001  a shape or dtype its layers do not take, a vocabulary too large
@@ -598,7 +604,7 @@ def as_rows(client_states):
 
 def weighted_average(stacked, weights):
     """FedAvg's aggregation: sum_k w_k theta_k / sum_k w_k over rows of ``stacked`` (K x D)."""
-    weights = torch.as_tensor(weights, dtype=stacked.dtype, device=stacked.device)
+    weights = to_device(torch.as_tensor(weights, dtype=stacked.dtype), stacked.device)
     return (weights / weights.sum()) @ stacked
 
 
@@ -624,6 +630,24 @@ def resolve_device(name):
     return device
 
 
+def set_determinism(device, mode):
+    """--deterministic for a run on ``device`` (docs/running.md); returns whether it is on. On ('auto' on
+    CUDA): deterministic kernels (an op without one raises), no cuDNN autotuning, no TF32 (fp32_precision,
+    allow_tf32's successor from torch 2.9: do not mix them) and the cuBLAS workspace cuBLAS reads when it
+    starts (so this runs before any GPU work). Off: torch's defaults. Settings are global to the process:
+    each run sets every one, both ways."""
+    cuda = torch.device(device).type == "cuda"
+    on = mode == "on" or (mode == "auto" and cuda)
+    if torch.are_deterministic_algorithms_enabled() != on or torch.is_deterministic_algorithms_warn_only_enabled():
+        torch.use_deterministic_algorithms(on)  # only on a change: it imports torch._inductor (2 s on a CPU)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = on, False  # benchmark: torch's default
+    torch.backends.cuda.matmul.fp32_precision = "ieee" if on else "none"  # none: torch's default (no TF32)
+    torch.backends.cudnn.conv.fp32_precision = torch.backends.cudnn.rnn.fp32_precision = "ieee" if on else "tf32"
+    if on and cuda:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    return on
+
+
 def seed_everything(seed):
     """Seed torch (model initialisation) and return the numpy generator that samples clients and
     draws the algorithms' own randomness; the data partition has its own stream (seed, 0)."""
@@ -646,6 +670,12 @@ def client_seed(seed, round_, client, tag=0):
     return int(np.random.SeedSequence([seed, round_, client, tag]).generate_state(1)[0])
 
 
+def to_device(tensor, device):
+    """``tensor`` on ``device`` with no GPU sync: from pinned memory (not pageable) a CUDA copy is asynchronous."""
+    pin = tensor.device.type == "cpu" and torch.device(device).type == "cuda"
+    return (tensor.pin_memory() if pin else tensor).to(device, non_blocking=True)
+
+
 def batch_bounds(n, batch_size):
     """(start, end) of each minibatch of n samples; the last partial batch is kept, but a last
     batch of a single sample joins the batch before it (BatchNorm cannot train on one)."""
@@ -660,7 +690,7 @@ def epoch_batches(idx, batch_size, epochs, seed):
     g = torch.Generator().manual_seed(seed)
     bounds = batch_bounds(len(idx), batch_size)
     for _ in range(epochs):
-        perm = idx[torch.randperm(len(idx), generator=g).to(idx.device, non_blocking=True)]
+        perm = idx[to_device(torch.randperm(len(idx), generator=g), idx.device)]
         for start, end in bounds:
             yield perm[start:end]
 
@@ -756,8 +786,9 @@ def evaluate(model, data, idx_list, batch_size=2048):
     was_training = model.training
     model.eval()
     device = data.x.device
-    sizes = torch.tensor([len(i) for i in idx_list], device=device)
-    owner = torch.repeat_interleave(torch.arange(len(idx_list), device=device), sizes)
+    sizes = [len(i) for i in idx_list]  # len() of a tensor is known on the host: no GPU sync for the sizes
+    count = to_device(torch.tensor(sizes, dtype=torch.long), device)
+    owner = torch.repeat_interleave(torch.arange(len(idx_list), device=device), count, output_size=sum(sizes))
     all_idx = torch.cat(list(idx_list)) if len(idx_list) else torch.zeros(0, dtype=torch.long, device=device)
     correct = torch.zeros(len(all_idx), device=device)
     losses = torch.zeros(len(all_idx), device=device)
@@ -768,7 +799,7 @@ def evaluate(model, data, idx_list, batch_size=2048):
         losses[start: start + len(batch)] = F.cross_entropy(logits, data.y[batch], reduction="none")
     model.train(was_training)
     zeros = torch.zeros(len(idx_list), device=device)
-    return zeros.index_add(0, owner, correct), sizes.float(), zeros.index_add(0, owner, losses)
+    return zeros.index_add(0, owner, correct), count.float(), zeros.index_add(0, owner, losses)
 
 
 def accuracy_metrics(correct, count, loss_sum, prefix="test"):

@@ -138,7 +138,8 @@ def aggregation_score(P, present, tau, reduction="mean"):
     """V_m = sigmoid(1 / KL(P^m || Q)), Eq. (10). KL of the two matrices: the mean over the rows i
     of classes the client holds of sum_j P_ij log(P_ij / Q_ij), the scale of Table 9 (0.60-5.59
     on CIFAR-100); ``reduction="sum"`` sums the rows instead (tens of times larger, every V_m
-    near 0.5). Returns (V_m, KL) as 0-dim float64 tensors."""
+    near 0.5). ``present``: those classes as a (C,) boolean mask or as indices (on a GPU a mask
+    costs a host sync, indices do not). Returns (V_m, KL) as 0-dim float64 tensors."""
     P = P.double()
     Q = template_matrix(P.shape[0], tau, device=P.device)
     kl_rows = (torch.xlogy(P, P) - P * Q.log()).sum(1)[present]
@@ -153,6 +154,18 @@ def aggregation_weights(scores, uniform=False):
 
 # ----------------------------------------------------------------------------- client and round
 
+def mixup_draws(seed, batch_sizes, device):
+    """Input mixup's draws for one local update: per batch, mix ~ U(0, 1) and the permutation that
+    pairs its samples, from one CPU generator in the batches' order (the same draws on every
+    device); the permutations go to ``device`` in one copy, not one per batch."""
+    generator = torch.Generator().manual_seed(seed)
+    mixes, perms = [], []
+    for n in batch_sizes:
+        mixes.append(float(torch.rand((), generator=generator)))
+        perms.append(torch.randperm(n, generator=generator))
+    return mixes, common.to_device(torch.cat(perms), device).split(batch_sizes)
+
+
 def local_train(model, data, idx, present, args, batch_seed, mixup_seed):
     """The local update (Sec. 3, Appendix A.1): minimise fedacd_loss from the received model, with input mixup
     (x = mix x_a + (1 - mix) x_b, mix ~ Beta(1, 1) = U(0, 1), one per batch). P^m is estimated
@@ -163,16 +176,17 @@ def local_train(model, data, idx, present, args, batch_seed, mixup_seed):
     P = probability_matrix(model, data.x, data.y, idx, C)
     delta = margin_deltas(P, present, args.missing_delta)
     sums = torch.zeros(C, C, device=device)
-    mixup_rng = torch.Generator().manual_seed(mixup_seed)
-    steps_per_epoch = len(common.batch_bounds(len(idx), args.batch_size))
+    bounds = common.batch_bounds(len(idx), args.batch_size)  # those of epoch_batches
+    steps_per_epoch = len(bounds)
+    if args.mixup:
+        mixes, perms = mixup_draws(mixup_seed, [end - start for start, end in bounds] * args.local_epochs, device)
     optimizer = common.make_optimizer(model, args)
     model.train()
     total = torch.zeros((), device=device)
     for step, batch in enumerate(common.epoch_batches(idx, args.batch_size, args.local_epochs, batch_seed)):
         x, y_a, y_b, mix = data.x[batch], data.y[batch], data.y[batch], 1.0
         if args.mixup:
-            mix = float(torch.rand((), generator=mixup_rng))
-            perm = torch.randperm(len(batch), generator=mixup_rng).to(device, non_blocking=True)
+            mix, perm = mixes[step], perms[step]
             x, y_b = mix * x + (1 - mix) * x[perm], y_a[perm]
         logits = model(x)
         if args.mixup:  # mix * L(y_a) + (1 - mix) * L(y_b), both label sets in one call
@@ -209,11 +223,14 @@ def client_update(model, global_state, data, client, present, args, round_, risk
     model's average risk (Table 3). Returns (the trained model, flat, written into ``out`` if
     given; mean loss; V_m; KL; risk)."""
     common.load_flat_state(model, global_state)
-    idx = data.train_idx[client]
+    idx, device = data.train_idx[client], data.x.device
+    # the client's classes as indices, found where the mask is: with main's host mask, no GPU sync
+    present = present[client]
+    classes = common.to_device(present.nonzero().flatten(), device)
     seeds = common.client_seed(args.seed, round_, client), common.client_seed(args.seed, round_, client, tag=1)
-    loss, _ = local_train(model, data, idx, present[client], args, *seeds)
+    loss, _ = local_train(model, data, idx, common.to_device(present, device), args, *seeds)
     P = probability_matrix(model, data.x, data.y, idx, data.num_classes)  # P^m of the trained model
-    score, kl = aggregation_score(P, present[client], args.tau, args.score_kl)
+    score, kl = aggregation_score(P, classes, args.tau, args.score_kl)
     local_risk = average_risk(per_class_errors(model, data, risk[0]), risk[1]) if risk is not None else None
     return common.flatten_state(model, out=out), loss, score, kl, local_risk
 
@@ -238,7 +255,7 @@ def main(argv=None):
     client_stack = torch.empty(common.clients_per_round(args), common.flatten_state(global_model).numel(),
                                device=device)  # the models the round's clients send back, one row each
     counts = torch.as_tensor(data.train_counts, dtype=torch.float64, device=device)
-    present = counts > 0
+    present = torch.as_tensor(data.train_counts > 0)  # on the host: see client_update
     priors = counts / counts.sum(1, keepdim=True)  # pi^n of the average risk
     risk_test = data.global_test_idx if data.global_test_idx is not None else torch.cat(data.test_idx)
     class_test_idx = [risk_test[data.y[risk_test] == c] for c in range(data.num_classes)]

@@ -117,7 +117,7 @@ class ALA:
         local_model.train()
         epochs = 0
         while True:
-            order = subset[torch.randperm(len(subset), generator=generator)].to(y.device)
+            order = subset[torch.randperm(len(subset), generator=generator)].to(y.device, non_blocking=True)
             total, steps = torch.zeros((), device=y.device), 0
             starts = list(range(0, len(order), self.batch_size))
             if len(starts) > 1 and len(order) - starts[-1] == 1:  # no batch of one sample (BatchNorm)

@@ -80,11 +80,13 @@ def fedpake_aggregate(stacked, weights, kappa=0.2, n_micro=4, n_macro=4, delta=0
     """FedPake's server aggregation, Eq. (2)-(11), a drop-in replacement for FedAvg's weighted
     average of the rows of ``stacked`` (K clients x D) with ``weights``
     the clients' sample counts. Columns go in chunks of about ``chunk_elems`` values, in two
-    passes (Micro-Classes are recomputed, not stored). ``ablate`` 'micro' or 'macro' draws
-    random classes from ``seed`` (Table 4). ``stats``, if a dict, receives the share of
-    high-dispersion parameters and the number of Macro-Classes. Needs only torch: its stages
-    are defined inside it, so it can be pasted alone; ``fedpake_aggregate(None, None)`` returns
-    them by name instead of aggregating (for tests and reuse)."""
+    passes (Micro-Classes are recomputed, not stored); on a GPU the host waits twice, whatever
+    the number of chunks: for |H| of every chunk and for the disagreements the clustering needs.
+    ``ablate`` 'micro' or 'macro' draws random classes from ``seed`` (Table 4). ``stats``, if a
+    dict, receives the share of high-dispersion parameters and the number of Macro-Classes.
+    Needs only torch: its stages are defined inside it, so it can be pasted alone;
+    ``fedpake_aggregate(None, None)`` returns them by name instead of aggregating (for tests and
+    reuse)."""
 
     def parameter_division(values, kappa):
         """Eq. (2)-(5): True where the coefficient of variation over clients (rows) exceeds kappa."""
@@ -152,14 +154,21 @@ def fedpake_aggregate(stacked, weights, kappa=0.2, n_micro=4, n_macro=4, delta=0
             best_score = torch.maximum(best_score, score)
         return best_class
 
-    def aggregation_weights(mic, labels, sizes, n_micro):
+    def macro_class_members(labels, device):
+        """The clients (rows) of each Macro-Class c = 0..C-1 as index tensors on ``device``, found on
+        the host from the clustering's labels and copied in one go (no GPU sync per class or chunk)."""
+        labels = labels.tolist()
+        members = [[k for k, label in enumerate(labels) if label == c] for c in range(max(labels) + 1)]
+        rows = torch.tensor(sum(members, [])).to(device, non_blocking=True)
+        return rows.split([len(m) for m in members])
+
+    def aggregation_weights(mic, members, sizes, n_micro):
         """Eq. (9) and (11): the weight of client k (in Macro-Class c) for column j is
-        [MIC_kj = T_cj] * n_k / (sum of n over the matching clients of c) * N_c / N.
-        Each client is in one Macro-Class, so its weight is counted once; columns sum to 1."""
-        labels = labels.to(mic.device)
+        [MIC_kj = T_cj] * n_k / (sum of n over the matching clients of c) * N_c / N, ``members``
+        the rows of each Macro-Class (``macro_class_members``). Each client is in one
+        Macro-Class, so its weight is counted once; columns sum to 1."""
         weights = torch.empty(mic.shape, dtype=sizes.dtype, device=mic.device)
-        for c in range(int(labels.max()) + 1):
-            rows = (labels == c).nonzero().flatten()
+        for rows in members:
             matched = (mic[rows] == tendency(mic[rows], n_micro)).view(torch.uint8).to(sizes.dtype) * sizes[rows, None]
             # the mode has a client, so the sum is > 0
             weights[rows] = matched / matched.sum(0) * (sizes[rows].sum() / sizes.sum())
@@ -167,14 +176,16 @@ def fedpake_aggregate(stacked, weights, kappa=0.2, n_micro=4, n_macro=4, delta=0
 
     if stacked is None:
         return {f.__name__: f for f in (parameter_division, micro_classes, micro_class_disagreements,
-                                         macro_classes, tendency, aggregation_weights)}
+                                         macro_classes, tendency, macro_class_members, aggregation_weights)}
     num_clients, dim = stacked.shape
-    sizes = torch.as_tensor(weights, dtype=stacked.dtype, device=stacked.device)
+    sizes = torch.as_tensor(weights, dtype=stacked.dtype).to(stacked.device, non_blocking=True)
     out = (sizes / sizes.sum()) @ stacked  # Eq. (10) on L; H is overwritten below
     cols = max(1, chunk_elems // num_clients)
     chunks = [slice(s, s + cols) for s in range(0, dim, cols)]
-    high = torch.cat([parameter_division(stacked[:, c], kappa) for c in chunks])
-    num_high = int(high.sum())
+    high = [parameter_division(stacked[:, c], kappa) for c in chunks]  # H, chunk by chunk
+    # |H| of every chunk in one host sync: the chunks' columns are then found without one each
+    num_high_by_chunk = torch.stack([h.sum() for h in high]).tolist()
+    num_high = sum(num_high_by_chunk)
     if stats is not None:
         stats.update(high_fraction=num_high / max(dim, 1), macro_classes=0)
     if num_high == 0:
@@ -182,12 +193,12 @@ def fedpake_aggregate(stacked, weights, kappa=0.2, n_micro=4, n_macro=4, delta=0
 
     def high_columns():
         """(columns, values, Micro-Classes) of H, chunk by chunk; the same random draws on every call."""
-        g = torch.Generator(stacked.device).manual_seed(seed)
-        for c in chunks:
-            columns = high[c].nonzero().flatten() + c.start
+        g = torch.Generator().manual_seed(seed)  # on the CPU: the same classes for a seed on every device
+        for c, high_in_c, num in zip(chunks, high, num_high_by_chunk):
+            columns = torch.nonzero_static(high_in_c, size=num).flatten() + c.start  # size known: no sync
             values = stacked.index_select(1, columns)
-            mic = micro_classes(values, n_micro) if ablate != "micro" else \
-                torch.randint(n_micro, values.shape, generator=g, device=values.device, dtype=torch.uint8)
+            mic = micro_classes(values, n_micro) if ablate != "micro" else torch.randint(
+                n_micro, values.shape, generator=g, dtype=torch.uint8).to(values.device, non_blocking=True)
             yield columns, values, mic
 
     if ablate == "macro":
@@ -196,15 +207,16 @@ def fedpake_aggregate(stacked, weights, kappa=0.2, n_micro=4, n_macro=4, delta=0
     else:
         disagreements = sum(micro_class_disagreements(mic, n_micro) for _, _, mic in high_columns())
         labels = macro_classes(disagreements, num_high, n_macro, delta)
+    members = macro_class_members(labels, stacked.device)
     for columns, values, mic in high_columns():
-        out[columns] = aggregation_weights(mic, labels, sizes, n_micro).mul_(values).sum(0)  # Eq. (11)
+        out[columns] = aggregation_weights(mic, members, sizes, n_micro).mul_(values).sum(0)  # Eq. (11)
     if stats is not None:
-        stats["macro_classes"] = int(labels.max()) + 1
+        stats["macro_classes"] = len(members)
     return out
 
 
 # the stages of fedpake_aggregate by name (it holds them so that it can be pasted alone)
-(parameter_division, micro_classes, micro_class_disagreements, macro_classes, tendency,
+(parameter_division, micro_classes, micro_class_disagreements, macro_classes, tendency, macro_class_members,
  aggregation_weights) = fedpake_aggregate(None, None).values()
 
 

@@ -2,31 +2,36 @@
 
     python flower_app.py fedavg --dataset synthetic --rounds 20     # a Flower simulation
     python flower_app.py pfedla --dataset cifar10 --k 1             # any script's own flags
+    python flower_app.py --resume runs/fedala-cifar10-s0-...        # continue a stopped run
+    python flower_app.py fedala --federation NAME --dataset ...     # deployment: flwr run, with an exit status
 
 ALGORITHM is fedavg, fedala, pfedla, fedpake or fedacd; the flags are that script's (its own
-``parse_args``), and the run folder is the script's (config.json, partition.json,
-metrics.csv, summary.json; no checkpoint: ``--resume`` is refused). With the same flags and
-seed, metrics.csv equals the script's (docs/flower.md). Ctrl-C (SIGHUP; SIGTERM until Ray has
-started, then Ray takes it) stops at once with one line (exit status 130, 129, 143); a node's
-failure comes back to the server as one
-line (``reply``), which stops the run: exit status 2 for bad input (common.UserError), 1
-otherwise.
+``parse_args``) and flower_app's own (``flower_options``). The run folder is the script's
+(config.json, partition.json, metrics.csv, summary.json, checkpoint.pt): the server keeps all
+of the algorithm's state, so its checkpoint is the script's and either continues it. With the
+same flags and seed, metrics.csv equals the script's (docs/flower.md). Ctrl-C (SIGHUP; SIGTERM
+until Ray has started, then Ray takes it) stops a simulation at once with one line (exit
+status 130, 129, 143).
 
 Who does what. The ServerApp samples the clients with the script's generator
 (``common.sample_clients``), sends each its model, runs the script's server step (FedAvg's
 average, ``fedpake.server_update``, pFedLA's hypernetworks, FedACD's score weights) and
 evaluates as the script does. Each ClientApp runs the script's ``client_update``. Client i
 is the node whose node config has ``partition-id`` i; every process loads the same data
-(``common.load_federated_data`` with the same flags and seed) and keeps it. What a client
-keeps between rounds (FedALA's local model and ALA weights) lives in its ``Context.state``.
+(``common.load_federated_data`` with the same flags and seed) and keeps it. A client whose
+node is lost, fails or does not answer in time is left out of the round (partial
+participation); a node that comes back takes its client over; fewer than --min-clients
+answers stop the run (exit status 1). Bad input found by a node stops it too (exit status 2).
 
 Deployment (SuperLink, SuperNodes, ``flwr run``): ``server_app`` and ``client_app`` below;
-the run config holds ``algorithm`` and ``flags`` (a string); see docs/flower.md.
+the run config holds ``algorithm``, ``flags`` (a string) and ``resume``; see docs/flower.md.
 """
 import contextlib
 import importlib
+import json
 import logging
 import os
+import re
 import shlex
 import signal
 import sys
@@ -50,16 +55,11 @@ import common
 import fedavg
 import run_folder
 
-RESUME_REFUSED = "flower_app.py does not support --resume (a Flower run writes no checkpoint); start the run again"
 ALGORITHMS = ("fedavg", "fedala", "pfedla", "fedpake", "fedacd")
 USAGE = f"usage: python flower_app.py {{{','.join(ALGORITHMS)}}} [that script's flags]"
 # a node's reply when its client fails, as a one-line Error: the server stops the run and says why
 USER_ERROR = 100  # common.UserError (bad input, e.g. data the model does not fit): exit status 2
 NODE_FAULT = 101  # any other exception: exit status 1
-
-
-class NodeFailed(Exception):
-    """A node's client failed with something else than bad input; main() says so in one line."""
 
 
 class Interrupted(Exception):
@@ -76,8 +76,6 @@ class Job:
         self.algorithm, self.flags = algorithm, list(flags)
         self.module = importlib.import_module(algorithm)
         self.args = self.module.parse_args(self.flags)
-        if self.args.resume:
-            raise common.UserError(RESUME_REFUSED)
         self.device = common.resolve_device(self.args.device)
         self.data = common.load_federated_data(self.args, self.device)
         self.models = {}
@@ -119,56 +117,57 @@ def tensors(record, device):
 
 # ----------------------------------------------------------------------------- client side (one per node)
 
-def fedavg_client(job, client, round_, received, evaluate, state):
+def fedavg_client(job, client, round_, received, evaluate):
     """FedAvg's client update, which FedPake uses too (Alg. 1: FedAvg's local training)."""
     trained, loss = fedavg.client_update(job.model(), received["global"], job.data, client, job.args, round_)
     return {"trained": trained}, {"loss": float(loss)}
 
 
-def fedala_client(job, client, round_, received, evaluate, state):
-    """The node keeps its local model and its row of the ALA weights in its Context.state; a
-    client's first message also carries the initial model, its local model until then."""
+def fedala_client(job, client, round_, received, evaluate):
+    """FedALA's client update on the client's state that the server keeps and sends (its local
+    model, absent in round 1 where ALA is off; its row of the ALA weights; its initial-stage
+    record), so that a node can restart and a run can resume; the updated state goes back."""
     m, args = job.module, job.args
     global_model = job.model("global")
     common.load_flat_state(global_model, received["global"])
-    if "ala" not in job.models:  # the script's ALA object; a node uses only its own row
+    if "ala" not in job.models:  # the script's ALA object; a node uses only the row of its client
         job.models["ala"] = m.ALA(global_model, args.num_clients, p=args.p, eta=args.eta, s=args.s,
                                   batch_size=args.batch_size, threshold=args.threshold,
                                   num_pre_loss=args.num_pre_loss, max_init_epochs=args.max_init_epochs)
-    ala, saved, config = job.models["ala"], state.arrays(), state.config()
-    ala.weights[client] = saved.get("ala_weights", 1.0)  # ones before the first ALA (Alg. 1 l. 2)
-    ala.start_phase[client] = bool(config.get("start_phase", True))
-    ala.init_losses[client] = list(config.get("init_losses", []))
-    local = saved.get("local", received.get("initial"))
-    trained, loss, ala_epochs, result = m.client_update(job.model(), global_model, local, ala, job.data, client,
-                                                        args, round_, evaluate)
-    state.save({"local": trained, "ala_weights": ala.weights[client]},
-               {"start_phase": ala.start_phase[client], "init_losses": [float(v) for v in ala.init_losses[client]]})
-    return ({"trained": trained, **(dict(zip(EVAL_KEYS, result)) if evaluate else {})},
-            {"loss": float(loss), "ala_epochs": ala_epochs, "initial_stage_epochs": len(ala.init_losses[client])})
+    ala = job.models["ala"]
+    ala.weights[client] = received["ala_weights"]
+    ala.start_phase[client] = bool(received["start_phase"])
+    ala.init_losses[client] = received["init_losses"].tolist()
+    trained, loss, ala_epochs, result = m.client_update(job.model(), global_model, received.get("local"), ala,
+                                                        job.data, client, args, round_, evaluate)
+    state = {"ala_weights": ala.weights[client], "start_phase": torch.tensor(ala.start_phase[client]),
+             "init_losses": torch.tensor(ala.init_losses[client], dtype=torch.float64)}
+    return ({"trained": trained, **state, **(dict(zip(EVAL_KEYS, result)) if evaluate else {})},
+            {"loss": float(loss), "ala_epochs": ala_epochs})
 
 
-def fedala_evaluate(job, client, round_, received, evaluate, state):
-    """A client that did not join the round: its current local model on its test data."""
-    common.load_flat_state(job.model(), state.arrays().get("local", received.get("initial")))
+def fedala_evaluate(job, client, round_, received, evaluate):
+    """A client that did not join the round: its current local model (sent) on its test data."""
+    common.load_flat_state(job.model(), received["local"])
     return dict(zip(EVAL_KEYS, common.evaluate(job.model(), job.data, [job.data.test_idx[client]]))), {}
 
 
-def pfedla_client(job, client, round_, received, evaluate, state):
+def pfedla_client(job, client, round_, received, evaluate):
     trained, loss = job.module.client_update(job.model(), received["theta_bar"], job.data, client, job.args, round_)
     return {"trained": trained}, {"loss": float(loss)}
 
 
-def fedacd_client(job, client, round_, received, evaluate, state):
+def fedacd_client(job, client, round_, received, evaluate):
     data = job.data
     counts = torch.as_tensor(data.train_counts, dtype=torch.float64, device=job.device)
+    present = torch.as_tensor(data.train_counts > 0)  # on the host, as the script's: no GPU sync
     risk = None
     if evaluate:  # the script's average-risk set-up: client label priors and the per-class test sets
         risk_test = data.global_test_idx if data.global_test_idx is not None else torch.cat(data.test_idx)
         risk = ([risk_test[data.y[risk_test] == c] for c in range(data.num_classes)],
                 counts / counts.sum(1, keepdim=True))
     trained, loss, score, kl, local_risk = job.module.client_update(
-        job.model(), received["global"], data, client, counts > 0, job.args, round_, risk)
+        job.model(), received["global"], data, client, present, job.args, round_, risk)
     metrics = {"loss": float(loss), "score": float(score), "kl": float(kl)}
     if local_risk is not None:
         metrics["local_risk"] = float(local_risk)
@@ -179,39 +178,20 @@ CLIENTS = {"fedavg": fedavg_client, "fedala": fedala_client, "pfedla": pfedla_cl
            "fedpake": fedavg_client, "fedacd": fedacd_client}
 
 
-class NodeState:
-    """One run's entries in a node's Context.state (keys ``<run folder>/<name>``), so that a
-    node can serve several runs (the tests run all five algorithms in one simulation)."""
-
-    def __init__(self, context_state, run, device):
-        self.state, self.run, self.device = context_state, run, device
-
-    def arrays(self):
-        key = f"{self.run}/arrays"
-        return tensors(self.state[key], self.device) if key in self.state else {}
-
-    def config(self):
-        key = f"{self.run}/config"
-        return dict(self.state[key]) if key in self.state else {}
-
-    def save(self, tensor_dict, config):
-        self.state[f"{self.run}/arrays"], self.state[f"{self.run}/config"] = arrays(tensor_dict), ConfigRecord(config)
+client_app = ClientApp()  # in a simulation; a deployment uses flower_node.py's, which calls node_work in a worker
+HANDLERS = {"train": CLIENTS, "evaluate": {"fedala": fedala_evaluate}}
 
 
-client_app = ClientApp()
-
-
-def _node_call(msg, context, handlers):
-    """Run this node's client (partition-id) for the message's run with ``handlers[algorithm]``."""
-    config = msg.content["job"]
-    job = job_for(config["algorithm"], config["flags"])
-    client = partition_id(context)
+def node_work(message_type, client, config, received):
+    """Client ``client``'s answer to a message: its ``config`` (algorithm, flags, round,
+    evaluate) and ``received`` (name -> numpy array) in, (name -> numpy array, metrics) out."""
+    job = job_for(config["algorithm"], list(config["flags"]))
     if not 0 <= client < job.args.num_clients:
         raise common.UserError(f"this node's partition-id {client} is outside 0..{job.args.num_clients - 1}")
-    out_arrays, metrics = handlers[job.algorithm](job, client, int(config["round"]),
-                                                  tensors(msg.content["arrays"], job.device), bool(config["evaluate"]),
-                                                  NodeState(context.state, config["run"], job.device))
-    return RecordDict({"arrays": arrays(out_arrays), "metrics": MetricRecord(metrics)})
+    sent, metrics = HANDLERS[message_type][job.algorithm](
+        job, client, int(config["round"]), {k: torch.from_numpy(v).to(job.device) for k, v in received.items()},
+        bool(config["evaluate"]))
+    return {k: v.detach().cpu().numpy() for k, v in sent.items()}, metrics
 
 
 def partition_id(context):
@@ -223,20 +203,32 @@ def partition_id(context):
                                "with --node-config \"partition-id=i num-partitions=N\"") from None
 
 
+def error_line(e):
+    """(Error code, one line) for a client's failure: USER_ERROR for common.UserError (e.g. from
+    loading the data or building the model: the server stops the run), else NODE_FAULT with the
+    exception and where it was raised (the server leaves the client out of the round)."""
+    if isinstance(e, common.UserError):
+        return USER_ERROR, str(e)
+    where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    first_line = (str(e).strip().splitlines() or [""])[0]
+    return NODE_FAULT, (f"{e.__class__.__name__}: {first_line}" +
+                        (f" ({os.path.basename(where.filename)}:{where.lineno})" if where else ""))
+
+
 def reply(msg, work):
-    """The reply to ``msg`` with what ``work()`` returns (a RecordDict). If it fails, the reply is
-    an Error of one line instead (not a traceback in the node's log and again on the server):
-    USER_ERROR for common.UserError, e.g. from loading the data or building the model, else
-    NODE_FAULT with the exception and where it was raised; the server stops the run with it."""
+    """The reply to ``msg`` with what ``work()`` returns (a RecordDict), or an Error of one line
+    (``error_line``), not a traceback in the node's log and again on the server."""
     try:
         return Message(work(), reply_to=msg)
-    except common.UserError as e:
-        return Message(Error(USER_ERROR, str(e)), reply_to=msg)
     except Exception as e:  # noqa: BLE001  any failure of the client: reported by the server
-        where = traceback.extract_tb(e.__traceback__)[-1]
-        first_line = (str(e).strip().splitlines() or [""])[0]
-        return Message(Error(NODE_FAULT, f"{e.__class__.__name__}: {first_line} "
-                                         f"({os.path.basename(where.filename)}:{where.lineno})"), reply_to=msg)
+        return Message(Error(*error_line(e)), reply_to=msg)
+
+
+def _node_call(msg, context):
+    config = dict(msg.content["job"])
+    out, metrics = node_work(msg.metadata.message_type, partition_id(context), config,
+                             {k: v.numpy() for k, v in msg.content["arrays"].items()})
+    return RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in out.items()}), "metrics": MetricRecord(metrics)})
 
 
 @client_app.query()
@@ -247,56 +239,176 @@ def query(msg, context):
 
 @client_app.train()
 def train(msg, context):
-    return reply(msg, lambda: _node_call(msg, context, CLIENTS))
+    return reply(msg, lambda: _node_call(msg, context))
 
 
 @client_app.evaluate()
 def evaluate(msg, context):
-    return reply(msg, lambda: _node_call(msg, context, {"fedala": fedala_evaluate}))
+    return reply(msg, lambda: _node_call(msg, context))
 
 
 # ----------------------------------------------------------------------------- server side
 
-def connect(grid, num_clients, timeout=600.0):
-    """Wait for the nodes and ask each its partition-id: {client i: node id}."""
-    deadline = time.monotonic() + timeout
-    while len(node_ids := list(grid.get_node_ids())) < num_clients:
-        if time.monotonic() > deadline:
-            raise common.UserError(f"only {len(node_ids)} of {num_clients} nodes connected in {timeout:.0f} s")
-        time.sleep(0.05)
-    replies = grid.send_and_receive([Message(RecordDict(), node, "query") for node in node_ids])
-    nodes = {int(r.content["metrics"]["partition-id"]): r.metadata.src_node_id for r in check(replies)}
-    if sorted(nodes) != list(range(num_clients)):
-        raise common.UserError(f"the nodes' partition-ids are {sorted(nodes)}, expected 0..{num_clients - 1} "
-                               "(one node per client: --node-config \"partition-id=i num-partitions=N\")")
-    return nodes
+def flower_options(flags):
+    """(flower_app's own options, the script's flags): both may come in one list."""
+    parser = common._Parser(prog="flower_app.py", add_help=False, allow_abbrev=False)
+    parser.add_argument("--federation", default=None, metavar="NAME",
+                        help="run on the SuperLink of this federation (flwr run) instead of a simulation")
+    parser.add_argument("--min-clients", type=int, default=1, metavar="M",
+                        help="stop the run when fewer than M clients answer in a round (default 1)")
+    parser.add_argument("--round-timeout", type=float, default=1800.0, metavar="S",
+                        help="a client that has not answered after S seconds is left out of the round")
+    parser.add_argument("--wait-for-nodes", type=float, default=600.0, metavar="S",
+                        help="how long the server waits for every partition-id at the start (default 600)")
+    parser.add_argument("--clients-per-gpu", type=int, default=4, metavar="K",
+                        help="simulation on a GPU: K Ray actors share each GPU (each holds the data)")
+    options, rest = parser.parse_known_args(list(flags))
+    for ok, line in [(options.min_clients >= 1, f"--min-clients must be >= 1, got {options.min_clients}"),
+                     (options.round_timeout > 0, f"--round-timeout must be > 0, got {options.round_timeout}"),
+                     (options.wait_for_nodes >= 0, f"--wait-for-nodes must be >= 0, got {options.wait_for_nodes}"),
+                     (options.clients_per_gpu >= 1, f"--clients-per-gpu must be >= 1, got {options.clients_per_gpu}")]:
+        if not ok:
+            raise common.UserError(line)
+    return options, rest
 
 
-def check(replies, client_of=None, during=""):
-    """The replies, unless a node failed: then its one-line Error (see ``reply``) as a
-    common.UserError (exit status 2) or NodeFailed (exit status 1). An Error that Flower made
-    (say, a node that crashed) shows its last line."""
-    replies = list(replies)
-    for r in replies:
-        if r.has_error():
-            if r.error.code == USER_ERROR:
-                raise common.UserError(r.error.reason)
-            node = r.metadata.src_node_id
-            who = f"client {client_of[node]} (node {node})" if node in (client_of or {}) else f"node {node}"
-            lines = [line.strip() for line in str(r.error.reason or "").splitlines() if line.strip()]
-            raise NodeFailed(f"{who} failed{during}: {lines[-1] if lines else f'Flower error code {r.error.code}'}")
+QUERY_TIMEOUT = 120.0  # a new node's answer to "which partition-id are you?" (a node starting its process)
+POLL = 0.05  # seconds between the server's checks for replies (Flower's send_and_receive waits 3 s)
+
+
+def send_and_receive(grid, messages, timeout):
+    """{index of the message: its reply} for the replies that came within ``timeout`` seconds."""
+    ids = list(grid.push_messages(messages))
+    waiting = {message_id: i for i, message_id in enumerate(ids)}
+    replies, deadline = {}, time.monotonic() + timeout
+    while waiting and time.monotonic() < deadline:
+        for r in grid.pull_messages(list(waiting)):
+            if r.metadata.reply_to_message_id in waiting:
+                replies[waiting.pop(r.metadata.reply_to_message_id)] = r
+        if waiting:
+            time.sleep(POLL)
     return replies
 
 
-def exchange(grid, nodes, job, run_name, message_type, round_, per_client, evaluate=False):
-    """Send client i ``per_client[i]`` (name -> tensor) and return {i: (tensors, metrics)}."""
-    config = ConfigRecord({"algorithm": job.algorithm, "flags": job.flags, "run": run_name, "round": round_,
-                           "evaluate": evaluate})
-    messages = [Message(RecordDict({"job": config, "arrays": arrays(sent)}), nodes[client], message_type,
-                        group_id=str(round_)) for client, sent in per_client.items()]
-    client_of = {node: client for client, node in nodes.items()}
-    return {client_of[r.metadata.src_node_id]: (tensors(r.content["arrays"], job.device), dict(r.content["metrics"]))
-            for r in check(grid.send_and_receive(messages), client_of, f" in round {round_}")}
+def failure(reply):
+    """Why a reply is not a result, in one line (a node's own Error from ``reply``, or Flower's:
+    a node that stopped sending heartbeats, a ClientApp process that crashed)."""
+    lines = [line.strip() for line in str(reply.error.reason or "").splitlines() if line.strip()]
+    return lines[-1] if lines else f"Flower error code {reply.error.code}"
+
+
+class Clients:
+    """Which node serves client i: the partition-id each node reports when asked (``query``).
+    Nodes that the SuperLink no longer lists (no heartbeat) are dropped; a node that joins later
+    (a restarted SuperNode: a new node id) is asked and takes its client over."""
+
+    def __init__(self, grid, num_clients):
+        self.grid, self.num_clients = grid, num_clients
+        self.node_of, self.client_of_node = {}, {}  # client: node id; node id: its client (or None)
+
+    def refresh(self):
+        online = set(self.grid.get_node_ids())
+        self.node_of = {c: n for c, n in self.node_of.items() if n in online}
+        new = sorted(online - set(self.client_of_node))
+        if not new:
+            return
+        replies = send_and_receive(self.grid, [Message(RecordDict(), n, "query") for n in new], QUERY_TIMEOUT)
+        for i, node in enumerate(new):
+            r = replies.get(i)
+            if r is None:
+                continue  # no answer yet: asked again at the next refresh
+            if r.has_error():
+                if r.error.code == USER_ERROR:
+                    print(f"[flower] node {node} is not used: {r.error.reason}", flush=True)
+                    self.client_of_node[node] = None
+                continue
+            client = int(r.content["metrics"]["partition-id"])
+            if not 0 <= client < self.num_clients:
+                print(f"[flower] node {node} is not used: its partition-id {client} is outside "
+                      f"0..{self.num_clients - 1}", flush=True)
+                self.client_of_node[node] = None
+                continue
+            if client in self.node_of and self.node_of[client] != node:
+                print(f"[flower] client {client}: node {node} replaces node {self.node_of[client]}", flush=True)
+            self.client_of_node[node], self.node_of[client] = client, node
+
+    def missing(self):
+        return [c for c in range(self.num_clients) if c not in self.node_of]
+
+    def wait_for_all(self, timeout, every=10.0):
+        """Until every client has a node, saying every ``every`` seconds which partition-ids are missing."""
+        deadline, said = time.monotonic() + timeout, time.monotonic()
+        while True:
+            self.refresh()
+            missing = self.missing()
+            if not missing:
+                return
+            if time.monotonic() >= deadline:
+                raise common.UserError(f"{len(missing)} of {self.num_clients} clients have no node after "
+                                       f"{timeout:.0f} s (--wait-for-nodes): partition-ids {ranges(missing)}; start "
+                                       "one SuperNode per missing id with --node-config \"partition-id=i "
+                                       f"num-partitions={self.num_clients}\"")
+            if time.monotonic() - said >= every:
+                print(f"[flower] waiting for the nodes of partition-ids {ranges(missing)} "
+                      f"({self.num_clients - len(missing)} of {self.num_clients} connected)", flush=True)
+                said = time.monotonic()
+            time.sleep(0.5)
+
+
+def ranges(ids):
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    out, ids = [], sorted(ids)
+    for i in ids:
+        if out and out[-1][1] == i - 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
+
+class Exchange:
+    """The server's messages to the clients of one run. A client whose node is gone, fails, or
+    does not answer within --round-timeout is left out of the round (partial participation);
+    common.UserError from a node (bad input: the same on every node) stops the run."""
+
+    def __init__(self, grid, clients, job, node_flags, run_name, options):
+        self.grid, self.clients, self.job, self.options = grid, clients, job, options
+        self.node_flags, self.run_name = node_flags, run_name
+        self.lost = 0  # clients left out since the last logged round
+
+    def __call__(self, message_type, round_, per_client, evaluate=False):
+        """Send client i ``per_client[i]`` (name -> tensor); {i: (tensors, metrics)} of those that answered."""
+        self.clients.refresh()
+        config = ConfigRecord({"algorithm": self.job.algorithm, "flags": self.node_flags, "run": self.run_name,
+                               "round": round_, "evaluate": evaluate})
+        reachable = [c for c in per_client if c in self.clients.node_of]
+        messages = [Message(RecordDict({"job": config, "arrays": arrays(per_client[c])}), self.clients.node_of[c],
+                            message_type, group_id=str(round_)) for c in reachable]
+        replies = send_and_receive(self.grid, messages, self.options.round_timeout)
+        answered, why = {}, {c: "no node" for c in per_client if c not in self.clients.node_of}
+        for i, c in enumerate(reachable):
+            r = replies.get(i)
+            if r is None:
+                why[c] = f"no answer in {self.options.round_timeout:g} s (--round-timeout)"
+            elif r.has_error():
+                if r.error.code == USER_ERROR:
+                    raise common.UserError(r.error.reason)
+                why[c] = failure(r)
+                self.clients.client_of_node.pop(self.clients.node_of.pop(c, None), None)  # asked again if online
+            else:
+                answered[c] = (tensors(r.content["arrays"], self.job.device), dict(r.content["metrics"]))
+        for c, reason in why.items():
+            print(f"[flower] round {round_}: client {c} left out ({reason})", flush=True)
+        self.lost += len(why)
+        if message_type == "train" and len(answered) < min(self.options.min_clients, len(per_client)):
+            raise TooFewClients(f"round {round_}: {len(answered)} of {len(per_client)} clients answered, fewer than "
+                                f"--min-clients {self.options.min_clients}; last: " +
+                                "; ".join(f"client {c}: {w}" for c, w in sorted(why.items())[:3]))
+        return answered
+
+
+class TooFewClients(Exception):
+    """Fewer clients than --min-clients answered: the run stops (exit status 1)."""
 
 
 def fedavg_setup(job, server):
@@ -304,9 +416,11 @@ def fedavg_setup(job, server):
 
 
 def fedavg_round(job, server, clients, round_, evaluate, send):
-    """FedAvg (and FedPake: its server step) and FedACD: the global model to every client."""
+    """FedAvg (and FedPake: its server step) and FedACD: the global model to every client; the
+    server step over the clients that answered."""
     m, args, global_state = job.module, job.args, common.flatten_state(server["global_model"])
-    replies = send("train", {c: {"global": global_state} for c in clients}, evaluate)
+    replies = send("train", round_, {c: {"global": global_state} for c in clients}, evaluate)
+    clients = sorted(replies)
     states = [replies[c][0]["trained"] for c in clients]
     losses = [common.check_finite(replies[c][1]["loss"], round_, c) for c in clients]
     metrics, up = {}, 0
@@ -327,61 +441,73 @@ def fedavg_round(job, server, clients, round_, evaluate, send):
     if evaluate:
         metrics = {**common.evaluate_global(server["global_model"], job.data),
                    "train_loss": sum(losses) / len(losses), **metrics}
-    return metrics, model_bytes * len(clients), model_bytes * len(clients) + up
+    return metrics, model_bytes * len(clients), model_bytes * len(clients) + up, len(clients)
 
 
 def fedala_setup(job, server):
+    """The script's state (fedala.main): the global model, every client's local model (the initial
+    model at first, Alg. 1 l. 1) and the ALA object with every client's weights W_i^p and
+    initial-stage record. The server keeps it all and sends each client its part."""
+    m, args = job.module, job.args
     server["global_model"] = job.build()
     try:  # the script's check of --p against the model, before any node trains
-        job.module.ALA(server["global_model"], 1, p=job.args.p)
+        server["ala"] = m.ALA(server["global_model"], args.num_clients, p=args.p, eta=args.eta, s=args.s,
+                              batch_size=args.batch_size, threshold=args.threshold, num_pre_loss=args.num_pre_loss,
+                              max_init_epochs=args.max_init_epochs)
     except ValueError as e:
-        raise common.UserError(f"--p {job.args.p}: {e}")
-    server["initial"] = common.flatten_state(server["global_model"]).clone()  # every local model at first (l. 1)
-    server["seen"], server["initial_stage_epochs"] = set(), [0] * job.args.num_clients
+        raise common.UserError(f"--p {args.p}: {e}")
+    server["local_models"] = common.flatten_state(server["global_model"]).repeat(args.num_clients, 1)
 
 
 def fedala_round(job, server, clients, round_, evaluate, send):
-    global_model, n = server["global_model"], job.args.num_clients
+    global_model, ala, local_models, n = server["global_model"], server["ala"], server["local_models"], job.args.num_clients
     global_state = common.flatten_state(global_model)
 
-    def first_contact(c):  # the node has no local model yet: send the initial one
-        return {} if c in server["seen"] else {"initial": server["initial"]}
+    def client_state(c):  # what client c keeps between rounds in the script (round 1: ALA is off, Alg. 1 l. 7)
+        local = {"local": local_models[c]} if round_ > 1 and not job.args.no_ala else {}
+        return {**local, "ala_weights": ala.weights[c], "start_phase": torch.tensor(ala.start_phase[c]),
+                "init_losses": torch.tensor(ala.init_losses[c], dtype=torch.float64)}
 
-    replies = send("train", {c: {"global": global_state, **first_contact(c)} for c in clients}, evaluate)
+    replies = send("train", round_, {c: {"global": global_state, **client_state(c)} for c in clients}, evaluate)
+    clients = sorted(replies)
     losses = [common.check_finite(replies[c][1]["loss"], round_, c) for c in clients]
     for c in clients:
-        server["initial_stage_epochs"][c] = int(replies[c][1]["initial_stage_epochs"])
-    server["seen"].update(clients)
+        sent = replies[c][0]
+        local_models[c] = sent["trained"]
+        ala.weights[c] = sent["ala_weights"]
+        ala.start_phase[c], ala.init_losses[c] = bool(sent["start_phase"]), sent["init_losses"].tolist()
     num_samples = [len(job.data.train_idx[c]) for c in clients]
-    trained = torch.stack([replies[c][0]["trained"] for c in clients])
-    common.load_flat_state(global_model, common.weighted_average(trained, num_samples))  # Alg. 1 l. 18
+    common.load_flat_state(global_model, common.weighted_average(local_models[clients], num_samples))  # l. 18
     model_bytes = common.state_bytes(global_model)
+    traffic = (model_bytes * len(clients), model_bytes * len(clients), len(clients))
     if not evaluate:
-        return {}, model_bytes * len(clients), model_bytes * len(clients)
+        return {}, *traffic
     # joining clients: their ALA-initialised models; the others evaluate their current local models
     results = {c: replies[c][0] for c in clients}
-    others = [c for c in range(n) if c not in results]
+    others = [c for c in range(n) if c not in replies]
     if others:
-        results.update({c: r[0] for c, r in send("evaluate", {c: first_contact(c) for c in others}).items()})
-    totals = [torch.cat([results[c][k] for c in range(n)]) for k in EVAL_KEYS]
+        results.update({c: r[0] for c, r in send("evaluate", round_, {c: {"local": local_models[c]}
+                                                                       for c in others}).items()})
+    totals = [torch.cat([results[c][k] for c in sorted(results)]) for k in EVAL_KEYS]
     return ({**common.accuracy_metrics(*totals), "train_loss": sum(losses) / len(losses),
-             "ala_epochs": sum(replies[c][1]["ala_epochs"] for c in clients) / len(clients)},
-            model_bytes * len(clients), model_bytes * len(clients))
+             "ala_epochs": sum(replies[c][1]["ala_epochs"] for c in clients) / len(clients)}, *traffic)
 
 
 def pfedla_setup(job, server):
     m, args = job.module, job.args
-    server["global_model"] = model = job.build()  # the initial model of every client
+    model = job.build()  # the initial model of every client
     server["sizes"] = m.layer_sizes(model)
     if args.k > len(server["sizes"]):  # as the script, before any node trains
         raise common.UserError(f"--k {args.k} is more than the model's {len(server['sizes'])} layers")
     server["client_models"] = common.flatten_state(model).detach().repeat(args.num_clients, 1)  # Alg. 1 l. 1
     server["hypernetworks"] = m.LayerHypernetworks(args.num_clients, len(server["sizes"]), args.embed_dim,
                                                    args.hidden_dim).to(job.device)
+    server["global_model"] = model
 
 
 def pfedla_round(job, server, clients, round_, evaluate, send):
-    """The hypernetworks and the stored client models stay on the server (Alg. 1)."""
+    """The hypernetworks and the stored client models stay on the server (Alg. 1); the step of
+    Alg. 1 l. 11 (Alg. 2 l. 10) uses the clients that answered."""
     m, args, sizes = job.module, job.args, server["sizes"]
     hypernetworks, client_models = server["hypernetworks"], server["client_models"]
     ids = torch.as_tensor(clients, device=job.device)
@@ -389,24 +515,27 @@ def pfedla_round(job, server, clients, round_, evaluate, send):
     theta_bar = m.aggregate_layerwise(alpha, client_models, sizes)             # Alg. 1 l. 5
     keep = m.retained_layers(alpha.detach(), ids, args.k)                      # Alg. 2 l. 6
     received = m.with_retained_layers(theta_bar.detach(), client_models, ids, sizes, keep)  # Alg. 2 l. 7, 13
-    replies = send("train", {c: {"theta_bar": received[i]} for i, c in enumerate(clients)}, evaluate)
-    losses = [common.check_finite(replies[c][1]["loss"], round_, c) for c in clients]
-    m.server_update(hypernetworks, client_models, ids, theta_bar, received,
-                    torch.stack([replies[c][0]["trained"] for c in clients]), args.hn_lr)
+    replies = send("train", round_, {c: {"theta_bar": received[i]} for i, c in enumerate(clients)}, evaluate)
+    rows = [i for i, c in enumerate(clients) if c in replies]
+    answered = [clients[i] for i in rows]
+    losses = [common.check_finite(replies[c][1]["loss"], round_, c) for c in answered]
+    m.server_update(hypernetworks, client_models, ids[rows], theta_bar[rows], received[rows],
+                    torch.stack([replies[c][0]["trained"] for c in answered]), args.hn_lr)
     element, num_params = client_models.element_size(), client_models.shape[1]
     retained = int((keep.long() * torch.as_tensor(sizes, device=job.device)).sum())  # counted as not sent
     metrics = {}
     if evaluate:
         metrics = {**m.evaluate_personalised(hypernetworks, client_models, job.model(), job.data, sizes, args.k),
                    "train_loss": sum(losses) / len(losses)}
-    return metrics, (len(clients) * num_params - retained) * element, len(clients) * num_params * element
+    return metrics, (len(clients) * num_params - retained) * element, len(answered) * num_params * element, \
+        len(answered)
 
 
 def summary_extra(job, server, run):
     """The script's extra summary entries."""
     if job.algorithm == "fedala":
-        ala = job.module.ALA(server["global_model"], 1, p=job.args.p)
-        return {"ala_weights_per_client": ala.num_weights(), "initial_stage_epochs": server["initial_stage_epochs"]}
+        return {"ala_weights_per_client": server["ala"].num_weights(),
+                "initial_stage_epochs": [len(losses) for losses in server["ala"].init_losses]}
     if job.algorithm == "pfedla":
         with torch.no_grad():
             ids = torch.arange(job.args.num_clients, device=job.device)
@@ -423,44 +552,74 @@ def summary_extra(job, server, run):
 SERVERS = {"fedavg": (fedavg_setup, fedavg_round), "fedala": (fedala_setup, fedala_round),
            "pfedla": (pfedla_setup, pfedla_round), "fedpake": (fedavg_setup, fedavg_round),
            "fedacd": (fedavg_setup, fedavg_round)}
+CHECKPOINTED = {"fedavg": ("global_model",), "fedpake": ("global_model",), "fedacd": ("global_model",),
+                "fedala": ("global_model", "local_models", "ala"), "pfedla": ("hypernetworks", "client_models")}
 
 
-def serve(grid, algorithm, flags, nodes=None):
-    """One run of ``algorithm`` with the script's ``flags``, its clients on the grid's nodes."""
+def saved_flower_run(folder):
+    """(algorithm, the run's flags) of a Flower run folder, for ``--resume``."""
+    path = os.path.join(folder, "config.json")
+    try:
+        with open(path) as f:
+            config = json.load(f)
+        flower = config["flower"]
+        algorithm, flags = flower["algorithm"], [str(f) for f in flower["flags"]]
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {algorithm!r}")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise common.UserError(f"cannot resume: {path} is missing or not the config of a flower_app.py run "
+                               f"({e.__class__.__name__}: {e})") from None
+    return algorithm, flags
+
+
+def serve(grid, algorithm, flags, options, clients=None):
+    """One run of ``algorithm`` with the script's ``flags`` (``--resume DIR`` continues DIR),
+    its clients on the grid's nodes. Returns the Clients (the node of each client)."""
     job = job_for(algorithm, flags)
     args = job.args
-    nodes = nodes or connect(grid, args.num_clients)
+    node_flags = saved_flower_run(args.resume)[1] if args.resume else list(flags)  # nodes need no run folder
+    if clients is None:
+        clients = Clients(grid, args.num_clients)
+        clients.wait_for_all(options.wait_for_nodes)
     rng = common.seed_everything(args.seed)  # as the script: then the models, in the script's order
     setup, one_round = SERVERS[algorithm]
     server = {}
     setup(job, server)
     name = "heurpfedla" if algorithm == "pfedla" and args.k > 0 else algorithm
     run = run_folder.Run(name, args, job.data, job.device, headline=job.module.HEADLINE,
-                         headline_metric=job.module.HEADLINE_METRIC, script="flower_app")
-    run_name = os.path.basename(run.dir)
-    print(f"[{name}] Flower: {args.num_clients} clients on {len(nodes)} nodes")
-
-    def send(message_type, per_client, evaluate=False):
-        return exchange(grid, nodes, job, run_name, message_type, round_, per_client, evaluate)
-
+                         headline_metric=job.module.HEADLINE_METRIC, script="flower_app",
+                         extra_config={"flower": {"algorithm": algorithm, "flags": node_flags}})
+    state = {k: server[k] for k in CHECKPOINTED[algorithm]}  # the script's checkpoint: either can resume it
+    start = run.resume(state, rng)
+    send = Exchange(grid, clients, job, node_flags, os.path.basename(run.dir), options)
+    print(f"[{name}] Flower: {args.num_clients} clients on {len(clients.node_of)} nodes", flush=True)
     try:
-        for round_ in range(1, args.rounds + 1):
-            clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
-            metrics, down, up = one_round(job, server, clients, round_, run.should_eval(round_), send)
+        for round_ in range(start, args.rounds + 1):
+            sampled = common.sample_clients(rng, args.num_clients, args.join_ratio)
+            metrics, down, up, answered = one_round(job, server, sampled, round_, run.should_eval(round_), send)
             with recording():
                 run.add_bytes(down=down, up=up)
                 if metrics:
-                    run.log(round_, metrics)
+                    run.log(round_, {**metrics, "clients_answered": answered, "clients_left_out": send.lost})
+                    send.lost = 0
+                run.checkpoint(round_, state, rng)
             if run.stop_requested(round_):
-                break
+                print(f"[{name}] stopping after round {round_} (--stop-after); continue with: "
+                      f"python flower_app.py --resume {run.dir}", flush=True)
+                run.close()
+                return clients
         with recording():
             run.finish(summary_extra(job, server, run))
             run.close()
-    except BaseException as e:  # as the scripts: a diverged run says so in summary.json
+    except BaseException as e:  # as the scripts: a failed or diverged run says so in summary.json
         with _RECORDING:
+            if run.rows and not isinstance(e, Interrupted):
+                with contextlib.suppress(Exception):
+                    run.summary({"error": str(e).splitlines()[0] if str(e) else e.__class__.__name__},
+                                status="diverged" if isinstance(e, common.DivergedError) else "failed")
             run.close(failed=True, diverged=isinstance(e, common.DivergedError))
         raise
-    return nodes
+    return clients
 
 
 # Ctrl-C (or SIGTERM, SIGHUP) in main()'s simulation: it stops at once, as there is no checkpoint
@@ -509,13 +668,7 @@ def leave_after_stop():
     with _RECORDING:
         _STOPPED.set()
         run = run_folder.OPEN_RUNS[-1] if run_folder.OPEN_RUNS else None
-        if run is None:
-            line = f"{what} before the run folder was made; nothing was written"
-        elif not run.rows:
-            line = f"{what} before the first evaluated round; nothing was kept (a Flower run writes no checkpoint)"
-        else:
-            line = (f"{what}; a Flower run writes no checkpoint, so there is nothing to resume; "
-                    f"{run.dir}/metrics.csv keeps the rounds up to {run.rows[-1]['round']}")
+        line = run.interrupted_line(signum) if run else f"{what} before the run folder was made; nothing was written"
         for open_run in list(run_folder.OPEN_RUNS):
             open_run.close(failed=True)
     try:
@@ -565,19 +718,114 @@ def descendants():
     return found
 
 
+def plan(argv):
+    """(algorithm, flower_app's options, the script's flags) from ``ALGORITHM [flags]`` or
+    ``[ALGORITHM] --resume DIR [flags]`` (the algorithm of DIR's run)."""
+    options, rest = flower_options(argv)
+    algorithm = rest.pop(0) if rest and rest[0] in ALGORITHMS else None
+    folder = resume_folder(rest)
+    if folder:
+        saved = saved_flower_run(folder)[0]
+        if algorithm not in (None, saved):
+            raise common.UserError(f"cannot resume: {folder} is a run of {saved}, not {algorithm}")
+        algorithm = saved
+    if algorithm is None:
+        raise common.UserError(f"{'unknown algorithm ' + repr(rest[0]) + '; ' if rest else ''}{USAGE}")
+    return algorithm, options, rest
+
+
+def resume_folder(flags):
+    """The value of ``--resume`` (or an abbreviation argparse takes, e.g. ``--res``) in ``flags``."""
+    for i, flag in enumerate(flags):
+        key, eq, value = flag.partition("=")
+        if len(key) >= 5 and "--resume".startswith(key):
+            return value if eq else (flags[i + 1] if i + 1 < len(flags) else None)
+    return None
+
+
+def node_worker(socket, key_path, watch_pid, idle_seconds):
+    """The worker of a deployed node (flower_node.py starts it): answers the node's messages
+    with ``node_work``, keeping the data and the models loaded between them. Leaves when the
+    SuperNode process ``watch_pid`` ends (0: none to watch) or after ``idle_seconds`` without one."""
+    from multiprocessing import AuthenticationError
+    from multiprocessing.connection import Listener
+    with open(key_path, "rb") as f:
+        listener = Listener(socket, "AF_UNIX", authkey=f.read())
+    watch_pid, idle_seconds, last = int(watch_pid), float(idle_seconds), [time.monotonic()]
+    watch_start = parent_and_start(watch_pid)[1] if watch_pid else None
+
+    def leave_when_done():
+        while True:
+            time.sleep(1.0)
+            gone = watch_pid and parent_and_start(watch_pid)[1] != watch_start  # ended (or its id reused)
+            if gone or time.monotonic() - last[0] > idle_seconds:
+                with contextlib.suppress(OSError):
+                    os.remove(socket)
+                os._exit(0)
+
+    threading.Thread(target=leave_when_done, daemon=True).start()
+    while True:
+        try:
+            connection = listener.accept()
+        except (OSError, AuthenticationError):  # a caller without the key
+            continue
+        with connection:
+            try:
+                message_type, client, config, received = connection.recv()
+            except (EOFError, OSError, ValueError):
+                continue
+            last[0] = time.monotonic()
+            try:
+                if message_type == "query":
+                    answer = ("ok", {}, {"partition-id": partition_id(_NodeConfig(client))})
+                else:
+                    answer = ("ok", *node_work(message_type, partition_id(_NodeConfig(client)), config, received))
+            except Exception as e:  # noqa: BLE001  the server hears of it in one line
+                answer = ("error", *error_line(e))
+            with contextlib.suppress(OSError):
+                connection.send(answer)
+            last[0] = time.monotonic()
+
+
+class _NodeConfig:
+    def __init__(self, partition):
+        self.node_config = {"partition-id": partition}
+
+
 def build_server_app(jobs=None):
-    """A ServerApp running ``jobs`` [(algorithm, flags)] one after another on the same nodes; with
-    none, the run config's ``algorithm`` and ``flags`` (deployment: ``flwr run``)."""
+    """A ServerApp running ``jobs`` [argv of flower_app.py] one after another on the same nodes; with
+    none, the run config's (deployment: ``flwr run``): ``algorithm``, ``flags`` (flower_app's
+    options and the script's flags, one string) and ``resume`` (a run folder, on the SuperLink's machine)."""
     app = ServerApp()
 
     @app.main()
     def main(grid, context):
-        todo = jobs or [(context.run_config["algorithm"], shlex.split(str(context.run_config.get("flags", ""))))]
-        nodes = None
-        for algorithm, flags in todo:
-            nodes = serve(grid, algorithm, flags, nodes)
+        config = context.run_config
+        resume = str(config.get("resume", "") or "")
+        algorithm = "" if resume else str(config.get("algorithm", ""))  # with resume: the run's own
+        todo = jobs or [([algorithm] if algorithm else []) + shlex.split(str(config.get("flags", ""))) +
+                        (["--resume", resume] if resume else [])]
+        clients = None
+        for argv in todo:
+            algorithm, options, flags = plan(argv)
+            try:
+                clients = serve(grid, algorithm, flags, options, clients)
+            except (common.UserError, TooFewClients, common.DivergedError) as e:
+                if jobs:  # a simulation: main() says it in one line
+                    raise
+                print(f"error: {e}", file=sys.stderr, flush=True)  # deployment: one line in the run's log,
+                logging.getLogger("flwr").addFilter(_no_traceback_of_run_failed)  # not Flower's traceback too
+                raise RunFailed(str(e)) from None  # the run's status: finished:failed, with the line
 
     return app
+
+
+class RunFailed(Exception):
+    """A deployed run that failed (its line is already in the log): Flower marks it failed."""
+
+
+def _no_traceback_of_run_failed(record):
+    return not (record.exc_info and isinstance(record.exc_info[1], RunFailed))
 
 
 server_app = build_server_app()
@@ -589,45 +837,101 @@ def _no_run_simulation_notice(record):
     return "run_simulation" not in str(record.args)
 
 
+def client_resources(device, clients_per_gpu):
+    """Each Ray actor's share: one CPU, and 1/K of a GPU when the run is on CUDA, else none. Ray
+    hides the GPUs from an actor that asked for none, so it cannot put a CUDA context and a copy of
+    the data on one (and at most K actors per GPU hold one)."""
+    return {"num_cpus": 1, "num_gpus": 1.0 / clients_per_gpu if device.type == "cuda" else 0.0}
+
+
 def simulate(jobs, num_cpus=None):
-    """Run ``jobs`` [(algorithm, flags)] in one Flower simulation (one Ray start-up); all jobs
-    need the same --num-clients (one node per client). Returns nothing; the run folders are
-    under each job's --out."""
+    """Run ``jobs`` [argv of flower_app.py: ALGORITHM and flags] in one Flower simulation (one Ray
+    start-up); all jobs need the same --num-clients (one node per client). Returns nothing; the
+    run folders are under each job's --out."""
     from flwr.simulation import run_simulation
-    sizes = {importlib.import_module(a).parse_args(list(f)).num_clients for a, f in jobs}
+    plans = [plan(list(argv)) for argv in jobs]
+    parsed = [importlib.import_module(a).parse_args(list(f)) for a, _, f in plans]
+    sizes = {args.num_clients for args in parsed}
     if len(sizes) != 1:
         raise common.UserError("the jobs of one simulation need the same --num-clients")
+    device = common.resolve_device(parsed[0].device)
     num_cpus = num_cpus or len(os.sched_getaffinity(0))
     logging.getLogger("flwr").addFilter(_no_run_simulation_notice)  # added once, however many calls
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report over the network
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # and no warning about GPUs on CPU nodes
     try:  # log_to_driver False: what the nodes' Ray workers print stays in Ray's logs (a client's failure
         # comes back to the server in its reply, see ``reply``), not Flower's warnings as Ray stops them
-        run_simulation(server_app=build_server_app(jobs), client_app=client_app, num_supernodes=sizes.pop(),
-                       backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+        run_simulation(server_app=build_server_app([list(argv) for argv in jobs]), client_app=client_app,
+                       num_supernodes=sizes.pop(),
+                       backend_config={"client_resources": client_resources(device, plans[0][1].clients_per_gpu),
                                        "init_args": {"num_cpus": num_cpus, "include_dashboard": False,
                                                      "log_to_driver": False}})
     finally:
         stop_ray()
 
 
+def submit(argv):
+    """``flwr run`` of this folder on the SuperLink of ``--federation``, its log streamed, then
+    the run's status from the SuperLink (``flwr ls``). ``flwr run`` itself exits 0 however the run
+    ends; this returns 0 for a finished run, 1 for one that failed or was stopped."""
+    import subprocess
+    import tempfile
+    options, rest = flower_options(argv)
+    algorithm = rest.pop(0) if rest and rest[0] in ALGORITHMS else ""
+    flags = [f"--min-clients={options.min_clients}", f"--round-timeout={options.round_timeout:g}",
+             f"--wait-for-nodes={options.wait_for_nodes:g}", *rest]
+    app_dir = os.path.dirname(os.path.abspath(__file__))
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:  # TOML strings: any flag text
+        f.write(f"algorithm = {json.dumps(algorithm)}\nflags = {json.dumps(shlex.join(flags))}\n")
+    flwr = [os.path.join(os.path.dirname(sys.executable), "flwr")]
+    try:
+        proc = subprocess.Popen([*flwr, "run", app_dir, options.federation, "--stream", "--run-config", f.name],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        run_id = None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            found = run_id is None and re.search(r"\brun (\d+)\b", line, re.IGNORECASE)
+            run_id = int(found.group(1)) if found else run_id
+        proc.wait()
+    finally:
+        os.remove(f.name)
+    if run_id is None:
+        raise common.UserError(f"flwr run did not start a run on federation {options.federation!r} "
+                               f"(exit status {proc.returncode}); see its output above")
+    listed = subprocess.run([*flwr, "ls", options.federation, "--run-id", str(run_id), "--format", "json"],
+                            capture_output=True, text=True, timeout=120)
+    try:
+        (run,) = json.loads(listed.stdout)["runs"]
+        status, details = run["status"], run.get("status-details", "")
+    except (ValueError, KeyError, TypeError):
+        status, details = "unknown", f"flwr ls said: {listed.stdout.strip()[:200]}"
+    print(f"[flower] run {run_id} on {options.federation}: {status}{f' ({details})' if details else ''}", flush=True)
+    return 0 if status == "finished:completed" else 1
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--node-worker"]:  # flower_node.py's worker of a deployed node
+        return node_worker(*argv[1:])
     if argv and argv[0] in ("-h", "--help"):
-        print(f"{USAGE}\n(python flower_app.py ALGORITHM --help lists that script's flags; see docs/flower.md)")
+        print(f"{USAGE}\n(python flower_app.py ALGORITHM --help lists that script's flags; flower_app.py's own: "
+              "--federation NAME, --min-clients M, --round-timeout S, --wait-for-nodes S, --clients-per-gpu K; "
+              "see docs/flower.md)")
         return 0
-    if not argv or argv[0] not in ALGORITHMS:
-        raise common.UserError(f"{'unknown algorithm ' + repr(argv[0]) + '; ' if argv else ''}{USAGE}")
-    if any(len(a.split("=")[0]) >= 4 and "--resume".startswith(a.split("=")[0]) for a in argv[1:]):
-        raise common.UserError(RESUME_REFUSED)
-    importlib.import_module(argv[0]).parse_args(argv[1:])  # bad flags: one line and exit 2, before Ray starts
+    options, rest = flower_options(argv)
+    if options.federation:  # a --resume folder is on the SuperLink's machine, not necessarily here
+        if rest and rest[0] in ALGORITHMS and not resume_folder(rest):
+            importlib.import_module(rest[0]).parse_args(rest[1:])  # bad flags: one line, before submitting
+        return submit(argv)
+    algorithm, options, flags = plan(argv)
+    importlib.import_module(algorithm).parse_args(flags)  # bad flags: one line and exit 2, before Ray starts
     import flower_app  # the apps by module name, so that Ray's workers import them rather than copy __main__
     previous = run_folder.handle_stop_signals(flower_app.on_stop_signal)
     try:
-        flower_app.simulate([(argv[0], argv[1:])])
+        flower_app.simulate([argv])
     except KeyboardInterrupt:
         flower_app.leave_after_stop()  # one line, exit status 130 (Ctrl-C), 143 (SIGTERM) or 129 (SIGHUP)
-    except flower_app.NodeFailed as e:
+    except flower_app.TooFewClients as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     finally:

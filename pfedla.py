@@ -144,7 +144,9 @@ def with_retained_layers(theta_bar, client_models, clients, sizes, keep):
     aggregate theta_bar_i, except for its retained layers (``keep``), where it has its own
     theta_i^l (its last trained model, which is also the server's stored row i, so the
     simulation reads it from there). With no retained layer this is theta_bar_i itself."""
-    keep_entries = keep.repeat_interleave(torch.as_tensor(sizes, device=keep.device), dim=1)
+    # sizes copied without waiting and the output length given: no GPU sync (once per client when evaluating)
+    keep_entries = keep.repeat_interleave(torch.as_tensor(sizes).to(keep.device, non_blocking=True), dim=1,
+                                          output_size=sum(sizes))
     return torch.where(keep_entries, client_models[clients], theta_bar)
 
 

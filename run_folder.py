@@ -159,6 +159,9 @@ def run_main(main, argv=None):
 # flags that may differ on --resume: they do not change what is computed (--rounds extends the run)
 RESUME_MAY_CHANGE = {"rounds", "device", "parallel_clients", "data_dir", "out", "resume", "stop_after",
                      "checkpoint_every"}
+# flags added after run folders were made, with the value that runs made before them ran with: their
+# config.json and checkpoint lack the flag (--deterministic changes GPU results, so it may not change)
+ADDED_FLAGS = {"deterministic": "off"}  # before the flag, torch's own settings
 
 
 def _given_flags(parser, argv):
@@ -216,15 +219,15 @@ def resumed_args(parser, argv):
         saved, script = config["args"], config.get("script")
         if not isinstance(saved, dict):
             raise ValueError("args is not a mapping")
+        saved = {**ADDED_FLAGS, **saved}
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise common.UserError(f"cannot resume: {path} is missing or not a run's config ({e.__class__.__name__}: {e})")
     if script is None:  # older run folders: the algorithm names the script
         script = {"heurpfedla": "pfedla"}.get(config.get("algorithm"), config.get("algorithm"))
     if not isinstance(script, str):
         raise common.UserError(f"cannot resume: {path} names no script or algorithm")
-    if script == "flower_app":  # no script could continue it
-        raise common.UserError(f"cannot resume: {folder} is a run of flower_app.py, and Flower runs cannot be "
-                               "resumed (they write no checkpoint); start the run again")
+    if script == "flower_app":  # its checkpoint is the script's: flower_app.py or the script continues it
+        script = {"heurpfedla": "pfedla"}.get(config.get("algorithm"), config.get("algorithm"))
     if f"{script}.py" != parser.prog:
         raise common.UserError(f"cannot resume: {folder} is a run of {script}.py, not {parser.prog}; "
                         f"use python {script}.py --resume {folder}")
@@ -472,7 +475,7 @@ class Run:
     The first Ctrl-C, SIGTERM or SIGHUP asks the loop to stop at the end of the round
     (``stop_requested``); a second one stops at once."""
 
-    def __init__(self, algo, args, data, device, headline, headline_metric="test_acc", script=None):
+    def __init__(self, algo, args, data, device, headline, headline_metric="test_acc", script=None, extra_config=None):
         self.algo, self.args, self.data, self.device = algo, args, data, device
         self.headline, self.headline_metric, self.script = headline, headline_metric, script or algo
         self.rows, self.bytes_down, self.bytes_up, self.elapsed = [], 0, 0, 0.0
@@ -493,7 +496,7 @@ class Run:
                 if device.type == "cuda" else platform.processor() or platform.machine(),
                 "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
                 "num_classes": data.num_classes, "input_shape": list(data.x.shape[1:]),
-                "data_sha256": self.data_sha256}))
+                "data_sha256": self.data_sha256, **(extra_config or {})}))
         self._write_partition()
         self._t_last, self._last_round = time.perf_counter(), 0
 
@@ -656,8 +659,10 @@ class Run:
                 "bytes": [self.bytes_down, self.bytes_up],
                 "elapsed": self.elapsed + time.perf_counter() - self._t_last,
                 "state": {k: (v.state_dict() if hasattr(v, "state_dict") else v) for k, v in state.items()},
-                "rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+                "rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state()}
+        # no CUDA RNG state: nothing draws from a CUDA generator (models are initialised on the CPU,
+        # every other draw has its own CPU generator), and a checkpoint must resume where fewer GPUs
+        # or none are seen, without calling into CUDA on a CPU run
         self._write("checkpoint.pt", _torch_save(blob))
         self.checkpoint_round = round_
 
@@ -699,8 +704,9 @@ class Run:
             if set(blob["state"]) != set(state) or blob["algorithm"] != self.algo:
                 raise ValueError("it holds another algorithm's state")
             fixed = self._fixed_args()
-            if blob.get("args", fixed) != fixed:  # (checkpoints before 2026-11 had none)
-                differ = [k for k in fixed if blob["args"].get(k) != fixed[k]]
+            saved = {**ADDED_FLAGS, **blob["args"]} if "args" in blob else fixed  # checkpoints before 2026-11: none
+            if saved != fixed:
+                differ = [k for k in fixed if saved.get(k) != fixed[k]]
                 raise ValueError(f"it was written by a run with other settings: {', '.join(differ) or 'other flags'}")
             tensors = [v for x in blob["state"].values() for v in (x.values() if isinstance(x, dict) else [x])
                        if isinstance(v, torch.Tensor) and v.is_floating_point()]
@@ -717,9 +723,7 @@ class Run:
             if not (isinstance(round_, int) and round_ >= 1 and all(isinstance(r, dict) for r in rows)):
                 raise ValueError("bad round or metrics")
             rng.bit_generator.state = blob["rng"]
-            torch.set_rng_state(blob["torch_rng"].cpu())
-            if blob["cuda_rng"] is not None and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all([s.cpu() for s in blob["cuda_rng"]])
+            torch.set_rng_state(blob["torch_rng"].cpu())  # older checkpoints' "cuda_rng" is not read (_save_checkpoint)
         except Exception as e:  # noqa: BLE001  anything wrong with the file is the same answer
             message = str(e).splitlines()[0][:150] if str(e) else e.__class__.__name__
             raise common.UserError(f"cannot resume: {path} is not a valid checkpoint of this run ({message})")

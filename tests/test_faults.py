@@ -23,7 +23,7 @@ import run_folder
 from conftest import ROOT, metrics_rows, run_dir, run_in_process
 
 SMALL = ["--dataset", "synthetic", "--num-clients", "4"]
-TIMING = {"seconds", "sec_per_round", "host_mb"}  # the columns that differ between two runs of the same flags
+TIMING = {"seconds", "sec_per_round", "host_mb", "device_mb"}  # the columns that differ between runs of the same flags
 
 
 def results(folder):
@@ -414,12 +414,12 @@ def test_an_invalid_value_in_config_json_is_named_as_the_config_s(finished, copy
     assert code == 2 and lines == ["error: --rounds must be >= 1, got 0"], lines
 
 
-def test_resuming_a_flower_run_says_flower_runs_cannot_be_resumed(finished, copy_of, capsys):
+def test_the_script_continues_a_flower_run(finished, copy_of, capsys):
+    """A Flower run's checkpoint is the script's (the server keeps all of the algorithm's state)."""
     folder = copy_of(finished)
     path = os.path.join(folder, "config.json")
     config = json.load(open(path))
     config["script"] = "flower_app"  # what flower_app.py records
     json.dump(config, open(path, "w"))
     code, lines = run(capsys, "--resume", folder)
-    assert code == 2 and lines == [f"error: cannot resume: {folder} is a run of flower_app.py, and Flower runs cannot "
-                                   "be resumed (they write no checkpoint); start the run again"], lines
+    assert code == 2 and lines[0].startswith(f"error: cannot resume: {folder} has finished its"), lines

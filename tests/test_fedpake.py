@@ -191,7 +191,7 @@ def test_aggregation_weights_sum_to_one_and_count_every_client_once():
     mic = torch.randint(4, (9, 300), generator=g, dtype=torch.uint8)
     labels = torch.tensor([0, 1, 0, 2, 1, 0, 2, 2, 1])
     sizes = torch.tensor([5., 1., 8., 3., 3., 2., 9., 4., 6.])
-    w = fedpake.aggregation_weights(mic, labels, sizes, 4)
+    w = fedpake.aggregation_weights(mic, fedpake.macro_class_members(labels, mic.device), sizes, 4)
     assert torch.allclose(w.sum(0), torch.ones(300))
     for c in range(3):
         rows = labels == c
@@ -235,6 +235,34 @@ def test_ablations_change_the_result_and_are_reproducible(ablate):
     c = fedpake.fedpake_aggregate(x, w, ablate=ablate, seed=12, chunk_elems=4096)
     assert torch.equal(a, b)
     assert not torch.allclose(a, plain) and not torch.allclose(a, c)
+
+
+def test_ablated_micro_classes_come_from_a_cpu_generator_on_every_device(monkeypatch):
+    # A generator made for the data's device would be a CUDA one on a GPU, whose stream differs
+    # from the CPU's for the same seed: the classes are drawn on the CPU and then moved.
+    x, w = skewed_stack(num_clients=12, dim=2000, seed=8)
+    real_generator, real_randint = torch.Generator, torch.randint
+    made, drawn = [], []
+
+    def generator(*args, **kwargs):
+        made.append((args, kwargs))
+        return real_generator(*args, **kwargs)
+
+    def randint(*args, **kwargs):
+        drawn.append(real_randint(*args, **kwargs))
+        return drawn[-1]
+
+    monkeypatch.setattr(torch, "Generator", generator)
+    monkeypatch.setattr(torch, "randint", randint)
+    fedpake.fedpake_aggregate(x, w, ablate="micro", seed=11, chunk_elems=4096)
+    monkeypatch.undo()
+    assert made and all(m == ((), {}) for m in made)  # no device given: a CPU generator
+    cols = 4096 // len(x)  # the chunks of fedpake_aggregate, each drawn with one generator in turn
+    g = torch.Generator().manual_seed(11)
+    expected = [torch.randint(4, (len(x), int(fedpake.parameter_division(x[:, s:s + cols], 0.2).sum())), generator=g,
+                              dtype=torch.uint8) for s in range(0, x.shape[1], cols)]
+    assert len(drawn) % len(expected) == 0  # one pass over the chunks for each use of the classes
+    assert all(torch.equal(d, expected[i % len(expected)]) for i, d in enumerate(drawn))
 
 
 # ----------------------------------------------------------------------------- 7. the script

@@ -32,7 +32,7 @@ def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("flower")
     for name, (algorithm, flags) in JOBS.items():
         importlib.import_module(algorithm).main(flags + ["--out", str(out / "script" / name)])
-    flower_app.simulate([(algorithm, flags + ["--out", str(out / "flower" / name)])
+    flower_app.simulate([[algorithm, *flags, "--out", str(out / "flower" / name)]
                          for name, (algorithm, flags) in JOBS.items()])
     return {name: (run_dir(str(out / "script" / name)), run_dir(str(out / "flower" / name))) for name in JOBS}
 
@@ -42,12 +42,13 @@ def runs(tmp_path_factory):
 def test_flower_simulation_equals_script(runs, name):
     script, flower = runs[name]
     assert sorted(f for f in os.listdir(flower) if not f.startswith(".")) == \
-        ["config.json", "metrics.csv", "partition.json", "summary.json"]
+        ["checkpoint.pt", "config.json", "metrics.csv", "partition.json", "summary.json"]
     with open(os.path.join(script, "partition.json")) as a, open(os.path.join(flower, "partition.json")) as b:
         assert json.load(a) == json.load(b)
     expected, got = metrics_rows(script), metrics_rows(flower)
     assert [r["round"] for r in got] == [r["round"] for r in expected] == ["1", "2", "3"]
-    assert list(got[0]) == list(expected[0])
+    assert [k for k in got[0] if k not in ("clients_answered", "clients_left_out")] == list(expected[0])
+    assert all(r["clients_answered"] == str(got_clients(name, r)) for r in got)
     for e, g in zip(expected, got):
         for key in set(e) - NOT_COMPARED:
             assert float(g[key]) == pytest.approx(float(e[key]), abs=1e-4), (name, e["round"], key)
@@ -56,6 +57,11 @@ def test_flower_simulation_equals_script(runs, name):
     assert set(got) == set(expected)
     for key in set(expected) - {"seconds", "peak_host_mb", "peak_device_mb"}:
         assert close(got[key], expected[key]), (name, key, got[key], expected[key])
+
+
+def got_clients(name, row):
+    """Clients per round: all 4, or 2 with --join-ratio 0.5."""
+    return 2 if "--join-ratio" in JOBS[name][1] else 4
 
 
 def close(a, b):
@@ -76,7 +82,8 @@ def test_refusals_exit_2_with_one_line(tmp_path):
     shadow.mkdir()
     (shadow / "flwr.py").write_text("raise ImportError('no flwr here')\n")
     cases = {
-        "resume": (["fedavg", "--resume", str(tmp_path)], {}, "does not support --resume"),
+        "resume": (["fedavg", "--resume", str(tmp_path)], {}, "is missing or not the config of a flower_app.py run"),
+        "option": (["fedavg", "--min-clients", "0"], {}, "--min-clients must be >= 1, got 0"),
         "bad flag": (["fedala", "--dataset", "synthetic", "--rounds", "0"], {}, "--rounds must be >= 1"),
         "unknown flag": (["pfedla", "--no-such-flag"], {}, "unrecognized arguments"),
         "algorithm": (["fedprox"], {}, "unknown algorithm"),

@@ -24,6 +24,7 @@ from conftest import ROOT, metrics_rows, run_dir, run_in_process, run_script
 
 SCRIPTS = {"fedavg": fedavg, "fedala": fedala, "pfedla": pfedla, "fedpake": fedpake, "fedacd": fedacd}
 SMALL = ["--dataset", "synthetic", "--num-clients", "4", "--rounds", "2"]
+MEASURED = {"seconds", "sec_per_round", "host_mb", "device_mb"}  # time and memory: differ between identical runs
 
 
 def tree_digest(folder):
@@ -238,8 +239,36 @@ def test_kill_9_then_resume_is_byte_identical(tmp_path):
     assert os.path.exists(os.path.join(cut, ".lock"))  # left behind by the killed process: stale
     r = run_script("fedala.py", "--resume", cut)
     assert r.returncode == 0, r.stderr
-    skip = {"seconds", "sec_per_round", "host_mb"}
-    strip = lambda rows: [{k: v for k, v in row.items() if k not in skip} for row in rows]  # noqa: E731
+    strip = lambda rows: [{k: v for k, v in row.items() if k not in MEASURED} for row in rows]  # noqa: E731
+    assert strip(metrics_rows(cut)) == strip(metrics_rows(run_dir(tmp_path / "full")))
+
+
+def test_an_old_checkpoint_with_the_rng_of_two_gpus_resumes_on_a_cpu_without_calling_cuda(tmp_path, monkeypatch):
+    # As on a machine with one GPU, run with --device cpu: CUDA is there, and a CPU run must not touch
+    # it (get_rng_state_all would initialise it; two saved states do not fit one GPU)
+    def refused(name):  # one function per name: torch._dynamo, imported by the first optimizer, maps each to a rule
+        def call(*args, **kwargs):
+            raise AssertionError(f"a CPU run called torch.cuda.{name}")
+        return call
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for name in ("init", "get_rng_state", "get_rng_state_all", "set_rng_state", "set_rng_state_all", "synchronize",
+                 "memory_allocated", "max_memory_allocated", "get_device_name"):
+        monkeypatch.setattr(torch.cuda, name, refused(name))
+    flags = ["--dataset", "synthetic", "--num-clients", "4", "--join-ratio", "0.5", "--rounds", "4",
+             "--checkpoint-every", "2", "--device", "cpu"]
+    assert run_in_process("fedala.py", *flags, "--out", tmp_path / "full") == 0
+    assert run_in_process("fedala.py", *flags, "--out", tmp_path / "cut", "--stop-after", "3") == 0
+    cut = run_dir(tmp_path / "cut")
+    assert "cuda_rng" not in torch.load(os.path.join(cut, "checkpoint.pt"), weights_only=True)
+
+    def as_written_before_the_deterministic_flag(blob):  # which also saved every GPU's RNG state
+        del blob["args"]["deterministic"]
+        blob["cuda_rng"] = [torch.get_rng_state(), torch.get_rng_state()]
+    edit_checkpoint(cut, as_written_before_the_deterministic_flag)
+    config_without(cut, "deterministic")
+    assert run_in_process("fedala.py", "--resume", cut) == 0
+    strip = lambda rows: [{k: v for k, v in row.items() if k not in MEASURED} for row in rows]  # noqa: E731
     assert strip(metrics_rows(cut)) == strip(metrics_rows(run_dir(tmp_path / "full")))
 
 

@@ -1,0 +1,150 @@
+"""Certificates and keys for a Flower deployment on a test network (docs/flower.md, Deployment).
+
+    python make_certs.py --host server.lan --host 192.168.1.10 --nodes 4    # into certificates/
+
+Writes, into --out (default certificates/; existing files are kept unless --force):
+
+    ca.crt, ca.key          a self-signed certificate authority (CA), made here, for a test
+                            network: nobody else trusts it, and ca.key can sign anything for
+                            your machines; keep it off the network
+    server.pem, server.key  the SuperLink's TLS certificate, signed by the CA, for localhost,
+                            127.0.0.1, ::1 and every --host; the key stays on the SuperLink machine
+    supernode-I, supernode-I.pub
+                            with --nodes N (I = 0..N-1): SuperNode I's authentication key pair,
+                            ECDSA P-384 in OpenSSH format, as Flower 1.41 takes them: the private
+                            key goes to node I only (flower-supernode --auth-supernode-private-key),
+                            the public one is registered (flwr supernode register)
+
+The CA certificate goes to every SuperNode (--root-certificates) and to every machine that
+submits runs (root-certificates in config.toml). For a network with its own CA, use its
+certificates instead. Bad input: one line ``error: ...`` and exit status 2.
+"""
+import argparse
+import datetime
+import ipaddress
+import os
+import re
+import sys
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+DNS_NAME = re.compile(r"^(?=.{1,253}$)(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?$")
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not argparse's usage block
+        fail(message)
+
+
+def fail(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def san(host):
+    """The subject alternative name for a host name or an IP address; ValueError if it is neither."""
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        if not DNS_NAME.match(host) or host.replace(".", "").isdigit():
+            raise ValueError(f"--host {host!r} is neither an IP address nor a host name") from None
+        return x509.DNSName(host.rstrip("."))
+
+
+def certificate(subject, key, issuer, issuer_key, days, ca, names=()):
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(key.public_key())
+               .serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5))
+               .not_valid_after(now + datetime.timedelta(days=days))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=0 if ca else None), critical=True)
+               .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+               .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()),
+                              critical=False)
+               .add_extension(x509.KeyUsage(digital_signature=not ca, key_cert_sign=ca, crl_sign=ca,
+                                            content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                            key_agreement=False, encipher_only=False, decipher_only=False),
+                              critical=True))
+    if not ca:
+        builder = (builder.add_extension(x509.SubjectAlternativeName(list(names)), critical=False)
+                   .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False))
+    return builder.sign(issuer_key, hashes.SHA384())
+
+
+def pem_key(key, openssh=False):
+    return key.private_bytes(serialization.Encoding.PEM,
+                             serialization.PrivateFormat.OpenSSH if openssh else serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def node_key_pair(comment):
+    """A SuperNode authentication key pair: (OpenSSH private key, OpenSSH public key line)."""
+    key = ec.generate_private_key(ec.SECP384R1())
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    return pem_key(key, openssh=True), public + f" {comment}\n".encode()
+
+
+def write(path, data, private=False, force=False):
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (0 if force else os.O_EXCL)
+    fd = os.open(path, flags, 0o600 if private else 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def make(out="certificates", hosts=(), nodes=0, days=365, force=False):
+    """Write the files above into ``out``; returns {file name: path}. ValueError for bad input or
+    files that exist (without ``force``)."""
+    names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+             x509.IPAddress(ipaddress.ip_address("::1"))]
+    for name in map(san, hosts):
+        names += [name] if name not in names else []
+    if nodes < 0 or days < 1:
+        raise ValueError("--nodes must be >= 0 and --days >= 1")
+    files = ["ca.crt", "ca.key", "server.pem", "server.key"]
+    files += [f"supernode-{i}{end}" for i in range(nodes) for end in ("", ".pub")]
+    paths = {name: os.path.join(out, name) for name in files}
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"{out} exists and is not a folder")
+    existing = [p for p in paths.values() if os.path.lexists(p)]
+    if existing and not force:
+        raise ValueError(f"{existing[0]} exists; use --force to replace the files in {out}")
+    os.makedirs(out, exist_ok=True)
+    ca_key, server_key = ec.generate_private_key(ec.SECP384R1()), ec.generate_private_key(ec.SECP384R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedref test CA")])
+    server_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedref SuperLink")])
+    ca = certificate(ca_name, ca_key, ca_name, ca_key, days, ca=True)
+    server = certificate(server_name, server_key, ca_name, ca_key, days, ca=False, names=names)
+    write(paths["ca.crt"], ca.public_bytes(serialization.Encoding.PEM), force=force)
+    write(paths["ca.key"], pem_key(ca_key), private=True, force=force)
+    write(paths["server.pem"], server.public_bytes(serialization.Encoding.PEM), force=force)
+    write(paths["server.key"], pem_key(server_key), private=True, force=force)
+    for i in range(nodes):
+        private, public = node_key_pair(f"supernode-{i}")
+        write(paths[f"supernode-{i}"], private, private=True, force=force)
+        write(paths[f"supernode-{i}.pub"], public, force=force)
+    return paths
+
+
+def main(argv=None):
+    parser = Parser(description="Make a test CA, the SuperLink's TLS certificate and SuperNode key pairs.")
+    parser.add_argument("--out", default="certificates", help="folder for the files (default: certificates)")
+    parser.add_argument("--host", action="append", default=[], metavar="NAME_OR_IP",
+                        help="a name or address the SuperLink is reached by, repeatable "
+                             "(default: only localhost, 127.0.0.1, ::1)")
+    parser.add_argument("--nodes", type=int, default=0, help="SuperNode key pairs to make (default: 0)")
+    parser.add_argument("--days", type=int, default=365, help="validity of the certificates (default: 365)")
+    parser.add_argument("--force", action="store_true", help="replace existing files (default: refuse)")
+    args = parser.parse_args(argv)
+    try:
+        paths = make(args.out, args.host, args.nodes, args.days, args.force)
+    except (ValueError, OSError) as e:
+        fail(f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename else str(e))
+    print(f"wrote {len(paths)} files to {args.out}/: {', '.join(paths)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

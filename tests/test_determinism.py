@@ -1,0 +1,129 @@
+"""--deterministic (common.set_determinism): the torch settings it turns on and off, that on a CPU
+it changes no result of any script (and no op it uses raises under it), that a bad value is one
+line and exit 2, and that a run keeps its mode on --resume. The settings are global to the
+process: every test here puts them back as they were."""
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import common
+from conftest import metrics_rows, run_dir, run_in_process
+
+MEASURED = {"seconds", "sec_per_round", "host_mb", "device_mb", "agg_seconds"}  # differ between identical runs
+TINY = ["--num-clients", "3", "--rounds", "2", "--batch-size", "8", "--device", "cpu"]
+
+
+def torch_settings():
+    return {"deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+            "cudnn_deterministic": torch.backends.cudnn.deterministic,
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "matmul_fp32": torch.backends.cuda.matmul.fp32_precision,
+            "conv_fp32": torch.backends.cudnn.conv.fp32_precision,
+            "rnn_fp32": torch.backends.cudnn.rnn.fp32_precision}
+
+
+ON = {"deterministic_algorithms": True, "warn_only": False, "cudnn_deterministic": True, "cudnn_benchmark": False,
+      "matmul_fp32": "ieee", "conv_fp32": "ieee", "rnn_fp32": "ieee"}
+OFF = {"deterministic_algorithms": False, "warn_only": False, "cudnn_deterministic": False, "cudnn_benchmark": False,
+       "matmul_fp32": "none", "conv_fp32": "tf32", "rnn_fp32": "tf32"}  # torch's defaults
+
+
+@pytest.fixture
+def restore_torch_settings(monkeypatch):
+    """Put the global torch settings (and CUBLAS_WORKSPACE_CONFIG) back after the test."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = torch_settings()
+    yield
+    torch.use_deterministic_algorithms(before["deterministic_algorithms"], warn_only=before["warn_only"])
+    torch.backends.cudnn.deterministic = before["cudnn_deterministic"]
+    torch.backends.cudnn.benchmark = before["cudnn_benchmark"]
+    torch.backends.cuda.matmul.fp32_precision = before["matmul_fp32"]
+    torch.backends.cudnn.conv.fp32_precision = before["conv_fp32"]
+    torch.backends.cudnn.rnn.fp32_precision = before["rnn_fp32"]
+
+
+def test_off_is_torch_s_defaults():
+    code = f"import json, torch\n{inspect.getsource(torch_settings)}\nprint(json.dumps(torch_settings()))"
+    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert fresh.returncode == 0 and json.loads(fresh.stdout) == OFF, fresh.stderr
+
+
+# (device, mode, on): auto is on for CUDA only; nothing here calls into CUDA, so "cuda" is only a name
+MODES = [("cpu", "auto", False), ("cpu", "on", True), ("cpu", "off", False),
+         ("cuda", "auto", True), ("cuda:1", "on", True), ("cuda", "off", False)]
+
+
+@pytest.mark.parametrize("device,mode,on", MODES, ids=[f"{d}-{m}" for d, m, _ in MODES])
+def test_set_determinism_turns_every_setting_on_or_back_to_torch_s_defaults(device, mode, on, restore_torch_settings,
+                                                                          monkeypatch):
+    assert common.set_determinism(device, "on" if not on else "off") is (not on)  # from the other state
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    assert common.set_determinism(torch.device(device), mode) is on
+    assert torch_settings() == (ON if on else OFF)
+    # cuBLAS repeats only with a fixed workspace; it is set for CUDA runs only
+    expected = ":4096:8" if on and device.startswith("cuda") else None
+    assert os.environ.get("CUBLAS_WORKSPACE_CONFIG") == expected
+
+
+def test_a_cublas_workspace_already_set_is_kept(restore_torch_settings, monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    common.set_determinism("cuda", "auto")
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+
+
+def write_images(path):
+    """A tiny 4-class image dataset (28 x 28, the smallest the CNNs take), with a test set."""
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(4), 15)
+    x = (rng.normal(size=(60, 3, 28, 28)) + y[:, None, None, None]).astype(np.float32)
+    np.savez(path, x=x, y=y, x_test=x[::3], y_test=y[::3])
+
+
+# every script on synthetic data; convolutions and BatchNorm on images (the CUDA kernels the mode changes)
+RUNS = [(s, ["--dataset", "synthetic"]) for s in ("fedavg", "fedala", "pfedla", "fedpake", "fedacd")] + [
+    ("fedavg", ["--dataset", "IMAGES", "--model", "pfedlacnn"]),
+    ("fedpake", ["--dataset", "synthetic", "--ablate", "micro"])]
+
+
+@pytest.mark.parametrize("script,flags", RUNS, ids=[" ".join([s, *f[1:]]) for s, f in RUNS])
+def test_on_and_off_give_the_same_metrics_on_a_cpu(script, flags, tmp_path, restore_torch_settings):
+    if "IMAGES" in flags:
+        write_images(tmp_path / "images.npz")
+        flags = [str(tmp_path / "images.npz") if f == "IMAGES" else f for f in flags]
+    rows = {}
+    for mode in ("on", "off"):
+        assert run_in_process(f"{script}.py", *flags, *TINY, "--deterministic", mode, "--out", tmp_path / mode) == 0
+        # the run's mode is still set after it (no op raised under it) and recorded in config.json
+        assert torch.are_deterministic_algorithms_enabled() is (mode == "on")
+        config = json.load(open(os.path.join(run_dir(tmp_path / mode), "config.json")))
+        assert config["args"]["deterministic"] == mode
+        rows[mode] = [{k: v for k, v in r.items() if k not in MEASURED} for r in metrics_rows(run_dir(tmp_path / mode))]
+    assert len(rows["on"]) == 2 and rows["on"] == rows["off"]
+
+
+def test_a_bad_mode_is_one_line_exit_2(tmp_path, capsys):
+    code = run_in_process("fedavg.py", "--dataset", "synthetic", "--deterministic", "yes", "--out", tmp_path)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "--deterministic" in lines[0] and "'on'" in lines[0], lines
+    assert not os.listdir(tmp_path)
+
+
+def test_resume_keeps_the_mode_and_refuses_another(tmp_path, capsys, restore_torch_settings):
+    flags = ["--dataset", "synthetic", *TINY, "--checkpoint-every", "1", "--deterministic", "on"]
+    assert run_in_process("fedavg.py", *flags, "--out", tmp_path, "--stop-after", "1") == 0
+    folder = run_dir(tmp_path)
+    capsys.readouterr()
+    assert run_in_process("fedavg.py", "--resume", folder, "--deterministic", "off") == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "--deterministic on (now off)" in line
+    common.set_determinism("cpu", "off")
+    assert run_in_process("fedavg.py", "--resume", folder) == 0
+    assert torch.are_deterministic_algorithms_enabled()  # the run's saved mode, on
+    assert len(metrics_rows(folder)) == 2

@@ -1,0 +1,107 @@
+"""flower_app.py deployed on localhost (a SuperLink and 4 SuperNodes, tests/deploy.py) as a
+user runs it, ``python flower_app.py ALGORITHM --federation local ...``: a node killed in round
+2 is left out and the run finishes; a node started again takes its client back; a run stopped
+by the server resumes to the metrics of an uninterrupted one; a failed run exits non-zero.
+Minutes each (the SuperLink notices a dead node after two missed 30 s heartbeats)."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, metrics_rows
+
+pytest.importorskip("flwr", reason="Flower is not installed (pip install -r requirements-flower.txt)")
+from deploy import Deployment, missing_tools  # noqa: E402
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(bool(missing_tools()), reason="Flower's commands are not installed")]
+MEASURED = {"seconds", "sec_per_round", "host_mb", "device_mb", "agg_seconds"}
+
+
+def submit(deployment, *argv, timeout=900):
+    """``python flower_app.py ARGV --federation local`` from the deployment's folder, started."""
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "flower_app.py"), *map(str, argv),
+                             "--federation", "local"], cwd=deployment.folder, env=deployment.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc, timeout=900):
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        output, _ = proc.communicate()
+        raise AssertionError(f"flower_app.py --federation did not end in {timeout} s:\n{output[-3000:]}")
+    return proc.returncode, output
+
+
+def run_folders(folder):
+    runs = os.path.join(folder, "runs")
+    return sorted(os.path.join(runs, d) for d in os.listdir(runs)) if os.path.isdir(runs) else []
+
+
+def only_folder(out):
+    (name,) = os.listdir(out)
+    return os.path.join(str(out), name)
+
+
+def wait_for_round(folder, round_, timeout=600):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for run in run_folders(folder):
+            if os.path.exists(os.path.join(run, "metrics.csv")) and \
+                    any(int(r["round"]) >= round_ for r in metrics_rows(run)):
+                return run
+        time.sleep(0.2)
+    raise AssertionError(f"round {round_} not reached in {timeout} s")
+
+
+def test_a_node_killed_in_round_2_is_left_out_and_the_run_finishes(tmp_path):
+    flags = ["fedavg", "--dataset", "synthetic", "--num-clients", "4", "--rounds", "8", "--out", "runs"]
+    with Deployment(tmp_path, num_nodes=4) as d:
+        proc = submit(d, *flags)
+        wait_for_round(d.folder, 1)
+        d.kill_node(3)  # SIGKILL to the node, its SuperExec, its ClientApp and its worker
+        code, output = finish(proc)
+    assert code == 0, output[-3000:]
+    (run,) = run_folders(str(tmp_path))
+    rows = metrics_rows(run)
+    assert [int(r["round"]) for r in rows] == list(range(1, 9))
+    answered = [int(r["clients_answered"]) for r in rows]
+    assert answered[0] == 4 and answered[-1] == 3 and set(answered) <= {3, 4}, answered
+    assert json.load(open(os.path.join(run, "summary.json")))["status"] == "finished"
+    assert "client 3 left out" in output and "finished:completed" in output
+
+
+def test_a_stopped_server_resumes_to_an_uninterrupted_runs_metrics_and_a_node_can_come_back(tmp_path):
+    flags = ["fedala", "--dataset", "synthetic", "--num-clients", "4", "--rounds", "4", "--join-ratio", "0.5",
+             "--checkpoint-every", "1", "--out"]
+    with Deployment(tmp_path, num_nodes=4) as d:
+        code, output = finish(submit(d, *flags, "runs/whole"))
+        assert code == 0, output[-3000:]
+        code, output = finish(submit(d, *flags, "runs/parts", "--stop-after", "2"))
+        assert code == 0 and "continue with: python flower_app.py --resume" in output, output[-3000:]
+        parts = only_folder(tmp_path / "runs" / "parts")
+        d.kill_node(1)
+        d.start_node(1)  # a new SuperNode process (a new node id) for partition-id 1, before the run goes on
+        relative = os.path.relpath(parts, str(tmp_path))
+        code, output = finish(submit(d, "--resume", relative))
+        assert code == 0, output[-3000:]
+    whole = metrics_rows(only_folder(tmp_path / "runs" / "whole"))
+    resumed = metrics_rows(parts)
+    assert [r["round"] for r in resumed] == ["1", "2", "3", "4"]
+    for a, b in zip(whole, resumed):
+        assert {k: v for k, v in a.items() if k not in MEASURED} == {k: v for k, v in b.items() if k not in MEASURED}
+
+
+def test_a_failed_deployed_run_exits_non_zero_with_its_line(tmp_path):
+    with Deployment(tmp_path, num_nodes=2) as d:
+        code, output = finish(submit(d, "fedavg", "--dataset", "synthetic", "--num-clients", "2", "--rounds", "2",
+                                     "--round-timeout", "0.01", "--min-clients", "2", "--out", "runs"))
+    assert code == 1, output[-3000:]
+    assert "error: round 1: 0 of 2 clients answered, fewer than --min-clients 2" in output
+    assert "finished:failed" in output and "Traceback" not in output
+    assert run_folders(str(tmp_path)) == []  # a run that failed before any result leaves no folder, as a script's

@@ -3,6 +3,7 @@
     python tests/bench_round.py                  # every algorithm, CIFAR-10-shaped data, ~8.5 min on 2 CPU cores
     python tests/bench_round.py --only fedavg fedala --samples 60000   # the full CIFAR-10 size
     python tests/bench_round.py --scale          # 1000 clients at join ratio 0.1: memory over rounds
+    python tests/bench_round.py --gpu            # the five scripts on a CUDA GPU: s/round, GPU use, memory
 
 For each algorithm at its paper's shape it runs the real script on CIFAR-10-shaped random
 data (uint8 3x32x32, 10 classes, written once as an .npz) and reads seconds per round,
@@ -19,6 +20,17 @@ the hypernetworks, FedPake's clustering, FedACD's scores) is only in our column,
 rows the ratio understates our advantage. Timed rounds skip the first two (warm-up and
 FedALA's initial ALA stage).
 
+``--gpu`` (docs/speed.md, "On a GPU") runs each of the five scripts as a user would, with its
+defaults (``--model auto``, its paper's clients, epochs and batch size), on CIFAR-10-shaped
+data of the real size (60,000 images: 50,000 train and 10,000 test), and prints per script
+seconds per round (median of rounds 2 on, from metrics.csv), local SGD steps per round, the
+GPU's utilisation while rounds 2 on ran (nvidia-smi sampled in a background thread; pynvml
+through torch.cuda.utilization() where there is no nvidia-smi; "n/a" without either), and
+peak device memory (summary.json's peak_device_mb and nvidia-smi's largest memory.used).
+A last row, fedavg-p4, is FedAvg with ``--parallel-clients 4``: four clients at once on host
+threads, whose kernel launches overlap. ``--gpu --device cpu`` runs the same flow on the CPU
+(the test uses it with tiny sizes).
+
 The rows run one after another, and this machine's speed drifts between runs, so the
 ratios that matter are measured once more with the rounds interleaved in one process
 (``interleaved``): FedAvg against both straightforward loops, and FedALA against FedAvg.
@@ -29,10 +41,13 @@ import csv
 import json
 import os
 import platform
+import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -221,21 +236,241 @@ def interleaved(npz, rounds, device):
     return {name: float(np.median(values[2:])) for name, values in seconds.items()}, len(workers)
 
 
+# ----------------------------------------------------------------------------- --gpu
+
+GPU_SCRIPTS = ["fedavg", "fedala", "pfedla", "fedpake", "fedacd"]  # each run with its own defaults
+# the --gpu rows: (label, script, flags added to the script's defaults); fedavg-p4 trains 4 clients at once
+# on 4 host threads (ClientPool), which overlaps their kernel launches (docs/speed.md, "On a GPU")
+GPU_ROWS = [(name, name, []) for name in GPU_SCRIPTS] + [("fedavg-p4", "fedavg", ["--parallel-clients", "4"])]
+
+
+class UtilisationSampler:
+    """GPU utilisation (%) and memory used (MB) of ``device``, sampled in a background thread:
+    ``nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits --loop-ms``
+    where nvidia-smi is on PATH, else ``torch.cuda.utilization`` / ``torch.cuda.device_memory_used``
+    (which need pynvml). ``source`` says which; None on a CPU or with neither (the columns print
+    n/a). ``samples`` holds (time.perf_counter(), util %, MB) tuples."""
+
+    def __init__(self, device, interval_ms=200, command=None):
+        self.device, self.interval, self.samples, self.source = device, interval_ms / 1000, [], None
+        self._stop, self._proc, self._thread = threading.Event(), None, None
+        if command is not None:  # tests: a stand-in for nvidia-smi that prints its lines
+            self.cmd, self.source = command, "nvidia-smi"
+            return
+        if device.type != "cuda":
+            return
+        gpu = self._nvidia_smi_id(device) if shutil.which("nvidia-smi") else None
+        if gpu is not None:
+            self.cmd = ["nvidia-smi", f"--id={gpu}", "--query-gpu=utilization.gpu,memory.used",
+                        "--format=csv,noheader,nounits", f"--loop-ms={interval_ms}"]
+            self.source = "nvidia-smi"
+        else:
+            try:
+                torch.cuda.utilization(device)
+                self.source = "pynvml"
+            except Exception:  # noqa: BLE001  no pynvml (ModuleNotFoundError) or no NVML on this machine
+                self.source = None
+
+    @staticmethod
+    def _nvidia_smi_id(device):
+        """How nvidia-smi names ``device``: its UUID (nvidia-smi's numbering can differ from CUDA's),
+        else its index; None if nvidia-smi answers to neither."""
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
+        candidates = ([uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"]
+                      if re.fullmatch(r"(GPU-)?[0-9a-fA-F]{8}(-[0-9a-fA-F]+)+", uuid) else []) + [str(index)]
+        for gpu in candidates:
+            try:
+                probe = subprocess.run(["nvidia-smi", f"--id={gpu}", "--query-gpu=name", "--format=csv,noheader"],
+                                       capture_output=True, text=True, timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                return None
+            if probe.returncode == 0:
+                return gpu
+        return None
+
+    def _read_smi(self):
+        for line in self._proc.stdout:
+            try:
+                util, mb = (float(v) for v in line.split(","))
+            except ValueError:  # a "[N/A]" or a message line
+                continue
+            self.samples.append((time.perf_counter(), util, mb))
+
+    def _poll_nvml(self):
+        while not self._stop.wait(self.interval):
+            try:
+                util = float(torch.cuda.utilization(self.device))
+            except Exception:  # noqa: BLE001  a failed read is a missing sample
+                continue
+            try:
+                mb = torch.cuda.device_memory_used(self.device) / 2 ** 20
+            except Exception:  # noqa: BLE001
+                mb = float("nan")
+            self.samples.append((time.perf_counter(), util, mb))
+
+    def __enter__(self):
+        if self.source == "nvidia-smi":
+            try:
+                self._proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            except OSError:
+                self.source = None
+                return self
+            self._thread = threading.Thread(target=self._read_smi, daemon=True)
+        elif self.source == "pynvml":
+            self._thread = threading.Thread(target=self._poll_nvml, daemon=True)
+        if self._thread:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._proc:
+            self._proc.terminate()
+            self._proc.wait()
+        if self._thread:
+            self._thread.join(timeout=5)
+
+    def between(self, start, end):
+        """(mean utilisation %, largest memory MB) of the samples taken in [start, end); Nones if none."""
+        inside = [(u, m) for t, u, m in self.samples if start <= t < end]
+        if not inside:
+            return None, None
+        return float(np.mean([u for u, _ in inside])), float(np.nanmax([m for _, m in inside]))
+
+    def baseline_mb(self):
+        """The lowest memory reading: the GPU before the measured script started (None if no samples)."""
+        return float(np.nanmin([m for _, _, m in self.samples])) if self.samples else None
+
+
+def rows_written(out):
+    """Rows of metrics.csv in the single run folder under ``out`` so far (0 before there is one)."""
+    try:
+        (name,) = os.listdir(out)
+        with open(os.path.join(out, name, "metrics.csv")) as f:
+            return max(0, sum(1 for _ in f) - 1)
+    except (ValueError, OSError):  # no run folder yet, or no metrics.csv yet
+        return 0
+
+
+def measure_script(name, npz, rounds, device, out, flags=(), log=None, label=None):
+    """Run ``name``.py as a user would (its defaults plus ``flags``) for ``rounds`` rounds on ``npz``
+    while sampling the GPU, and return what the --gpu table prints: the model, clients and local SGD
+    steps per round, median s/round of rounds 2 on (metrics.csv), mean GPU utilisation and largest
+    memory used while rounds 2 on ran (less the memory in use before the script started), and
+    summary.json's peak_device_mb. Utilisation and memory are None on a CPU or without
+    nvidia-smi and pynvml."""
+    cmd = [sys.executable, os.path.join(ROOT, f"{name}.py"), "--dataset", npz, "--rounds", str(rounds),
+           "--eval-every", "1", "--checkpoint-every", str(10 ** 6), "--device", device, "--out", out, *flags]
+    log = log or os.path.join(os.path.dirname(out), f"{name}.log")
+    marks = {}  # rows of metrics.csv -> when they were first seen: round 1 ends at marks[1], round R at marks[R]
+    with UtilisationSampler(common.resolve_device(device)) as sampler, open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True)
+        while proc.poll() is None:
+            marks.setdefault(rows_written(out), time.perf_counter())
+            time.sleep(0.05)
+    if proc.returncode != 0:
+        with open(log) as f:
+            raise RuntimeError(f"{name}.py failed (exit {proc.returncode}): {f.read().strip()[-800:]}")
+    (run,) = os.listdir(out)
+    folder = os.path.join(out, run)
+    with open(os.path.join(folder, "metrics.csv")) as f:
+        rows = list(csv.DictReader(f))
+    summary = json.load(open(os.path.join(folder, "summary.json")))
+    config = json.load(open(os.path.join(folder, "config.json")))
+    sizes = json.load(open(os.path.join(folder, "partition.json")))["train_sizes"]
+    args = argparse.Namespace(**config["args"])
+    steps = [len(common.batch_bounds(n, args.batch_size)) * args.local_epochs for n in sizes]
+    clients = common.clients_per_round(args)
+    timed = [float(r["sec_per_round"]) for r in rows[1:]] or [float(rows[-1]["sec_per_round"])]
+    start = min((t for k, t in marks.items() if k >= 1), default=None)
+    end = min((t for k, t in marks.items() if k >= len(rows)), default=None)
+    util, smi_mb = sampler.between(start, end) if start is not None and end is not None else (None, None)
+    if smi_mb is not None:  # the script's own use: less what was in use before it started (this process's context)
+        smi_mb -= sampler.baseline_mb()
+    return {"script": label or name, "model": model_name(args.model, name), "clients": clients,
+            "steps": float(np.mean(steps)) * clients, "sec_per_round": float(np.median(timed)),
+            "timed_rounds": len(timed), "util": util, "smi_mb": smi_mb,
+            "peak_device_mb": summary.get("peak_device_mb"), "source": sampler.source}
+
+
+def model_name(flag, script):
+    """--model as run: 'auto' resolved the way the script resolves it on images (its AUTO_IMAGE)."""
+    return flag if flag != "auto" else getattr(__import__(script), "AUTO_IMAGE", "auto")
+
+
+def gpu_row(r):
+    na = lambda v, fmt: "n/a" if v is None else format(v, fmt)  # noqa: E731
+    return (f"{r['script']:9s} {r['model']:10s} {r['clients']:7d} {r['steps']:10.0f} {r['sec_per_round']:9.3f} "
+            f"{1000 * r['sec_per_round'] / r['steps']:9.3f} {na(r['util'], '.0f'):>10s} "
+            f"{na(r['smi_mb'], '.0f'):>11s} {na(r['peak_device_mb'], '.0f'):>12s}")
+
+
+GPU_HEADER = (f"{'script':9s} {'model':10s} {'clients':>7s} {'SGD steps':>10s} {'s/round':>9s} {'ms/step':>9s} "
+              f"{'GPU util %':>10s} {'smi max MB':>11s} {'peak dev MB':>12s}")
+
+
+def gpu_table(a, device):
+    """--gpu: every script at its defaults on CIFAR-10-shaped data, one row each."""
+    rows = [row for row in GPU_ROWS if row[1] in a.only]
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-") as work:
+        npz = os.path.join(work, f"cifar_{a.samples}.npz")
+        make_cifar_shaped(npz, a.samples)
+        test = a.samples // 6
+        print(f"data: {a.samples - test} train + {test} test CIFAR-10-shaped images (uint8 3x32x32, 10 classes); "
+              f"{a.rounds} rounds per script, the scripts' own defaults"
+              + (f", --num-clients {a.num_clients}" if a.num_clients else "")
+              + (f", --model {a.model}" if a.model else ""), flush=True)
+        print(GPU_HEADER, flush=True)
+        results, failed = [], []
+        for label, name, extra in rows:
+            out = os.path.join(work, label)
+            os.mkdir(out)
+            flags = (["--num-clients", str(a.num_clients)] if a.num_clients else []) + \
+                (["--model", a.model] if a.model else []) + extra
+            try:
+                r = measure_script(name, npz, a.rounds, device, out, flags, log=os.path.join(work, f"{label}.log"),
+                                   label=label)
+            except RuntimeError as e:  # one script failing does not lose the others' rows
+                failed.append(label)
+                print(f"{label:9s} failed: {' '.join(str(e).split())[:300]}", flush=True)
+                continue
+            results.append(r)
+            print(gpu_row(r), flush=True)
+    sources = {r["source"] for r in results}
+    timed = f"rounds 2-{a.rounds}" if a.rounds > 2 else "round 2"
+    print(f"s/round: median of {timed} (metrics.csv; round 1 is warm-up), evaluation included; "
+          "SGD steps: local minibatch steps per round (expected number where clients are sampled); ms/step = "
+          "s/round / SGD steps (evaluation and server work included); fedavg-p4: fedavg.py --parallel-clients 4 "
+          "(4 clients at once on host threads)")
+    print("GPU util %: mean utilization.gpu (share of time a kernel was running) while rounds 2 on ran; from "
+          + (", ".join(sorted(s for s in sources if s)) or "n/a: no CUDA GPU in use, or no nvidia-smi and no pynvml")
+          + "; smi max MB: largest memory.used then, less the reading before the script started (its CUDA "
+          "context and cached blocks included); "
+          "peak dev MB: torch.cuda.max_memory_allocated (summary.json)")
+    return results, failed
+
+
 def device_name(device):
     if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
-        return torch.cuda.get_device_name(0)
+        return torch.cuda.get_device_name(torch.device(device) if device != "auto" else 0)
     return f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", nargs="*", default=list(SETTINGS), choices=list(SETTINGS))
-    p.add_argument("--samples", type=int, default=6000, help="CIFAR-shaped samples in all (CIFAR-10 has 60000)")
-    p.add_argument("--rounds", type=int, default=5, help="rounds per run; the first two are not timed")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--samples", type=int, default=None,
+                   help="CIFAR-shaped samples in all (CIFAR-10 has 60000; default 6000, with --gpu 60000)")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="rounds per run; the first two are not timed (with --gpu: the first)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (with --gpu: default cuda)")
+    p.add_argument("--gpu", action="store_true",
+                   help="the five scripts at their defaults: s/round, GPU utilisation and memory (docs/speed.md)")
     p.add_argument("--no-naive", action="store_true")
     p.add_argument("--scale", action="store_true", help="1000 clients at join ratio 0.1 instead")
     p.add_argument("--num-clients", type=int, default=None, help="replace the papers' numbers of clients (smoke test)")
+    p.add_argument("--model", default=None, help="with --gpu: replace the scripts' own models (smoke test)")
     p.add_argument("--naive-child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.naive_child:  # internal: the straightforward round in its own process, for a clean memory peak
@@ -245,6 +480,20 @@ def main():
         print(json.dumps({"times": times, "samples": samples,
                           "peak_host_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
         return
+    if a.gpu and a.rounds < 2:
+        p.error("--gpu needs --rounds >= 2 (round 1 is not timed)")
+    if a.gpu and a.device == "auto":
+        a.device = "cuda"
+    a.samples = a.samples or (60000 if a.gpu else 6000)
+    try:
+        device = common.resolve_device(a.device)
+    except common.UserError as e:  # e.g. --device cuda on a machine without a CUDA GPU: one line, exit 2
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    if a.gpu:
+        print(f"device: {device_name(str(device))}", flush=True)
+        _, failed = gpu_table(a, str(device))
+        sys.exit(1 if failed else 0)
     for _, flags, _ in SETTINGS.values() if a.num_clients else []:
         flags[flags.index("--num-clients") + 1] = str(a.num_clients)
     work = tempfile.mkdtemp(prefix="bench-")

@@ -25,6 +25,7 @@ NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has 
 
 
 @NO_GPU
+@pytest.mark.slow  # end to end, several seconds: runs in CI with the full suite
 def test_cuda_without_a_gpu_is_refused_in_one_line():
     r = run_script("tests/bench_round.py", "--device", "cuda", timeout=120)
     assert r.returncode == 2

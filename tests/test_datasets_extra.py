@@ -250,6 +250,7 @@ def out_rows(out):
     return metrics_rows(run_dir(out))
 
 
+@pytest.mark.slow  # end to end, several seconds: runs in CI with the full suite
 def test_fedavg_trains_on_tinyimagenet(tmp_path):
     make_tiny(str(tmp_path / "data"))
     result = run_script("fedavg.py", "--dataset", "tinyimagenet", "--data-dir", tmp_path / "data", "--rounds", 1,
@@ -327,6 +328,7 @@ def test_synthetic_family_names_and_heterogeneity():
     assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)  # synthetic is synthetic(1,1)
 
 
+@pytest.mark.slow  # end to end, several seconds: runs in CI with the full suite
 def test_synthetic_family_run_folder_and_bad_names(tmp_path):
     r = run_script("fedavg.py", "--dataset", "synthetic(0.5,0.5)", "--rounds", 1, "--num-clients", 4,
                    "--out", tmp_path)

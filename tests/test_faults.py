@@ -133,6 +133,7 @@ def test_a_signal_while_the_script_imports_torch_is_one_line(signum, tmp_path):
     assert not os.path.exists(tmp_path / "runs")
 
 
+@pytest.mark.slow  # end to end, several seconds: runs in CI with the full suite
 def test_sigterm_stops_at_the_end_of_the_round_and_resume_ends_with_the_uninterrupted_metrics(tmp_path):
     flags = [*SMALL, "--rounds", "20", "--checkpoint-every", "100"]
     assert run_in_process("fedavg.py", *flags, "--out", tmp_path / "full") == 0

@@ -341,6 +341,7 @@ METRICS = ("round", "global_acc", "global_loss", "test_acc", "test_acc_mean", "t
 
 
 
+@pytest.mark.slow  # end to end, several seconds: runs in CI with the full suite
 def test_default_synthetic_run_is_fast_and_logs_all_three_tables(script, tmp_path):
     start = time.time()
     result = script("fedacd.py", "--dataset", "synthetic", "--rounds", "10", "--device", "cpu", "--out", tmp_path)

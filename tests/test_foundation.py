@@ -427,6 +427,7 @@ def test_nan_loss_stops_naming_round_and_client_keeping_metrics(tmp_path, monkey
     assert [row[0] for row in read_metrics(run_dir(tmp_path))] == ["1", "2"]
 
 
+@pytest.mark.slow  # end to end, several seconds: runs in CI with the full suite
 def test_huge_lr_stops_cleanly(tmp_path):
     r = run_script("fedavg.py", "--dataset", "synthetic", "--rounds", "3", "--lr", "1e6", "--out", tmp_path)
     assert r.returncode == 1

@@ -81,6 +81,7 @@ def finished(tmp_path_factory):
 
 # ----------------------------------------------------------------------------------------- runs
 
+@pytest.mark.slow  # end to end, several seconds: runs in CI with the full suite
 def test_tiny_table_end_to_end(finished):
     out, code, report, tables = finished
     assert code == 0
@@ -153,6 +154,7 @@ def test_stopped_table_continues_where_it_was(tmp_path, finished):
     assert {m: r[:7] for m, r in resumed.items()} == {m: r[:7] for m, r in uninterrupted.items()}
 
 
+@pytest.mark.slow  # end to end, several seconds: runs in CI with the full suite
 def test_failing_run_is_reported_and_the_others_go_on(tmp_path, capsys):
     bad = {"method": "FedAvg lr -1", "script": "fedavg.py", "flags": ["--lr", "-1"], "paper": None}
     tables = tiny_tables(extra_methods=[bad])

@@ -100,12 +100,16 @@ def run_ours(script, flags, npz, rounds, device, out):
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"{script} failed: {r.stderr.strip()[-500:]}")
+    return read_run(out)[1:]
+
+
+def read_run(out):
+    """(the single run folder under ``out``, its metrics.csv rows, its summary.json)."""
     (name,) = os.listdir(out)
     folder = os.path.join(out, name)
     with open(os.path.join(folder, "metrics.csv")) as f:
         rows = list(csv.DictReader(f))
-    summary = json.load(open(os.path.join(folder, "summary.json")))
-    return rows, summary
+    return folder, rows, json.load(open(os.path.join(folder, "summary.json")))
 
 
 class ImageDataset(Dataset):
@@ -372,11 +376,7 @@ def measure_script(name, npz, rounds, device, out, flags=(), log=None, label=Non
     if proc.returncode != 0:
         with open(log) as f:
             raise RuntimeError(f"{name}.py failed (exit {proc.returncode}): {f.read().strip()[-800:]}")
-    (run,) = os.listdir(out)
-    folder = os.path.join(out, run)
-    with open(os.path.join(folder, "metrics.csv")) as f:
-        rows = list(csv.DictReader(f))
-    summary = json.load(open(os.path.join(folder, "summary.json")))
+    folder, rows, summary = read_run(out)
     config = json.load(open(os.path.join(folder, "config.json")))
     sizes = json.load(open(os.path.join(folder, "partition.json")))["train_sizes"]
     args = argparse.Namespace(**config["args"])

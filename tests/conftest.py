@@ -51,5 +51,16 @@ def metrics_rows(folder):
 
 
 @pytest.fixture
+def one_thread():
+    """torch on one intra-op thread for the test, as ``run_in_process``: tiny models run faster, and
+    a run in this process equals a subprocess's bit for bit."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def script():
     return run_script

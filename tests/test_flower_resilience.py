@@ -80,13 +80,7 @@ def serve(grid, argv):
     return flower_app.serve(grid, algorithm, flags, options)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """As run_in_process: the script and the fake nodes on one torch thread, so they are equal bit for bit."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # as run_in_process: the script and the nodes equal bit for bit
 
 
 def same_metrics(a, b, skip=frozenset()):

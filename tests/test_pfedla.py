@@ -18,13 +18,7 @@ from rounds import pfedla_round
 from conftest import metrics_rows, run_dir, run_in_process
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one intra-op thread is faster, and far faster on a CPU shared with other jobs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models run faster on one thread
 
 
 def seeded_setup(data):

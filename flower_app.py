@@ -838,10 +838,26 @@ def _no_run_simulation_notice(record):
 
 
 def client_resources(device, clients_per_gpu):
-    """Each Ray actor's share: one CPU, and 1/K of a GPU when the run is on CUDA, else none. Ray
-    hides the GPUs from an actor that asked for none, so it cannot put a CUDA context and a copy of
-    the data on one (and at most K actors per GPU hold one)."""
+    """Each Ray actor's share: one CPU, and 1/K of a GPU when the run is on CUDA (at most K actors,
+    each with a CUDA context and a copy of the data, per GPU), else none."""
     return {"num_cpus": 1, "num_gpus": 1.0 / clients_per_gpu if device.type == "cuda" else 0.0}
+
+
+@contextlib.contextmanager
+def gpus_hidden_from_actors(device):
+    """On a CPU run, Ray's processes (started in here, with this environment) see no GPU, so that no
+    actor builds a CUDA context or puts the data on one. On CUDA Ray gives each actor its share.
+    (Ray 2.55 hides the GPUs from actors that ask for none, but warns that it will stop.)"""
+    previous = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if device.type != "cuda":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = previous
 
 
 def simulate(jobs, num_cpus=None):
@@ -858,13 +874,15 @@ def simulate(jobs, num_cpus=None):
     num_cpus = num_cpus or len(os.sched_getaffinity(0))
     logging.getLogger("flwr").addFilter(_no_run_simulation_notice)  # added once, however many calls
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report over the network
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # Ray's coming behaviour, and no warning
     try:  # log_to_driver False: what the nodes' Ray workers print stays in Ray's logs (a client's failure
         # comes back to the server in its reply, see ``reply``), not Flower's warnings as Ray stops them
-        run_simulation(server_app=build_server_app([list(argv) for argv in jobs]), client_app=client_app,
-                       num_supernodes=sizes.pop(),
-                       backend_config={"client_resources": client_resources(device, plans[0][1].clients_per_gpu),
-                                       "init_args": {"num_cpus": num_cpus, "include_dashboard": False,
-                                                     "log_to_driver": False}})
+        with gpus_hidden_from_actors(device):
+            run_simulation(server_app=build_server_app([list(argv) for argv in jobs]), client_app=client_app,
+                           num_supernodes=sizes.pop(),
+                           backend_config={"client_resources": client_resources(device, plans[0][1].clients_per_gpu),
+                                           "init_args": {"num_cpus": num_cpus, "include_dashboard": False,
+                                                         "log_to_driver": False}})
     finally:
         stop_ray()
 

@@ -60,8 +60,9 @@ def test_flower_simulation_equals_script(runs, name):
 
 
 def got_clients(name, row):
-    """Clients per round: all 4, or 2 with --join-ratio 0.5."""
-    return 2 if "--join-ratio" in JOBS[name][1] else 4
+    """Clients per round: the script's round(join ratio x clients), every one of which answers here."""
+    algorithm, flags = JOBS[name]
+    return common.clients_per_round(importlib.import_module(algorithm).parse_args(flags))
 
 
 def close(a, b):

@@ -219,18 +219,21 @@ def test_bad_flower_options_are_one_line(argv, message):
 
 
 def test_simulation_actors_get_no_gpu_or_a_share_of_one(monkeypatch, tmp_path):
-    """On a CPU run Ray hides the GPUs from the actors (no CUDA context, no copy of the data on a
-    GPU); on CUDA, K actors share each GPU. flower_app no longer tells Ray to leave the GPUs visible."""
+    """On a CPU run the actors ask for no GPU and see none (CUDA_VISIBLE_DEVICES empty: no CUDA
+    context, no copy of the data on a GPU); on CUDA, K actors share each GPU and Ray gives each its own."""
     assert flower_app.client_resources(torch.device("cpu"), 4) == {"num_cpus": 1, "num_gpus": 0.0}
     assert flower_app.client_resources(torch.device("cuda"), 4) == {"num_cpus": 1, "num_gpus": 0.25}
     seen = {}
     import flwr.simulation
-    monkeypatch.delenv("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", raising=False)
-    monkeypatch.setattr(flwr.simulation, "run_simulation", lambda **kw: seen.update(kw))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setattr(flwr.simulation, "run_simulation",
+                        lambda **kw: seen.update(kw, visible=os.environ["CUDA_VISIBLE_DEVICES"]))
     flower_app.simulate([["fedavg", "--dataset", "synthetic", "--num-clients", "4", "--clients-per-gpu", "2",
                           "--out", str(tmp_path)]])
     assert seen["backend_config"]["client_resources"] == {"num_cpus": 1, "num_gpus": 0.0}
-    assert "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO" not in os.environ
+    assert seen["visible"] == "" and os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"  # Ray's processes see no GPU; then back
+    with flower_app.gpus_hidden_from_actors(torch.device("cuda")):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"  # on CUDA Ray shares them out
 
 
 def test_a_process_loads_the_data_once_for_every_message(monkeypatch):

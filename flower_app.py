@@ -194,10 +194,10 @@ def node_work(message_type, client, config, received):
     return {k: v.detach().cpu().numpy() for k, v in sent.items()}, metrics
 
 
-def partition_id(context):
+def partition_id(node_config):
     """This node's client: the partition-id of its node config."""
     try:
-        return int(context.node_config["partition-id"])
+        return int(node_config["partition-id"])
     except (KeyError, TypeError, ValueError):
         raise common.UserError("a node without an integer partition-id in its node config; start each SuperNode "
                                "with --node-config \"partition-id=i num-partitions=N\"") from None
@@ -226,7 +226,7 @@ def reply(msg, work):
 
 def _node_call(msg, context):
     config = dict(msg.content["job"])
-    out, metrics = node_work(msg.metadata.message_type, partition_id(context), config,
+    out, metrics = node_work(msg.metadata.message_type, partition_id(context.node_config), config,
                              {k: v.numpy() for k, v in msg.content["arrays"].items()})
     return RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in out.items()}), "metrics": MetricRecord(metrics)})
 
@@ -234,7 +234,8 @@ def _node_call(msg, context):
 @client_app.query()
 def query(msg, context):
     """The server asks each node which client (partition-id) it is."""
-    return reply(msg, lambda: RecordDict({"metrics": MetricRecord({"partition-id": partition_id(context)})}))
+    return reply(msg, lambda: RecordDict(
+        {"metrics": MetricRecord({"partition-id": partition_id(context.node_config)})}))
 
 
 @client_app.train()
@@ -777,19 +778,14 @@ def node_worker(socket, key_path, watch_pid, idle_seconds):
             last[0] = time.monotonic()
             try:
                 if message_type == "query":
-                    answer = ("ok", {}, {"partition-id": partition_id(_NodeConfig(client))})
+                    answer = ("ok", {}, {"partition-id": partition_id({"partition-id": client})})
                 else:
-                    answer = ("ok", *node_work(message_type, partition_id(_NodeConfig(client)), config, received))
+                    answer = ("ok", *node_work(message_type, partition_id({"partition-id": client}), config, received))
             except Exception as e:  # noqa: BLE001  the server hears of it in one line
                 answer = ("error", *error_line(e))
             with contextlib.suppress(OSError):
                 connection.send(answer)
             last[0] = time.monotonic()
-
-
-class _NodeConfig:
-    def __init__(self, partition):
-        self.node_config = {"partition-id": partition}
 
 
 def build_server_app(jobs=None):

@@ -8,6 +8,10 @@ Each round (FedAvg's Algorithm 1, "FederatedAveraging"):
 The global model is evaluated on every client's test data (pooled accuracy, and the
 mean and std over clients), and on the uniform test set under --test-split global.
 
+--local-training is the "Local Training" baseline of pFedLA's Tables 1 and 2: step 3 is
+skipped and nothing is sent; each client trains its own model, from the common initial model
+on, on its own data, and is evaluated on its own test data.
+
 Defaults follow FedALA's setup (20 clients, join ratio 1, batch 10, lr 0.005, or 0.1 on
 MNIST and for fastText and ResNet-18, 1 local epoch, 2000 rounds, 4-layer CNN, Dir(0.1)).
 Details and our choices: docs/fedavg.md.
@@ -39,6 +43,9 @@ LR_HELP = "local learning rate (default: 0.1 on mnist and agnews and for fasttex
 
 def parse_args(argv=None):
     parser = common.base_parser(__doc__.splitlines()[0], script="fedavg", helps={"lr": LR_HELP}, lr=None)
+    parser.add_argument("--local-training", action="store_true",
+                        help="no aggregation: each client trains its own model alone and is evaluated on its own "
+                        "test data (the 'Local Training' row of pFedLA's Tables 1-2)")
     return common.parse_args(parser, argv, fedala_learning_rate)
 
 
@@ -57,8 +64,19 @@ def server_update(client_states, num_samples, aggregate=common.weighted_average)
     return aggregate(common.as_rows(client_states), num_samples)
 
 
+@torch.no_grad()
+def evaluate_local(local_models, worker, data):
+    """--local-training: each client's own model (a row of ``local_models``) on its own test data."""
+    results = []
+    for client in range(data.num_clients):
+        common.load_flat_state(worker, local_models[client])
+        results.append(common.evaluate(worker, data, [data.test_idx[client]]))
+    return common.accuracy_metrics(*(torch.cat(r) for r in zip(*results)))
+
+
 def main(argv=None):
     args = parse_args(argv)
+    algo = "local" if args.local_training else "fedavg"
     device = common.resolve_device(args.device)
     rng = common.seed_everything(args.seed)
     data = common.load_federated_data(args, device)
@@ -68,24 +86,33 @@ def main(argv=None):
     model_bytes = common.state_bytes(global_model)
     client_stack = torch.empty(common.clients_per_round(args), common.flatten_state(global_model).numel(),
                                device=device)  # the models the round's clients send back, one row each
-    run = run_folder.Run("fedavg", args, data, device, headline_metric=HEADLINE_METRIC, headline=HEADLINE)
+    run = run_folder.Run(algo, args, data, device, script="fedavg", headline_metric=HEADLINE_METRIC,
+                         headline=HEADLINE)
     state = {"global_model": global_model}
+    if args.local_training:  # every client starts from the same initial model and keeps its own
+        state["local_models"] = common.flatten_state(global_model).detach().repeat(args.num_clients, 1)
     start = run.resume(state, rng)
-    print(f"[fedavg] model {global_model.__class__.__name__}: {common.flatten_state(global_model).numel()} parameters, "
+    print(f"[{algo}] model {global_model.__class__.__name__}: {common.flatten_state(global_model).numel()} parameters, "
           f"{model_bytes / 2**20:.2f} MB; {len(pool)} client(s) at a time")
 
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
-        global_state = common.flatten_state(global_model)
-        row = dict(zip(clients, client_stack))  # where each client's model lands: no copies per client
-        updates = pool.map(lambda model, client: client_update(model, global_state, data, client, args, round_,
-                                                               out=row[client]), clients)
+        if args.local_training:  # no server: each client goes on from its own model, which is also where it lands
+            start_state = row = state["local_models"]
+        else:
+            start_state = dict.fromkeys(clients, common.flatten_state(global_model))
+            row = dict(zip(clients, client_stack))  # where each client's model lands: no copies per client
+        updates = pool.map(lambda model, client: client_update(model, start_state[client], data, client, args,
+                                                               round_, out=row[client]), clients)
         losses = [common.check_finite(loss, round_, client) for client, (_, loss) in zip(clients, updates)]
-        num_samples = [len(data.train_idx[client]) for client in clients]
-        common.load_flat_state(global_model, server_update(client_stack[:len(clients)], num_samples))
-        run.add_bytes(down=model_bytes * len(clients), up=model_bytes * len(clients))
+        if not args.local_training:
+            num_samples = [len(data.train_idx[client]) for client in clients]
+            common.load_flat_state(global_model, server_update(client_stack[:len(clients)], num_samples))
+            run.add_bytes(down=model_bytes * len(clients), up=model_bytes * len(clients))
         if run.should_eval(round_):
-            run.log(round_, {**common.evaluate_global(global_model, data), "train_loss": sum(losses) / len(losses)})
+            evaluated = (evaluate_local(state["local_models"], pool.models[0], data) if args.local_training
+                         else common.evaluate_global(global_model, data))
+            run.log(round_, {**evaluated, "train_loss": sum(losses) / len(losses)})
         run.checkpoint(round_, state, rng)
         if run.stop_requested(round_):  # Ctrl-C: this round's checkpoint is written
             return run.stop(round_)

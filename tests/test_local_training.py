@@ -1,0 +1,53 @@
+"""fedavg.py --local-training: the "Local Training" row of pFedLA's Tables 1-2 (each client alone,
+no aggregation), checked against an independent chain of local training per client."""
+import os
+
+import pytest
+import torch
+
+import common
+import fedavg
+import run_folder
+from conftest import metrics_rows, run_dir
+
+FLAGS = ["--dataset", "synthetic", "--num-clients", "3", "--local-epochs", "2", "--batch-size", "8",
+         "--checkpoint-every", "1", "--device", "cpu"]
+
+
+def test_each_client_trains_alone_from_the_common_initial_model(tmp_path, one_thread):
+    run_folder.run_main(fedavg.main, [*FLAGS, "--rounds", "2", "--local-training", "--out", str(tmp_path)])
+    folder = run_dir(tmp_path)
+    assert os.path.basename(folder).startswith("local-")
+    blob = torch.load(os.path.join(folder, "checkpoint.pt"), weights_only=False)
+    args = fedavg.parse_args([*FLAGS, "--rounds", "2"])
+    data = common.load_federated_data(args, torch.device("cpu"))
+    model = common.build_model(args.model, data)
+    model.load_state_dict(blob["state"]["global_model"])  # never aggregated: still the initial model
+    initial = common.flatten_state(model).clone()
+    expected, accuracies = [], []
+    for client in range(3):  # round 1 and round 2 of one client, nobody else involved
+        common.load_flat_state(model, initial)
+        for round_ in (1, 2):
+            common.local_train(model, data, data.train_idx[client], args, common.client_seed(args.seed, round_, client))
+        expected.append(common.flatten_state(model).clone())
+        c, n, _ = common.evaluate(model, data, [data.test_idx[client]])
+        accuracies.append(float(c[0] / n[0]))
+    assert torch.equal(blob["state"]["local_models"], torch.stack(expected))
+    assert not torch.equal(expected[0], expected[1])  # the clients did not end on one model
+    last = metrics_rows(folder)[-1]
+    assert float(last["test_acc_mean"]) == pytest.approx(100 * sum(accuracies) / 3, abs=1e-4)
+    assert float(last["mb_down"]) == 0 and float(last["mb_up"]) == 0  # nothing is sent
+
+
+def test_local_training_differs_from_fedavg_and_resumes_to_the_uninterrupted_metrics(tmp_path, one_thread):
+    flags = [*FLAGS, "--rounds", "3", "--local-training"]
+    run_folder.run_main(fedavg.main, [*flags, "--out", str(tmp_path / "full")])
+    with pytest.raises(SystemExit) as stop:
+        run_folder.run_main(fedavg.main, [*flags, "--out", str(tmp_path / "part"), "--stop-after", "2"])
+    assert stop.value.code == 0
+    run_folder.run_main(fedavg.main, ["--resume", run_dir(tmp_path / "part")])
+    columns = ("round", "test_acc", "test_acc_mean", "test_acc_std", "test_loss", "train_loss")
+    rows = lambda out: [[r[k] for k in columns] for r in metrics_rows(run_dir(out))]
+    assert rows(tmp_path / "part") == rows(tmp_path / "full")
+    run_folder.run_main(fedavg.main, [*FLAGS, "--rounds", "3", "--out", str(tmp_path / "fedavg")])
+    assert rows(tmp_path / "fedavg") != rows(tmp_path / "full")

@@ -147,11 +147,83 @@ VISION = {  # --dataset: (torchvision.datasets class, its arguments, the folder 
     "mnist": ("MNIST", {}, "MNIST/raw"), "fmnist": ("FashionMNIST", {}, "FashionMNIST/raw"),
     "emnist": ("EMNIST", {"split": "digits"}, "EMNIST/raw"),
     "cifar10": ("CIFAR10", {}, "cifar-10-batches-py"), "cifar100": ("CIFAR100", {}, "cifar-100-python")}
+IDX_FILES = {  # the publishers' idx files: train images, train labels, test images, test labels (each may be .gz)
+    "mnist": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+    "emnist": tuple(f"emnist-digits-{part}-idx{n}-ubyte" for part, n in
+                    (("train-images", 3), ("train-labels", 1), ("test-images", 3), ("test-labels", 1)))}
+IDX_FILES["fmnist"] = IDX_FILES["mnist"]
+EMNIST_ZIP = "gzip.zip"  # EMNIST's one download; its folder gzip/ holds the .gz files of every split
+OFFLINE_SOURCES = {"fmnist": " (or take Debian's copy: apt-get install dataset-fashion-mnist, then "
+                             "--data-dir /usr/share/datasets/fashion-mnist)"}
 
 
-def _vision(name, data_dir, train, download=False):
-    """torchvision's dataset ``name``. CIFAR's extracted files need only exist and parse (the md5
-    of the archive is checked when it is downloaded); its class names are not read."""
+def read_idx(content, what):
+    """The array in an idx file's bytes (LeCun's format: two zero bytes, type 0x08 for unsigned bytes,
+    the number of dimensions, each dimension as a big-endian int32, the data). The sizes in the header
+    must match the data exactly, so a cut file is refused rather than read short."""
+    if len(content) < 4 or content[:3] != b"\0\0\x08" or not 1 <= content[3] <= 4:
+        raise ValueError(f"{what} is not an idx file of unsigned bytes")
+    header = 4 + 4 * content[3]
+    if len(content) < header:
+        raise ValueError(f"{what} ends inside its header")
+    dims = [int(d) for d in np.frombuffer(content, ">u4", content[3], 4)]
+    if len(content) - header != math.prod(dims):
+        raise ValueError(f"{what} holds {len(content) - header} bytes of data; its header says {math.prod(dims)}")
+    return np.frombuffer(content, np.uint8, offset=header).reshape(dims)
+
+
+def find_idx(name, data_dir):
+    """Where the four idx files of ``name`` are: a function returning each file's bytes, or None.
+    Looked for in data_dir/<torchvision's folder> (MNIST/raw, ...) and in data_dir itself, each file
+    plain or gzipped; EMNIST's also inside its gzip.zip. Nothing is unpacked on disk."""
+    import gzip
+    import zipfile
+    for folder in (os.path.join(data_dir, VISION[name][2]), data_dir):
+        paths = []
+        for stem in IDX_FILES[name]:
+            found = [os.path.join(folder, f) for f in (stem, stem + ".gz") if os.path.isfile(os.path.join(folder, f))]
+            paths.append(found[0] if found else None)
+        if all(paths):
+            def read(i, paths=paths):
+                opener = gzip.open if paths[i].endswith(".gz") else open
+                with opener(paths[i], "rb") as f:
+                    return f.read()
+            return read
+        archive = os.path.join(folder, EMNIST_ZIP)
+        if name == "emnist" and os.path.isfile(archive):  # read from the zip as it is
+            def read(i, archive=archive):
+                with zipfile.ZipFile(archive) as z:
+                    return gzip.decompress(z.read(f"gzip/{IDX_FILES[name][i]}.gz"))
+            return read
+    return None
+
+
+def unpack_cifar(name, data_dir):
+    """CIFAR's tar.gz, if it lies in data_dir (or, as an older message of ours said, inside the folder it
+    unpacks to), unpacked into data_dir/cifar-10-batches-py (cifar-100-python) when that folder lacks
+    its files. Each file is written whole and renamed into place, so runs that start together do not
+    read half a file."""
+    import tarfile
+    import torchvision
+    cls = getattr(torchvision.datasets, VISION[name][0])
+    folder = os.path.join(data_dir, cls.base_folder)
+    if all(os.path.isfile(os.path.join(folder, f)) for f, _ in cls.train_list + cls.test_list):
+        return
+    for archive in (os.path.join(data_dir, cls.filename), os.path.join(folder, cls.filename)):
+        if os.path.isfile(archive):
+            os.makedirs(folder, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=data_dir, prefix=".unpack-") as tmp:
+                with tarfile.open(archive, "r:gz") as tar:
+                    tar.extractall(tmp, filter="data")
+                unpacked = os.path.join(tmp, cls.base_folder)
+                for f in os.listdir(unpacked):
+                    os.replace(os.path.join(unpacked, f), os.path.join(folder, f))
+            return
+
+
+def _torchvision(name, data_dir, train, download):
+    """torchvision's dataset ``name``. CIFAR's extracted files need only exist and parse (the md5 of
+    the archive is checked when it is downloaded); its class names are not read."""
     import torchvision
     base = getattr(torchvision.datasets, VISION[name][0])
     if name.startswith("cifar"):
@@ -166,46 +238,67 @@ def _vision(name, data_dir, train, download=False):
     return base(data_dir, train=train, download=download, **VISION[name][1])
 
 
+def _download(name, data_dir):
+    """torchvision's download of ``name`` into data_dir; offline, one line that says what to put where."""
+    import torchvision
+    cls = getattr(torchvision.datasets, VISION[name][0])
+    folder = os.path.join(data_dir, VISION[name][2])
+    timeout = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(20)
+    try:
+        return [_torchvision(name, data_dir, train, download=True) for train in (True, False)]
+    except Exception as e:  # noqa: BLE001  offline, refused, bad checksum: all the same to the user
+        if name.startswith("cifar"):  # torchvision unpacks the archive from data_dir
+            where, what = data_dir, f"{cls.filename} from {cls.url} in {data_dir} (it is unpacked into {folder})"
+        elif name == "emnist":
+            where, what = folder, (f"{EMNIST_ZIP} from {cls.url} (or the files {', '.join(IDX_FILES[name])}, "
+                                   f"gzipped or not, from inside it) in {folder}")
+        else:
+            where, what = folder, f"{', '.join(f + '.gz' for f in IDX_FILES[name])} from {cls.mirrors[0]} in {folder}"
+        raise UserError(f"{name} is not in {where} and could not be downloaded ({e.__class__.__name__}); put {what}"
+                        f"{OFFLINE_SOURCES.get(name, '')}")
+    finally:
+        socket.setdefaulttimeout(timeout)
+
+
 def load_vision(name, data_dir):
     """(x_train, y_train, x_test, y_test) of MNIST, FashionMNIST, EMNIST (digits), CIFAR-10 or
-    CIFAR-100 as uint8 (N, C, H, W) images and int64 labels, through torchvision.datasets, which
-    downloads (md5-checked), unpacks and parses the publishers' files on first use."""
+    CIFAR-100 as uint8 (N, C, H, W) images and int64 labels. The publishers' files are read where
+    they lie (find_idx, unpack_cifar); if they are not there, torchvision.datasets downloads them
+    (md5-checked) into data_dir. What is read is checked (the idx sizes here, the arrays in
+    check_arrays), not the archives' checksums, so a copy from elsewhere (Debian's) loads too."""
     import torchvision
     folder = os.path.join(data_dir, VISION[name][2])
     cls = getattr(torchvision.datasets, VISION[name][0])
     address = cls.url if hasattr(cls, "url") else cls.mirrors[0]
     try:
-        if os.path.isdir(folder):  # gzipped idx files alone: unpacked as torchvision's download does
-            for f in os.listdir(folder):
-                if f.endswith(".gz") and not os.path.exists(os.path.join(folder, f[:-3])):
-                    torchvision.datasets.utils.extract_archive(os.path.join(folder, f))
-        try:
-            sets = [_vision(name, data_dir, train) for train in (True, False)]
-        except RuntimeError as e:
-            if "not found" not in str(e):
-                raise
-            timeout = socket.getdefaulttimeout()
-            socket.setdefaulttimeout(20)
+        if name in IDX_FILES:
+            read = find_idx(name, data_dir)
+            if read is None:
+                _download(name, data_dir)
+                read = find_idx(name, data_dir)
+            xtr, ytr, xte, yte = (read_idx(read(i), IDX_FILES[name][i]) for i in range(4))
+        else:
+            unpack_cifar(name, data_dir)
             try:
-                sets = [_vision(name, data_dir, train, download=True) for train in (True, False)]
-            except Exception as e:  # noqa: BLE001  offline, refused, bad checksum: all the same to the user
-                files = cls.filename if hasattr(cls, "filename") else ", ".join(
-                    f"{r[0]}" for r in getattr(cls, "resources", [])) or f"{os.path.basename(cls.url)} (unzipped)"
-                raise UserError(f"{name} is not in {folder} and could not be downloaded ({e.__class__.__name__}); "
-                                f"put {files} from {address} in {folder}")
-            finally:
-                socket.setdefaulttimeout(timeout)
+                sets = [_torchvision(name, data_dir, train, download=False) for train in (True, False)]
+            except RuntimeError as e:
+                if "not found" not in str(e):
+                    raise
+                sets = _download(name, data_dir)
+            (xtr, ytr), (xte, yte) = ((np.asarray(d.data), np.asarray(d.targets, dtype=np.int64)) for d in sets)
+            return xtr.transpose(0, 3, 1, 2).copy(), ytr, xte.transpose(0, 3, 1, 2).copy(), yte  # HWC -> CHW
     except UserError:
         raise
-    except Exception as e:  # noqa: BLE001  what torchvision's parsers raise on a damaged file
+    except Exception as e:  # noqa: BLE001  what the parsers raise on a damaged file
         raise UserError(f"the {name} files in {folder} are corrupt or truncated ({e.__class__.__name__}: {e}); "
                         f"delete them and run again to download them from {address}")
-    (xtr, ytr), (xte, yte) = ((np.asarray(d.data), np.asarray(d.targets, dtype=np.int64)) for d in sets)
-    if name.startswith("cifar"):  # torchvision holds CIFAR as HWC
-        return xtr.transpose(0, 3, 1, 2).copy(), ytr, xte.transpose(0, 3, 1, 2).copy(), yte
+    if xtr.ndim != 3 or xte.ndim != 3 or ytr.ndim != 1 or yte.ndim != 1:
+        raise UserError(f"the {name} files in {folder} hold arrays of shapes {xtr.shape}, {ytr.shape}, {xte.shape} "
+                        f"and {yte.shape}; expected images (N, H, W) and labels (N,)")
     if name == "emnist":  # EMNIST stores its images transposed
         xtr, xte = xtr.transpose(0, 2, 1), xte.transpose(0, 2, 1)
-    return xtr[:, None], ytr, xte[:, None], yte
+    return xtr[:, None].copy(), ytr.astype(np.int64), xte[:, None].copy(), yte.astype(np.int64)
 
 
 def synthetic_setting(name):

@@ -1,0 +1,157 @@
+"""Every offline instruction works when followed: for each torchvision dataset, a run without network
+says in one line what to put where; the publisher's file, fabricated in its exact format (only its
+checksum differs) and put exactly there, then loads and trains. Debian's Fashion-MNIST layout (the four
+.gz files in one folder, read where they lie) loads too."""
+import gzip
+import io
+import os
+import pickle
+import re
+import tarfile
+import zipfile
+
+import numpy as np
+import pytest
+
+import common
+import fedavg
+import run_folder
+from conftest import metrics_rows, run_dir
+from test_datasets_extra import NO_NETWORK
+
+RNG = np.random.default_rng(0)
+TRAIN_LABELS, TEST_LABELS = np.arange(40) % 4, np.arange(20) % 4
+IMAGES = {"train": RNG.integers(0, 256, (40, 28, 28), dtype=np.uint8),
+          "test": RNG.integers(0, 256, (20, 28, 28), dtype=np.uint8)}
+CIFAR = {"train": RNG.integers(0, 256, (50, 3072), dtype=np.uint8), "test": RNG.integers(0, 256, (20, 3072),
+                                                                                       dtype=np.uint8)}
+
+
+def idx_bytes(array):
+    """LeCun's idx format: 0, 0, 0x08 (unsigned bytes), the number of dimensions, big-endian int32 sizes, data."""
+    return bytes([0, 0, 8, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape) + array.tobytes()
+
+
+def idx_files(prefix_train, prefix_test):
+    return {f"{prefix_train}-images-idx3-ubyte": IMAGES["train"],
+            f"{prefix_train}-labels-idx1-ubyte": TRAIN_LABELS.astype(np.uint8),
+            f"{prefix_test}-images-idx3-ubyte": IMAGES["test"],
+            f"{prefix_test}-labels-idx1-ubyte": TEST_LABELS.astype(np.uint8)}
+
+
+def write_gz_files(folder, names, prefixes=("train", "t10k")):
+    files = idx_files(*prefixes)
+    for name in names:
+        assert name.endswith(".gz") and name[:-3] in files, name
+        with gzip.open(os.path.join(folder, name), "wb") as f:
+            f.write(idx_bytes(files[name[:-3]]))
+
+
+def write_emnist_zip(folder, names):
+    assert names == ["gzip.zip"]
+    with zipfile.ZipFile(os.path.join(folder, "gzip.zip"), "w") as z:  # EMNIST's zip: gzip/emnist-<split>-*.gz
+        for stem, array in idx_files("emnist-digits-train", "emnist-digits-test").items():
+            z.writestr(f"gzip/{stem}.gz", gzip.compress(idx_bytes(array)))
+        z.writestr("gzip/emnist-letters-train-labels-idx1-ubyte.gz", gzip.compress(idx_bytes(np.zeros(3, np.uint8))))
+
+
+def write_cifar_archive(folder, names, base, label_key, train_files):
+    (name,) = names
+    with tarfile.open(os.path.join(folder, name), "w:gz") as tar:
+        def add(member, entry):
+            content = pickle.dumps(entry, protocol=2)
+            info = tarfile.TarInfo(f"{base}/{member}")
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+        chunks = np.array_split(np.arange(50), len(train_files))
+        for member, rows in zip(train_files, chunks):
+            add(member, {"data": CIFAR["train"][rows], label_key: (np.arange(50)[rows] % 4).tolist()})
+        add("test_batch" if base.startswith("cifar-10-") else "test",
+            {"data": CIFAR["test"], label_key: (np.arange(20) % 4).tolist()})
+        add("batches.meta" if base.startswith("cifar-10-") else "meta", {"label_names": ["a", "b", "c", "d"]})
+
+
+WRITERS = {
+    "mnist": write_gz_files, "fmnist": write_gz_files,
+    "emnist": write_emnist_zip,
+    "cifar10": lambda folder, names: write_cifar_archive(folder, names, "cifar-10-batches-py", "labels",
+                                                         [f"data_batch_{i}" for i in range(1, 6)]),
+    "cifar100": lambda folder, names: write_cifar_archive(folder, names, "cifar-100-python", "fine_labels", ["train"]),
+}
+PUT = re.compile(r"put (?P<what>.+?) from (?P<address>https?://\S+?)(?: \(or [^)]*\))? in (?P<where>\S+)")
+
+
+def offline_line(dataset, data_dir, monkeypatch, capsys):
+    for key, value in NO_NETWORK.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SystemExit) as stop:
+        run_folder.run_main(fedavg.main, ["--dataset", dataset, "--data-dir", str(data_dir),
+                                          "--out", str(data_dir / "runs")])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2, line
+    return line
+
+
+@pytest.mark.parametrize("dataset", list(WRITERS))
+def test_the_offline_line_says_what_to_put_where_and_following_it_works(dataset, tmp_path, monkeypatch, capsys,
+                                                                         one_thread):
+    data_dir = tmp_path / "data"
+    line = offline_line(dataset, data_dir, monkeypatch, capsys)
+    put = PUT.search(line)
+    assert put, line
+    where = put["where"]
+    assert where.startswith(str(data_dir))
+    os.makedirs(where, exist_ok=True)
+    WRITERS[dataset](where, put["what"].split(", "))
+    run_folder.run_main(fedavg.main, ["--dataset", dataset, "--data-dir", str(data_dir), "--num-clients", "2",
+                                      "--partition", "iid", "--rounds", "2", "--model", "mlp", "--device", "cpu",
+                                      "--out", str(tmp_path / "runs")])
+    assert len(metrics_rows(run_dir(tmp_path / "runs"))) == 2
+    x, y, x_test, y_test = common.load_arrays(dataset, str(data_dir))
+    if dataset.startswith("cifar"):
+        assert np.array_equal(x.reshape(50, 3072), CIFAR["train"]) and np.array_equal(y, np.arange(50) % 4)
+        assert np.array_equal(x_test.reshape(20, 3072), CIFAR["test"])
+    else:
+        images = IMAGES["train"].transpose(0, 2, 1) if dataset == "emnist" else IMAGES["train"]  # EMNIST: transposed
+        assert np.array_equal(x[:, 0], images) and np.array_equal(y, TRAIN_LABELS)
+        assert np.array_equal(y_test, TEST_LABELS) and x_test.shape == (20, 1, 28, 28)
+
+
+def test_fmnist_offline_line_names_debians_package(tmp_path, monkeypatch, capsys):
+    line = offline_line("fmnist", tmp_path / "data", monkeypatch, capsys)
+    assert "apt-get install dataset-fashion-mnist" in line and "--data-dir /usr/share/datasets/fashion-mnist" in line
+
+
+def test_the_files_are_read_where_they_lie_without_writing(tmp_path):
+    """Debian's layout: the four .gz files in one folder (--data-dir at it), read-only; also plain idx files."""
+    folder = tmp_path / "fashion-mnist"
+    folder.mkdir()
+    names = [f"{stem}.gz" for stem in idx_files("train", "t10k")]
+    write_gz_files(folder, names)
+    os.chmod(folder, 0o555)
+    try:
+        x, y, x_test, y_test = common.load_arrays("fmnist", str(folder))
+    finally:
+        os.chmod(folder, 0o755)
+    assert sorted(os.listdir(folder)) == sorted(names)
+    assert np.array_equal(x[:, 0], IMAGES["train"]) and np.array_equal(y_test, TEST_LABELS)
+
+
+def test_a_cifar_archive_put_where_an_older_message_said_is_unpacked_in_place(tmp_path, one_thread):
+    """Older lines said to put the archive inside cifar-10-batches-py; it is unpacked there, not a folder deeper."""
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    WRITERS["cifar10"](str(folder), ["cifar-10-python.tar.gz"])
+    x, y, _, _ = common.load_arrays("cifar10", str(tmp_path))
+    assert np.array_equal(x.reshape(50, 3072), CIFAR["train"])
+    assert not (folder / "cifar-10-batches-py").exists() and not [f for f in os.listdir(tmp_path) if f.startswith(".")]
+
+
+@pytest.mark.parametrize("cut", ["header", "data"])
+def test_a_cut_idx_file_is_one_line(cut, tmp_path):
+    write_gz_files(tmp_path, [f"{stem}.gz" for stem in idx_files("train", "t10k")])
+    content = idx_bytes(IMAGES["train"])
+    with gzip.open(tmp_path / "train-images-idx3-ubyte.gz", "wb") as f:
+        f.write(content[:10] if cut == "header" else content[:-5])
+    with pytest.raises(common.UserError, match="corrupt or truncated"):
+        common.load_arrays("mnist", str(tmp_path))

@@ -52,7 +52,6 @@ except ImportError:
 import torch
 
 import common
-import fedavg
 import run_folder
 
 ALGORITHMS = ("fedavg", "fedala", "pfedla", "fedpake", "fedacd")
@@ -119,7 +118,7 @@ def tensors(record, device):
 
 def fedavg_client(job, client, round_, received, evaluate):
     """FedAvg's client update, which FedPake uses too (Alg. 1: FedAvg's local training)."""
-    trained, loss = fedavg.client_update(job.model(), received["global"], job.data, client, job.args, round_)
+    trained, loss = common.client_update(job.model(), received["global"], job.data, client, job.args, round_)
     return {"trained": trained}, {"loss": float(loss)}
 
 

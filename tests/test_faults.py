@@ -123,7 +123,7 @@ def test_every_script_imports_common_first_which_handles_signals_before_numpy_an
     assert installs < min(heavy)
     assert sorted(common.SCRIPTS) == sorted(
         name for name in os.listdir(ROOT) if name.endswith(".py") and "run_folder.run_main(main)" in
-        open(os.path.join(ROOT, name)).read() and name != "flower_app.py")
+        open(os.path.join(ROOT, name)).read())
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -425,7 +425,7 @@ def test_the_script_continues_a_flower_run(finished, copy_of, capsys):
     folder = copy_of(finished)
     path = os.path.join(folder, "config.json")
     config = json.load(open(path))
-    config["script"] = "flower_app"  # what flower_app.py records
+    config["script"] = "flower_app"  # what flower/app.py records
     json.dump(config, open(path, "w"))
     code, lines = run(capsys, "--resume", folder)
     assert code == 2 and lines[0].startswith(f"error: cannot resume: {folder} has finished its"), lines

@@ -1,34 +1,55 @@
-"""What two or more of the algorithm scripts share, in reading order: the command line, the
-data (loaded once into tensors on the training device; a client is a pair of index tensors,
-a batch an index slice), the models, and training and evaluation. The run folder is in
-run_folder.py, the datasets torchvision lacks (Tiny-ImageNet, AG News, Synthetic) in
-datasets_extra.py. Each algorithm lives in its own file.
+"""What two or more of the algorithm scripts share, in reading order: the start-up signal
+handling, the command line, the data (datasets.py, reached through here: loaded once into
+tensors on the training device; a client is a pair of index tensors, a batch an index slice),
+the models, and training and evaluation. The errors, ``atomic_write`` and the run folder are in
+run_folder.py. Each algorithm lives in its own file and imports this module before torch.
+Imports go down only: common -> datasets -> run_folder -> data_partition (docs/layout.md).
 """
+# First, before numpy and torch load (seconds): a Ctrl-C, SIGTERM or SIGHUP that arrives while a
+# script (python fedavg.py) is still starting ends it with one line and exit status 128 + the
+# signal's number (130, 143, 129), not with a traceback from inside an import. Nothing has been
+# written at that point, so leaving at once loses nothing. From the start of ``main`` on,
+# run_folder.run_main handles these signals (docs/running.md, "Stopping, resuming and clusters").
+import os
+import signal
+import sys
+
+SCRIPTS = ("fedavg.py", "fedala.py", "pfedla.py", "fedpake.py", "fedacd.py")
+
+
+def stop_while_starting(signum, frame):
+    what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+    os.write(2, f"{what} while starting; nothing was written\n".encode())
+    os._exit(128 + signum)  # at once: an exception here would unwind through half-done imports
+
+
+stop_while_starting.while_starting = True  # run_folder.restore_signals ignores it once main has ended
+
+# Only when a script is the program: the tests and other programs that import a script keep their
+# own handling of signals. A SIGTERM or SIGHUP ignored already (nohup) stays ignored, as in run_folder.
+if os.path.basename(getattr(sys.modules.get("__main__"), "__file__", None) or "") in SCRIPTS:
+    for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if _signum == signal.SIGINT or signal.getsignal(_signum) is not signal.SIG_IGN:
+            signal.signal(_signum, stop_while_starting)
+
 import argparse
 import math
-import os
 import queue
-import socket
-import tempfile
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import data_partition as dp
+import datasets
+import run_folder
+# what the scripts use of the data and the run's errors, through common as ever (defined there)
+from datasets import (FedData, LOADERS, VISION, check_arrays, load_arrays, load_vision,  # noqa: F401
+                      synthetic_setting, to_tensor)
+from run_folder import DivergedError, UserError, atomic_write  # noqa: F401
 
 
 # ----------------------------------------------------------------------------- command line
-
-class UserError(Exception):
-    """Bad input: reported as one line and exit status 2."""
-
-
-class DivergedError(Exception):
-    """A loss became NaN/inf: reported with round and client, exit status 1."""
-
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, not argparse's usage block
@@ -97,6 +118,17 @@ def base_parser(description, script=None, helps=None, **defaults):
     return p
 
 
+def fedala_learning_rate(args):
+    """FedALA's setup, the ``resolve`` of fedavg.py and fedala.py: --lr 0.005 for the 4-layer CNN,
+    0.1 on MNIST and for fastText and ResNet-18."""
+    if args.lr is None:
+        fast = args.dataset in ("mnist", "agnews") or args.model in ("fasttext", "resnet18")
+        args.lr = 0.1 if fast else 0.005
+
+
+LR_HELP = "local learning rate (default: 0.1 on mnist and agnews and for fasttext and resnet18, else 0.005)"
+
+
 def parse_args(parser, argv=None, resolve=None, checks=()):
     """Parse and validate every flag before anything is written. ``resolve(args)`` fills the
     dataset-dependent defaults; ``checks`` are the script's own (ok, message) pairs as a
@@ -105,7 +137,6 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
     if args.resume is not None and not args.resume.strip():
         raise UserError("--resume needs the run folder to continue (given: an empty name)")
     if args.resume:
-        import run_folder
         args = run_folder.resumed_args(parser, argv)
     elif resolve:
         resolve(args)
@@ -143,338 +174,11 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
 
 # ----------------------------------------------------------------------------- data
 
-VISION = {  # --dataset: (torchvision.datasets class, its arguments, the folder its files go in)
-    "mnist": ("MNIST", {}, "MNIST/raw"), "fmnist": ("FashionMNIST", {}, "FashionMNIST/raw"),
-    "emnist": ("EMNIST", {"split": "digits"}, "EMNIST/raw"),
-    "cifar10": ("CIFAR10", {}, "cifar-10-batches-py"), "cifar100": ("CIFAR100", {}, "cifar-100-python")}
-IDX_FILES = {  # the publishers' idx files: train images, train labels, test images, test labels (each may be .gz)
-    "mnist": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
-    "emnist": tuple(f"emnist-digits-{part}-idx{n}-ubyte" for part, n in
-                    (("train-images", 3), ("train-labels", 1), ("test-images", 3), ("test-labels", 1)))}
-IDX_FILES["fmnist"] = IDX_FILES["mnist"]
-EMNIST_ZIP = "gzip.zip"  # EMNIST's one download; its folder gzip/ holds the .gz files of every split
-OFFLINE_SOURCES = {"fmnist": " (or take Debian's copy: apt-get install dataset-fashion-mnist, then "
-                             "--data-dir /usr/share/datasets/fashion-mnist)"}
-
-
-def read_idx(content, what):
-    """The array in an idx file's bytes (LeCun's format: two zero bytes, type 0x08 for unsigned bytes,
-    the number of dimensions, each dimension as a big-endian int32, the data). The sizes in the header
-    must match the data exactly, so a cut file is refused rather than read short."""
-    if len(content) < 4 or content[:3] != b"\0\0\x08" or not 1 <= content[3] <= 4:
-        raise ValueError(f"{what} is not an idx file of unsigned bytes")
-    header = 4 + 4 * content[3]
-    if len(content) < header:
-        raise ValueError(f"{what} ends inside its header")
-    dims = [int(d) for d in np.frombuffer(content, ">u4", content[3], 4)]
-    if len(content) - header != math.prod(dims):
-        raise ValueError(f"{what} holds {len(content) - header} bytes of data; its header says {math.prod(dims)}")
-    return np.frombuffer(content, np.uint8, offset=header).reshape(dims)
-
-
-def find_idx(name, data_dir):
-    """Where the four idx files of ``name`` are: a function returning each file's bytes, or None.
-    Looked for in data_dir/<torchvision's folder> (MNIST/raw, ...) and in data_dir itself, each file
-    plain or gzipped; EMNIST's also inside its gzip.zip. Nothing is unpacked on disk."""
-    import gzip
-    import zipfile
-    for folder in (os.path.join(data_dir, VISION[name][2]), data_dir):
-        paths = []
-        for stem in IDX_FILES[name]:
-            found = [os.path.join(folder, f) for f in (stem, stem + ".gz") if os.path.isfile(os.path.join(folder, f))]
-            paths.append(found[0] if found else None)
-        if all(paths):
-            def read(i, paths=paths):
-                opener = gzip.open if paths[i].endswith(".gz") else open
-                with opener(paths[i], "rb") as f:
-                    return f.read()
-            return read
-        archive = os.path.join(folder, EMNIST_ZIP)
-        if name == "emnist" and os.path.isfile(archive):  # read from the zip as it is
-            def read(i, archive=archive):
-                with zipfile.ZipFile(archive) as z:
-                    return gzip.decompress(z.read(f"gzip/{IDX_FILES[name][i]}.gz"))
-            return read
-    return None
-
-
-def unpack_cifar(name, data_dir):
-    """CIFAR's tar.gz, if it lies in data_dir (or, as an older message of ours said, inside the folder it
-    unpacks to), unpacked into data_dir/cifar-10-batches-py (cifar-100-python) when that folder lacks
-    its files. Each file is written whole and renamed into place, so runs that start together do not
-    read half a file."""
-    import tarfile
-    import torchvision
-    cls = getattr(torchvision.datasets, VISION[name][0])
-    folder = os.path.join(data_dir, cls.base_folder)
-    if all(os.path.isfile(os.path.join(folder, f)) for f, _ in cls.train_list + cls.test_list):
-        return
-    for archive in (os.path.join(data_dir, cls.filename), os.path.join(folder, cls.filename)):
-        if os.path.isfile(archive):
-            os.makedirs(folder, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=data_dir, prefix=".unpack-") as tmp:
-                with tarfile.open(archive, "r:gz") as tar:
-                    tar.extractall(tmp, filter="data")
-                unpacked = os.path.join(tmp, cls.base_folder)
-                for f in os.listdir(unpacked):
-                    os.replace(os.path.join(unpacked, f), os.path.join(folder, f))
-            return
-
-
-def _torchvision(name, data_dir, train, download):
-    """torchvision's dataset ``name``. CIFAR's extracted files need only exist and parse (the md5 of
-    the archive is checked when it is downloaded); its class names are not read."""
-    import torchvision
-    base = getattr(torchvision.datasets, VISION[name][0])
-    if name.startswith("cifar"):
-        class Cifar(base):
-            def _check_integrity(self):
-                return all(os.path.isfile(os.path.join(self.root, self.base_folder, f))
-                           for f, _ in self.train_list + self.test_list)
-
-            def _load_meta(self):
-                self.classes = []
-        base = Cifar
-    return base(data_dir, train=train, download=download, **VISION[name][1])
-
-
-def _download(name, data_dir):
-    """torchvision's download of ``name`` into data_dir; offline, one line that says what to put where."""
-    import torchvision
-    cls = getattr(torchvision.datasets, VISION[name][0])
-    folder = os.path.join(data_dir, VISION[name][2])
-    timeout = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(20)
-    try:
-        return [_torchvision(name, data_dir, train, download=True) for train in (True, False)]
-    except Exception as e:  # noqa: BLE001  offline, refused, bad checksum: all the same to the user
-        if name.startswith("cifar"):  # torchvision unpacks the archive from data_dir
-            where, what = data_dir, f"{cls.filename} from {cls.url} in {data_dir} (it is unpacked into {folder})"
-        elif name == "emnist":
-            where, what = folder, (f"{EMNIST_ZIP} from {cls.url} (or the files {', '.join(IDX_FILES[name])}, "
-                                   f"gzipped or not, from inside it) in {folder}")
-        else:
-            where, what = folder, f"{', '.join(f + '.gz' for f in IDX_FILES[name])} from {cls.mirrors[0]} in {folder}"
-        raise UserError(f"{name} is not in {where} and could not be downloaded ({e.__class__.__name__}); put {what}"
-                        f"{OFFLINE_SOURCES.get(name, '')}")
-    finally:
-        socket.setdefaulttimeout(timeout)
-
-
-def load_vision(name, data_dir):
-    """(x_train, y_train, x_test, y_test) of MNIST, FashionMNIST, EMNIST (digits), CIFAR-10 or
-    CIFAR-100 as uint8 (N, C, H, W) images and int64 labels. The publishers' files are read where
-    they lie (find_idx, unpack_cifar); if they are not there, torchvision.datasets downloads them
-    (md5-checked) into data_dir. What is read is checked (the idx sizes here, the arrays in
-    check_arrays), not the archives' checksums, so a copy from elsewhere (Debian's) loads too."""
-    import torchvision
-    folder = os.path.join(data_dir, VISION[name][2])
-    cls = getattr(torchvision.datasets, VISION[name][0])
-    address = cls.url if hasattr(cls, "url") else cls.mirrors[0]
-    try:
-        if name in IDX_FILES:
-            read = find_idx(name, data_dir)
-            if read is None:
-                _download(name, data_dir)
-                read = find_idx(name, data_dir)
-            xtr, ytr, xte, yte = (read_idx(read(i), IDX_FILES[name][i]) for i in range(4))
-        else:
-            unpack_cifar(name, data_dir)
-            try:
-                sets = [_torchvision(name, data_dir, train, download=False) for train in (True, False)]
-            except RuntimeError as e:
-                if "not found" not in str(e):
-                    raise
-                sets = _download(name, data_dir)
-            (xtr, ytr), (xte, yte) = ((np.asarray(d.data), np.asarray(d.targets, dtype=np.int64)) for d in sets)
-            return xtr.transpose(0, 3, 1, 2).copy(), ytr, xte.transpose(0, 3, 1, 2).copy(), yte  # HWC -> CHW
-    except UserError:
-        raise
-    except Exception as e:  # noqa: BLE001  what the parsers raise on a damaged file
-        raise UserError(f"the {name} files in {folder} are corrupt or truncated ({e.__class__.__name__}: {e}); "
-                        f"delete them and run again to download them from {address}")
-    if xtr.ndim != 3 or xte.ndim != 3 or ytr.ndim != 1 or yte.ndim != 1:
-        raise UserError(f"the {name} files in {folder} hold arrays of shapes {xtr.shape}, {ytr.shape}, {xte.shape} "
-                        f"and {yte.shape}; expected images (N, H, W) and labels (N,)")
-    if name == "emnist":  # EMNIST stores its images transposed
-        xtr, xte = xtr.transpose(0, 2, 1), xte.transpose(0, 2, 1)
-    return xtr[:, None].copy(), ytr.astype(np.int64), xte[:, None].copy(), yte.astype(np.int64)
-
-
-def synthetic_setting(name):
-    """(alpha, beta, iid) of a synthetic dataset name, None for other datasets (datasets_extra.py)."""
-    import datasets_extra
-    return datasets_extra.synthetic_setting(name)
-
-
-def load_arrays(name, data_dir):
-    """(x_train, y_train, x_test, y_test) as numpy arrays for a named dataset or an .npz file,
-    checked (``datasets_extra.check_arrays``); labels int64."""
-    import datasets_extra
-    if (name in VISION or name in datasets_extra.LOADERS) and os.path.exists(data_dir) and not os.path.isdir(data_dir):
-        raise UserError(f"--data-dir {data_dir} is a file; it must name the folder the datasets are read from")
-    if name in VISION:
-        arrays = load_vision(name, data_dir)
-    elif name in datasets_extra.LOADERS:
-        arrays = datasets_extra.LOADERS[name](data_dir)
-    elif name.lower().endswith(".npz"):  # d.NPZ too
-        if not os.path.isfile(name):
-            raise UserError(f"{name} is a folder, not an .npz file" if os.path.isdir(name) else f"no such file: {name}")
-        arrays = datasets_extra.load_npz(name)
-    else:
-        raise UserError(f"unknown dataset '{name}'; choose {', '.join([*VISION, *datasets_extra.LOADERS])}, "
-                        f"{datasets_extra.SYNTHETIC_HELP}, or a .npz file")
-    datasets_extra.check_arrays(name, *arrays, npz=name.lower().endswith(".npz"))
-    xtr, ytr, xte, yte = arrays
-    return xtr, ytr.astype(np.int64), xte, yte.astype(np.int64)
-
-
-def __getattr__(name):  # Tiny-ImageNet, AG News, the .npz reader and check_arrays live in datasets_extra.py
-    import datasets_extra
-    return getattr(datasets_extra, name)
-
-
-def to_tensor(x, reference=None, tokens=False):
-    """Integer images (uint8, uint16, int32, ...) -> float32 normalised per channel with the mean
-    and std of ``reference``, so their range does not matter; float data as it is; integer
-    vectors as int64 token ids if ``tokens``, else as float32 numbers. Statistics are accumulated
-    in chunks and the conversion is in place, so the peak memory is one float32 copy of ``x``
-    (Tiny-ImageNet: 5.4 GB rather than four times that), made channels-last (the data's layout)."""
-    if x.dtype.kind in "ui" and x.ndim == 4:
-        ref = torch.from_numpy(reference if reference is not None else x)
-        total = torch.zeros(2, ref.shape[1], dtype=torch.float64)
-        for start in range(0, len(ref), 4096):
-            chunk = ref[start: start + 4096].double() / 255
-            total += torch.stack([chunk.sum((0, 2, 3)), chunk.square().sum((0, 2, 3))])
-        count = ref.numel() / ref.shape[1]
-        mean = total[0] / count
-        std = (total[1] / count - mean ** 2).clamp_min(0).sqrt() + 1e-8
-        shape = (1, -1, 1, 1)
-        x = torch.from_numpy(x).to(torch.float32, memory_format=torch.channels_last)
-        return x.div_(255).sub_(mean.float().view(shape)).div_(std.float().view(shape))
-    if tokens and x.min() < 0:
-        raise UserError(f"token ids for --model fasttext must be >= 0 (0 pads), but x has ids down to {x.min()}")
-    return torch.from_numpy(x.astype(np.int64 if tokens else np.float32))
-
-
-@dataclass
-class FedData:
-    """All samples in ``x``/``y`` on one device; clients are index tensors into them."""
-    x: torch.Tensor
-    y: torch.Tensor
-    num_classes: int
-    train_idx: list
-    test_idx: list
-    global_test_idx: torch.Tensor = None  # --test-split global: the uniform official test set
-    train_counts: np.ndarray = None  # (clients, classes)
-    test_counts: np.ndarray = None
-    vocab_size: int = 0
-    info: dict = field(default_factory=dict)
-
-    @property
-    def num_clients(self):
-        return len(self.train_idx)
-
-    def train_sizes(self):
-        return np.array([len(i) for i in self.train_idx])
-
-
-def default_classes_per_client(partition, num_classes):
-    if partition == "pat":
-        return {100: 10, 200: 20}.get(num_classes, 2)
-    if partition == "pfedla1":
-        return 12 if num_classes >= 100 else 4
-    return 6 if num_classes >= 100 else 2  # pfedla2: dominant classes
-
-
-def partition(labels, args, rng, num_classes, min_size):
-    cpc = args.classes_per_client or default_classes_per_client(args.partition, num_classes)
-    if args.partition in ("pat", "pfedla1") and cpc > num_classes:
-        raise UserError(f"--classes-per-client {cpc} is more than the {num_classes} classes of {args.dataset}")
-    if args.partition == "iid":
-        return dp.iid(labels, args.num_clients, rng)
-    if args.partition == "pat":
-        return dp.pathological(labels, args.num_clients, rng, cpc, balance=args.balance)
-    if args.partition == "dir":
-        return dp.dirichlet(labels, args.num_clients, rng, args.beta, min_size=min_size)
-    split = {"pfedla1": lambda n, r, amount: dp.pfedla1(labels, n, r, cpc, amount),
-             "pfedla2": lambda n, r, amount: dp.pfedla2(labels, n, r, min(cpc, num_classes - 1),
-                                                        samples_per_client=amount)}[args.partition]
-    if args.samples_per_client != "auto":
-        return split(args.num_clients, rng, args.samples_per_client)
-    # auto, pFedLA Sec. 4.2: the same amount per client for 10 and 100 clients, what 100 clients get
-    # (a fixed draw, so the amount depends on the labels only); beyond 100 clients or where a
-    # dataset is too small for that, as much as the N clients can have
-    try:
-        amount = len(split(100, np.random.default_rng(0), None)[0]) if args.num_clients <= 100 else None
-        return split(args.num_clients, rng.spawn(1)[0], amount)
-    except dp.PartitionError:
-        return split(args.num_clients, rng, None)
-
-
 def load_federated_data(args, device):
-    """Load the dataset, partition it over clients (docs/datasets.md: partitions and the two
-    evaluation protocols) and move it to ``device`` once, after set_determinism (before any GPU work)."""
+    """The dataset of ``args``, partitioned over its clients, on ``device`` (datasets.py), after
+    set_determinism: before any GPU work."""
     set_determinism(device, args.deterministic)
-    import datasets_extra
-    rng = np.random.default_rng([args.seed, 0])  # data and partition: independent of training randomness
-    synthetic = synthetic_setting(args.dataset)
-    if synthetic:
-        clients = datasets_extra.synthetic_clients(args.num_clients, rng, *synthetic)
-        x = np.concatenate([c[0] for c in clients])
-        y = np.concatenate([c[1] for c in clients])
-        starts = np.cumsum([0] + [len(c[1]) for c in clients])
-        client_idx = [np.arange(starts[k], starts[k + 1]) for k in range(args.num_clients)]
-        train, test = dp.train_test_split(client_idx, rng, args.train_ratio)
-        num_classes = datasets_extra.SYNTHETIC_CLASSES
-        # no official test set: under 'global' the union of the clients' test data stands in for it
-        global_test = np.concatenate(test) if args.test_split == "global" else None
-    else:
-        xtr, ytr, xte, yte = load_arrays(args.dataset, args.data_dir)
-        num_classes = int(max(ytr.max(), yte.max() if len(yte) else 0)) + 1
-        x = np.concatenate([xtr, xte]) if len(xte) else xtr
-        y = np.concatenate([ytr, yte])
-        if args.test_split == "client":
-            if args.num_clients > len(y):
-                raise UserError(f"{args.num_clients} clients but only {len(y)} samples; use fewer --num-clients")
-            min_size = math.ceil(args.batch_size / args.train_ratio) + 1
-            parts = partition(y, args, rng, num_classes, min_size)
-            train, test = dp.train_test_split(parts, rng, args.train_ratio)
-            global_test = None
-        else:
-            if not len(yte):
-                raise UserError(f"--test-split global needs a test set; {args.dataset} has none (add x_test, y_test)")
-            missing = np.setdiff1d(ytr, yte)  # a client holding such a label would be tested on nothing
-            if len(missing):
-                raise UserError(f"--test-split global needs test samples of every label; y_test has none of label(s) "
-                                f"{datasets_extra.first_few(missing)} (or use --test-split client)")
-            train = parts = partition(ytr, args, rng, num_classes, args.batch_size)
-            test = [t + len(ytr) for t in dp.proportional_test_sets([ytr[i] for i in train], yte, rng, num_classes)]
-            global_test = np.arange(len(ytr), len(y))
-        # integer vectors are token ids only when asked for (--model fasttext) or for AG News; else numbers
-        tokens = xtr.dtype.kind in "ui" and xtr.ndim == 2 and (args.model == "fasttext" or args.dataset == "agnews")
-        x = to_tensor(x, reference=xtr, tokens=tokens)
-    if synthetic:
-        x = to_tensor(x)
-    if min(len(t) for t in train) == 0:
-        raise UserError("a client received no training data; use fewer --num-clients or another partition")
-    untested = [k for k, t in enumerate(test) if not len(t)]
-    if untested:  # their accuracy would be a number computed from no sample
-        raise UserError(f"client(s) {datasets_extra.first_few(untested)} got no test samples; use fewer --num-clients "
-                        "or another partition")
-    on = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64)).to(device)
-    if x.dim() == 4:  # channels-last images: faster convolutions and pooling (index batches keep the layout);
-        x = x.contiguous(memory_format=torch.channels_last)  # on the host: on the device it would take twice the data
-    x = x.to(device)
-    data = FedData(
-        x=x, y=torch.from_numpy(y).to(device), num_classes=num_classes,
-        train_idx=[on(t) for t in train], test_idx=[on(t) for t in test],
-        global_test_idx=None if global_test is None else on(global_test),
-        train_counts=dp.class_counts(y, train, num_classes), test_counts=dp.class_counts(y, test, num_classes),
-        vocab_size=int(x.max()) + 1 if not x.is_floating_point() else 0)
-    if not synthetic and args.partition in ("pfedla1", "pfedla2"):
-        data.info["samples_per_client"] = {"flag": args.samples_per_client, "samples": len(parts[0])}
-    return data
+    return datasets.load_federated_data(args, device)
 
 
 # ----------------------------------------------------------------------------- models
@@ -809,6 +513,15 @@ def local_train(model, data, idx, args, seed, epochs=None):
     return total / max(steps, 1)
 
 
+def client_update(model, global_state, data, client, args, round_, out=None):
+    """FedAvg's ClientUpdate(k, w), also FedPake's: load the global model ``global_state`` (a flat
+    vector) into ``model``, run local SGD on client k's training data. Returns (the trained model as
+    a flat vector, written into ``out`` if given; the mean training loss as a 0-dim tensor)."""
+    load_flat_state(model, global_state)
+    loss = local_train(model, data, data.train_idx[client], args, client_seed(args.seed, round_, client))
+    return flatten_state(model, out=out), loss
+
+
 class ClientPool:
     """The reusable models that run a round's client updates, and ``map`` over the clients.
 
@@ -916,28 +629,3 @@ def evaluate_global(model, data):
         uniform = accuracy_metrics(*evaluate(model, data, [data.global_test_idx]), prefix="global")
         metrics.update(global_acc=uniform["global_acc"], global_loss=uniform["global_loss"])
     return metrics
-
-
-# ----------------------------------------------------------------------------- files
-
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
-
-
-def atomic_write(path, content):
-    """Write ``content`` (str, bytes, or a function that writes to a binary file) to ``path``
-    through a temporary file and a rename: a reader never sees half a file. The file gets the
-    user's umask (mkstemp alone would make it private)."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if callable(content):
-                content(f)
-            else:
-                f.write(content.encode() if isinstance(content, str) else content)
-        os.chmod(tmp, 0o666 & ~_UMASK)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-

@@ -16,14 +16,13 @@ the average risk of the round's local models over the client distributions (Tabl
     python fedacd.py --dataset synthetic --rounds 20        # offline quick start
     python fedacd.py --dataset cifar100 --beta 0.1          # Table 1, CIFAR-100, 46.24
 """
-import early_signals  # noqa: F401  first, before torch loads: a Ctrl-C or SIGTERM while starting is one line
+import common  # first, before torch: common.py's first lines make a Ctrl-C while starting one line
 
 import math
 
 import torch
 import torch.nn.functional as F
 
-import common
 import run_folder
 
 HEADLINE_METRIC = "global_acc"  # what the paper reports, in metrics.csv

@@ -21,7 +21,7 @@ model (its last trained one). Headline: the best pooled test accuracy over round
     python fedala.py --dataset synthetic --rounds 20        # offline quick start
     python fedala.py --dataset cifar10 --beta 0.1           # Table 2, Dir(0.1) CIFAR-10
 """
-import early_signals  # noqa: F401  first, before torch loads: a Ctrl-C or SIGTERM while starting is one line
+import common  # first, before torch: common.py's first lines make a Ctrl-C while starting one line
 
 import math
 
@@ -29,8 +29,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import common
-import fedavg
 import run_folder
 
 HEADLINE_METRIC = "test_acc"  # what the paper reports, in metrics.csv
@@ -39,7 +37,7 @@ AUTO_IMAGE = "cnn"  # --model auto on images
 
 
 def parse_args(argv=None):
-    parser = common.base_parser(__doc__.splitlines()[0], script="fedala", helps={"lr": fedavg.LR_HELP}, lr=None)
+    parser = common.base_parser(__doc__.splitlines()[0], script="fedala", helps={"lr": common.LR_HELP}, lr=None)
     a = parser.add_argument
     a("--eta", type=float, default=1.0, help="learning rate eta of the ALA weights W (Alg. 1 l. 10)")
     a("--s", type=float, default=80, help="percent of the client's train data used by ALA each round")
@@ -49,7 +47,7 @@ def parse_args(argv=None):
     a("--num-pre-loss", type=int, default=10, help="epoch losses looked at by the initial-stage rule")
     a("--max-init-epochs", type=int, default=100, help="hard cap on the initial stage's weight-learning epochs")
     a("--no-ala", action="store_true", help="overwrite with the global model (FedAvg with personal copies)")
-    return common.parse_args(parser, argv, fedavg.fedala_learning_rate, checks=lambda args: [
+    return common.parse_args(parser, argv, common.fedala_learning_rate, checks=lambda args: [
         (math.isfinite(args.eta) and args.eta > 0, f"--eta must be a finite number > 0, got {args.eta}"),
         (0 < args.s <= 100, f"--s is a percent in (0, 100], got {args.s}"),
         (args.p >= 1, f"--p must be >= 1, got {args.p}"),

@@ -2,7 +2,7 @@
 
 Each round (FedAvg's Algorithm 1, "FederatedAveraging"):
   1. the server samples round(join_ratio * N) clients and sends them the global model;
-  2. ClientUpdate: each client runs --local-epochs epochs of minibatch SGD on its own data;
+  2. ClientUpdate (common.client_update): each client runs --local-epochs epochs of minibatch SGD on its own data;
   3. the server sets the global model to the average of the returned models weighted by
      the clients' numbers of training samples, w <- sum_k n_k / n w^k (float buffers too).
 The global model is evaluated on every client's test data (pooled accuracy, and the
@@ -19,11 +19,10 @@ Details and our choices: docs/fedavg.md.
     python fedavg.py --dataset synthetic --rounds 20        # offline quick start
     python fedavg.py --dataset cifar10 --beta 0.1           # the paper-scale run
 """
-import early_signals  # noqa: F401  first, before torch loads: a Ctrl-C or SIGTERM while starting is one line
+import common  # first, before torch: common.py's first lines make a Ctrl-C while starting one line
 
 import torch
 
-import common
 import run_folder
 
 HEADLINE_METRIC = "test_acc"  # what the paper reports, in metrics.csv
@@ -33,31 +32,12 @@ HEADLINE_LOCAL = ("final test_acc_mean (pFedLA Tables 1-2: Local Training, the m
 AUTO_IMAGE = "cnn"  # --model auto on images
 
 
-def fedala_learning_rate(args):
-    """FedALA's setup: 0.005 for the 4-layer CNN, 0.1 on MNIST and for fastText and ResNet-18."""
-    if args.lr is None:
-        fast = args.dataset in ("mnist", "agnews") or args.model in ("fasttext", "resnet18")
-        args.lr = 0.1 if fast else 0.005
-
-
-LR_HELP = "local learning rate (default: 0.1 on mnist and agnews and for fasttext and resnet18, else 0.005)"
-
-
 def parse_args(argv=None):
-    parser = common.base_parser(__doc__.splitlines()[0], script="fedavg", helps={"lr": LR_HELP}, lr=None)
+    parser = common.base_parser(__doc__.splitlines()[0], script="fedavg", helps={"lr": common.LR_HELP}, lr=None)
     parser.add_argument("--local-training", action="store_true",
                         help="no aggregation: each client trains its own model alone and is evaluated on its own "
                         "test data (the 'Local Training' row of pFedLA's Tables 1-2)")
-    return common.parse_args(parser, argv, fedala_learning_rate)
-
-
-def client_update(model, global_state, data, client, args, round_, out=None):
-    """ClientUpdate(k, w): load the global model ``global_state`` (a flat vector) into ``model``,
-    run local SGD on client k's training data. Returns (the trained model as a flat vector,
-    written into ``out`` if given; the mean training loss as a 0-dim tensor)."""
-    common.load_flat_state(model, global_state)
-    loss = common.local_train(model, data, data.train_idx[client], args, common.client_seed(args.seed, round_, client))
-    return common.flatten_state(model, out=out), loss
+    return common.parse_args(parser, argv, common.fedala_learning_rate)
 
 
 def server_update(client_states, num_samples, aggregate=common.weighted_average):
@@ -105,8 +85,8 @@ def main(argv=None):
         else:
             start_state = dict.fromkeys(clients, common.flatten_state(global_model))
             row = dict(zip(clients, client_stack))  # where each client's model lands: no copies per client
-        updates = pool.map(lambda model, client: client_update(model, start_state[client], data, client, args,
-                                                               round_, out=row[client]), clients)
+        updates = pool.map(lambda model, client: common.client_update(model, start_state[client], data, client, args,
+                                                                      round_, out=row[client]), clients)
         losses = [common.check_finite(loss, round_, client) for client, (_, loss) in zip(clients, updates)]
         if not args.local_training:
             num_samples = [len(data.train_idx[client]) for client in clients]

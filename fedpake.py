@@ -33,14 +33,12 @@ model is evaluated on every client's test data; the paper reports the mean over 
     python fedpake.py --dataset synthetic --rounds 20      # offline quick start
     python fedpake.py --dataset cifar10                    # Table 1, Dir(0.1), ResNet-18
 """
-import early_signals  # noqa: F401  first, before torch loads: a Ctrl-C or SIGTERM while starting is one line
+import common  # first, before torch: common.py's first lines make a Ctrl-C while starting one line
 
 import time
 
 import torch
 
-import common
-import fedavg
 import run_folder
 
 HEADLINE_METRIC = "test_acc"  # what the paper reports, in metrics.csv
@@ -259,7 +257,7 @@ def main(argv=None):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
         global_state = common.flatten_state(global_model)
         row = dict(zip(clients, client_stack))  # where each client's model lands: no copies per client
-        updates = pool.map(lambda model, client: fedavg.client_update(model, global_state, data, client, args, round_,
+        updates = pool.map(lambda model, client: common.client_update(model, global_state, data, client, args, round_,
                                                                       out=row[client]), clients)  # FedAvg's clients
         losses = [common.check_finite(loss, round_, client) for client, (_, loss) in zip(clients, updates)]
         num_samples = [len(data.train_idx[client]) for client in clients]

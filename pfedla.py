@@ -27,7 +27,7 @@ data; the paper reports the unweighted mean over clients (test_acc_mean).
     python pfedla.py --dataset cifar10                        # Table 1, 10 clients, non-IID_1
     python pfedla.py --dataset emnist --k 1                   # HeurpFedLA (Table 1 / 3)
 """
-import early_signals  # noqa: F401  first, before torch loads: a Ctrl-C or SIGTERM while starting is one line
+import common  # first, before torch: common.py's first lines make a Ctrl-C while starting one line
 
 import math
 
@@ -35,7 +35,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import common
 import run_folder
 
 HEADLINE_METRIC = "test_acc_mean"  # what the paper reports, in metrics.csv

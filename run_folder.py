@@ -1,7 +1,10 @@
-"""The run folder of every script: ``--out/<algo>-<dataset>-s<seed>-<time>/`` with config.json,
-partition.json, metrics.csv, summary.json and checkpoint.pt, its lock, Ctrl-C (SIGTERM, SIGHUP)
-at the end of a round, and ``--resume``; ``run_main`` turns how a script ends into its exit
-status and one line. Bookkeeping around the training loop; nothing here is an algorithm.
+"""How a run ends and what it leaves: the errors every file raises (``UserError``,
+``DivergedError``, ``FileFault``) and ``run_main``, which turns how a script ends into its exit
+status and one line; ``atomic_write``; and the run folder of every script,
+``--out/<algo>-<dataset>-s<seed>-<time>/`` with config.json, partition.json, metrics.csv,
+summary.json and checkpoint.pt, its lock, Ctrl-C (SIGTERM, SIGHUP) at the end of a round, and
+``--resume``. Bookkeeping around the training loop; nothing here is an algorithm. It imports no
+other module of ours but data_partition (docs/layout.md).
 """
 import argparse
 import atexit
@@ -18,14 +21,23 @@ import signal
 import socket
 import stat
 import sys
+import tempfile
 import time
 
 import numpy as np
 import torch
 
-import common
 import data_partition
-import early_signals
+
+
+# ----------------------------------------------------------------------------- how a run ends
+
+class UserError(Exception):
+    """Bad input: reported as one line and exit status 2."""
+
+
+class DivergedError(Exception):
+    """A loss became NaN/inf: reported with round and client, exit status 1."""
 
 
 def _json(obj):
@@ -95,7 +107,7 @@ def restore_signals(previous, ignore=False):
     """Put back the handlers that ``handle_stop_signals`` replaced, or ignore the signals (leaving
     after one: a further one must not turn the exit into a traceback)."""
     for signum, handler in previous.items():
-        if ignore or handler is early_signals.stop_while_starting:  # the script is ending: nothing left to stop
+        if ignore or getattr(handler, "while_starting", False):  # common's start-up handler: the script is ending
             handler = signal.SIG_IGN
         signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
@@ -128,10 +140,10 @@ def run_main(main, argv=None):
     try:
         code = main(argv) or 0
         returned = True
-    except (common.UserError, data_partition.PartitionError) as e:
+    except (UserError, data_partition.PartitionError) as e:
         _say(f"error: {e}")
         code = 2
-    except common.DivergedError as e:
+    except DivergedError as e:
         _say(f"stopped: {e}")
         code, diverged = 1, True
     except KeyboardInterrupt as e:  # a signal that stops at once: a second one, in the middle of a round
@@ -178,7 +190,29 @@ def _given_flags(parser, argv):
             action.default = default
 
 
-# the files of a run folder, each written whole by common.atomic_write
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
+def atomic_write(path, content):
+    """Write ``content`` (str, bytes, or a function that writes to a binary file) to ``path``
+    through a temporary file and a rename: a reader never sees half a file. The file gets the
+    user's umask (mkstemp alone would make it private)."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if callable(content):
+                content(f)
+            else:
+                f.write(content.encode() if isinstance(content, str) else content)
+        os.chmod(tmp, 0o666 & ~_UMASK)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+# the files of a run folder, each written whole by atomic_write
 RUN_FILES = ("config.json", "partition.json", "metrics.csv", "summary.json", "checkpoint.pt")
 
 
@@ -197,7 +231,7 @@ def check_regular(path, doing="cannot resume"):
     except OSError:  # unreadable: the read that follows says why
         return True
     if not stat.S_ISREG(mode):
-        raise common.UserError(f"{doing}: {path} is {_file_kind(mode)}, not a regular file; move it away")
+        raise UserError(f"{doing}: {path} is {_file_kind(mode)}, not a regular file; move it away")
     return True
 
 
@@ -221,30 +255,30 @@ def resumed_args(parser, argv):
             raise ValueError("args is not a mapping")
         saved = {**ADDED_FLAGS, **saved}
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise common.UserError(f"cannot resume: {path} is missing or not a run's config ({e.__class__.__name__}: {e})")
+        raise UserError(f"cannot resume: {path} is missing or not a run's config ({e.__class__.__name__}: {e})")
     if script is None:  # older run folders: the algorithm names the script
         script = {"heurpfedla": "pfedla"}.get(config.get("algorithm"), config.get("algorithm"))
     if not isinstance(script, str):
-        raise common.UserError(f"cannot resume: {path} names no script or algorithm")
-    if script == "flower_app":  # its checkpoint is the script's: flower_app.py or the script continues it
+        raise UserError(f"cannot resume: {path} names no script or algorithm")
+    if script == "flower_app":  # its checkpoint is the script's: flower/app.py or the script continues it
         script = {"heurpfedla": "pfedla"}.get(config.get("algorithm"), config.get("algorithm"))
     if f"{script}.py" != parser.prog:
-        raise common.UserError(f"cannot resume: {folder} is a run of {script}.py, not {parser.prog}; "
+        raise UserError(f"cannot resume: {folder} is a run of {script}.py, not {parser.prog}; "
                         f"use python {script}.py --resume {folder}")
     defaults = vars(parser.parse_args([]))
     missing = sorted(set(defaults) - set(saved) - RESUME_MAY_CHANGE)
     if missing:
-        raise common.UserError(f"cannot resume: {path} lacks the settings {', '.join(missing)}")
+        raise UserError(f"cannot resume: {path} lacks the settings {', '.join(missing)}")
     changed = [f"--{k.replace('_', '-')} {saved[k]} (now {v})" for k, v in sorted(given.items())
                if k not in RESUME_MAY_CHANGE and k in saved and v != saved[k]]
     if not os.path.exists(os.path.join(folder, "checkpoint.pt")):
-        raise common.UserError(f"cannot resume: {folder} has no checkpoint.pt (the run stopped before its first "
+        raise UserError(f"cannot resume: {folder} has no checkpoint.pt (the run stopped before its first "
                                "checkpoint; start it again)")
     if changed:
-        raise common.UserError(f"cannot resume with other settings: {'; '.join(changed)}; only --rounds may change")
+        raise UserError(f"cannot resume with other settings: {'; '.join(changed)}; only --rounds may change")
     for action in parser._actions:
         if action.dest in saved and action.dest not in given and not _fits(action, saved[action.dest]):
-            raise common.UserError(f"cannot resume: {path} has {action.option_strings[-1]} "
+            raise UserError(f"cannot resume: {path} has {action.option_strings[-1]} "
                                    f"{saved[action.dest]!r}, which that flag does not take")
     args = argparse.Namespace(**{**defaults, **{k: v for k, v in saved.items() if k in defaults}})
     for k in RESUME_MAY_CHANGE & set(given):
@@ -253,7 +287,7 @@ def resumed_args(parser, argv):
     with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
         summary = _read_json(os.path.join(folder, "summary.json"))
         if summary.get("status") == "finished" and summary.get("rounds_done") == args.rounds:
-            raise common.UserError(f"cannot resume: {folder} has finished its {args.rounds} rounds; "
+            raise UserError(f"cannot resume: {folder} has finished its {args.rounds} rounds; "
                                    f"give --rounds N (more than {args.rounds}) to extend it")
     return args
 
@@ -315,10 +349,10 @@ def _lock(folder):
             except (OSError, ValueError):  # another user's process, or a lock being written right now
                 pass
             if pid == "?":  # empty or unreadable: perhaps being written this instant
-                raise common.UserError(f"{folder} holds a lock file that names no process; delete {path} "
+                raise UserError(f"{folder} holds a lock file that names no process; delete {path} "
                                        "if no run is using the folder")
             if alive or host != socket.gethostname():
-                raise common.UserError(f"{folder} is in use by process {pid} on {host}; wait for it to end "
+                raise UserError(f"{folder} is in use by process {pid} on {host}; wait for it to end "
                                 f"(or delete {path} if that process is gone)")
             try:
                 os.remove(path)
@@ -337,7 +371,7 @@ def _lock(folder):
             with contextlib.suppress(OSError):
                 os.remove(path)
             raise FileFault(path, e) from None
-    raise common.UserError(f"cannot take the lock {path}; delete it if no run is using {folder}")
+    raise UserError(f"cannot take the lock {path}; delete it if no run is using {folder}")
 
 
 def _short(path, width=80):
@@ -381,14 +415,14 @@ def _check_path_fits(out, folder):
     longest = len(os.fsencode(os.path.join(os.path.abspath(folder), "partition.json")))  # its longest file name
     name = len(os.fsencode(os.path.basename(folder)))
     if 0 < name_max < name:
-        raise common.UserError(f"the run folder's name would be {name} bytes, more than the {name_max} this system "
+        raise UserError(f"the run folder's name would be {name} bytes, more than the {name_max} this system "
                                f"allows; use a shorter --dataset file name")
     longest_in_out = max(len(os.fsencode(n)) for n in out.split(os.sep))
     if 0 < name_max < longest_in_out:
-        raise common.UserError(f"--out {_short(out)} has a folder name of {longest_in_out} bytes; this system allows "
+        raise UserError(f"--out {_short(out)} has a folder name of {longest_in_out} bytes; this system allows "
                                f"at most {name_max}")
     if 0 < path_max <= longest:
-        raise common.UserError(f"--out {_short(out)} is too long for this system: the run folder's files would have "
+        raise UserError(f"--out {_short(out)} is too long for this system: the run folder's files would have "
                                f"paths of {longest} bytes, and at most {path_max - 1} are allowed")
 
 
@@ -400,7 +434,7 @@ def data_fingerprint(data, chunk_bytes=64 * 2 ** 20):
 
     def add(t):
         digest.update(f"{t.dtype} {tuple(t.shape)};".encode())
-        if t.dim() == 4:  # images: in the order the channels-last layout of common.load_federated_data keeps
+        if t.dim() == 4:  # images: in the order the channels-last layout of datasets.load_federated_data keeps
             t = t.permute(0, 2, 3, 1)  # them in memory, so that no chunk is copied on the host
         step = max(1, chunk_bytes // max(1, t[0].numel() * t.element_size())) if len(t) else 1
         for start in range(0, len(t), step):
@@ -434,7 +468,7 @@ class _KeepError:
 
 
 def _torch_save(blob):
-    """torch.save as content for common.atomic_write, raising the OS error of a failed write."""
+    """torch.save as content for atomic_write, raising the OS error of a failed write."""
     def write(f):
         out = _KeepError(f)
         try:
@@ -475,9 +509,11 @@ class Run:
     The first Ctrl-C, SIGTERM or SIGHUP asks the loop to stop at the end of the round
     (``stop_requested``); a second one stops at once."""
 
-    def __init__(self, algo, args, data, device, headline, headline_metric="test_acc", script=None, extra_config=None):
+    def __init__(self, algo, args, data, device, headline, headline_metric="test_acc", script=None, extra_config=None,
+                 program=None):
         self.algo, self.args, self.data, self.device = algo, args, data, device
         self.headline, self.headline_metric, self.script = headline, headline_metric, script or algo
+        self.program = program or f"{self.script}.py"  # what a user runs, from the repository root
         self.rows, self.bytes_down, self.bytes_up, self.elapsed = [], 0, 0, 0.0
         self.dir, self.lock, self.created, self.finished, self._made = None, None, False, False, []
         self.interrupted = 0  # the signal that asked the run to stop at the end of the round; 0: none
@@ -514,12 +550,12 @@ class Run:
                 break
             except FileExistsError:
                 if not os.path.isdir(os.path.dirname(path) or "."):
-                    raise common.UserError(f"--out {self.args.out} is not a folder")
+                    raise UserError(f"--out {self.args.out} is not a folder")
                 path, n = f"{base}-{n}", n + 1
             except OSError as e:
                 _remove_empty_folders(self._made)
                 if e.errno in (errno.ENOTDIR, errno.ENAMETOOLONG):  # the --out given cannot hold a folder
-                    raise common.UserError(f"cannot create a run folder under --out {_short(self.args.out)} "
+                    raise UserError(f"cannot create a run folder under --out {_short(self.args.out)} "
                                            f"({e.strerror})")
                 raise FileFault(path, e, verb="create") from None
         self.dir, self.created = path, True
@@ -541,11 +577,11 @@ class Run:
                   f"(a second {_signal_name(signum)} stops at once)", flush=True)
 
     def _write(self, name, content):
-        """common.atomic_write of a file of the run folder. A failure (disk full, a read-only folder, a
+        """atomic_write of a file of the run folder. A failure (disk full, a read-only folder, a
         folder in the file's place) is a FileFault naming the file, the OS error and what is kept."""
         path = os.path.join(self.dir, name)
         try:
-            common.atomic_write(path, content)
+            atomic_write(path, content)
         except OSError as e:
             raise FileFault(path, e, self._kept()) from None
 
@@ -553,7 +589,7 @@ class Run:
         """The end of a failed write's one line: what the run folder keeps, and how to go on."""
         if self.checkpoint_round:
             return (f"; the checkpoint of round {self.checkpoint_round} is kept: once the file can be written, "
-                    f"continue with: python {self.script}.py --resume {self.dir}")
+                    f"continue with: python {self.program} --resume {self.dir}")
         if self.rows:
             return ("; no checkpoint was written yet, so the run cannot be resumed: once the file can be written, "
                     f"start it again (the metrics so far stay in {self.dir})")
@@ -566,12 +602,12 @@ class Run:
         try:
             saved = _read_json(os.path.join(self.dir, "config.json")).get("data_sha256")
         except (OSError, ValueError, AttributeError) as e:
-            raise common.UserError(f"cannot resume: {self.dir}/config.json is not a run's config ({e})")
+            raise UserError(f"cannot resume: {self.dir}/config.json is not a run's config ({e})")
         if saved is not None and saved != self.data_sha256:
             d = self.args.dataset
-            name = (f"{d}, generated from --seed {self.args.seed}" if common.synthetic_setting(d) else
+            name = (f"{d}, generated from --seed {self.args.seed}" if self.data.info.get("generated") else
                     d if d.endswith(".npz") else f"{d} in --data-dir {self.args.data_dir}")
-            raise common.UserError(f"cannot resume: the data of {self.dir} changed since the run started ({name}: "
+            raise UserError(f"cannot resume: the data of {self.dir} changed since the run started ({name}: "
                                    f"fingerprint {saved[:16]} now {self.data_sha256[:16]})")
 
     def _write_partition(self):
@@ -669,7 +705,7 @@ class Run:
     def stop(self, round_):
         """Report a requested stop after ``round_`` and return the exit status; the one line is
         printed only once the round's checkpoint is written."""
-        command = f"python {self.script}.py --resume {self.dir}"
+        command = f"python {self.program} --resume {self.dir}"
         if self.interrupted:
             if self.checkpoint_round != round_ and self._latest and self._latest[0] == round_:
                 self._save_checkpoint(*self._latest)  # the signal came after this round's checkpoint() call
@@ -697,7 +733,7 @@ class Run:
             return 1
         path = os.path.join(self.dir, "checkpoint.pt")
         if not check_regular(path):
-            raise common.UserError(f"cannot resume: {self.dir} has no checkpoint.pt (the run stopped before its first "
+            raise UserError(f"cannot resume: {self.dir} has no checkpoint.pt (the run stopped before its first "
                             "checkpoint; start it again)")
         try:
             blob = torch.load(path, map_location=self.device, weights_only=True)
@@ -726,9 +762,9 @@ class Run:
             torch.set_rng_state(blob["torch_rng"].cpu())  # older checkpoints' "cuda_rng" is not read (_save_checkpoint)
         except Exception as e:  # noqa: BLE001  anything wrong with the file is the same answer
             message = str(e).splitlines()[0][:150] if str(e) else e.__class__.__name__
-            raise common.UserError(f"cannot resume: {path} is not a valid checkpoint of this run ({message})")
+            raise UserError(f"cannot resume: {path} is not a valid checkpoint of this run ({message})")
         if round_ > self.args.rounds:
-            raise common.UserError(f"cannot resume: the run already has {round_} rounds; --rounds {self.args.rounds} "
+            raise UserError(f"cannot resume: the run already has {round_} rounds; --rounds {self.args.rounds} "
                             f"must be at least that")
         self.rows, self.bytes_down, self.bytes_up, self.elapsed = rows, int(down), int(up), elapsed
         self._last_round = self.checkpoint_round = round_
@@ -776,7 +812,7 @@ class Run:
         """What a signal that stops at once (a second one, in the middle of a round) leaves behind,
         in one line."""
         what = stopped_by(signum)
-        command = f"python {self.script}.py --resume {self.dir}"
+        command = f"python {self.program} --resume {self.dir}"
         if self.checkpoint_round:
             return f"{what}; the checkpoint of round {self.checkpoint_round} is kept; continue with: {command}"
         if self.args.resume and self.dir:

@@ -1,4 +1,4 @@
-"""Seconds per round of one run three ways: the plain script, flower_app.py's simulation, and a
+"""Seconds per round of one run three ways: the plain script, flower/app.py's simulation, and a
 deployment on this machine (a SuperLink and N SuperNodes on 127.0.0.1, tests/deploy.py); run
 by hand, pytest does not collect it.
 
@@ -42,14 +42,14 @@ def script(args, out):
 
 
 def simulation(args, out):
-    subprocess.run([sys.executable, os.path.join(ROOT, "flower_app.py"), args.algorithm, *flags(args), "--out", out],
+    subprocess.run([sys.executable, os.path.join(ROOT, "flower", "app.py"), args.algorithm, *flags(args), "--out", out],
                    check=True, capture_output=True, timeout=3600)
     return seconds_per_round(only_run(out))
 
 
 def deployment(args, out, kill=False):
     with Deployment(out + "-deployment", num_nodes=args.num_clients) as d:
-        proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "flower_app.py"), args.algorithm, *flags(args),
+        proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "flower", "app.py"), args.algorithm, *flags(args),
                                  "--out", out, "--federation", "local"], cwd=d.folder, env=d.env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if kill:

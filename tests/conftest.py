@@ -30,7 +30,7 @@ def run_in_process(script, *args):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        run_folder.run_main(importlib.import_module(script.removesuffix(".py")).main, [*map(str, args)])
+        run_folder.run_main(importlib.import_module(script.removesuffix(".py").replace("/", ".")).main, [*map(str, args)])
         return 0
     except SystemExit as e:
         return e.code

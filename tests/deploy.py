@@ -9,7 +9,7 @@
 Everything lives in ``folder`` (the test's tmp_path): FLWR_HOME (``flwr-home/``, with the
 federation ``local`` in its config.toml), one log per process (``superlink.log``,
 ``node-I.log``; a restarted node appends to its log), the run configs, the certificates
-(``certificates/``, from make_certs.py, with ``secure=True``). Every process listens on
+(``certificates/``, from flower/make_certs.py, with ``secure=True``). Every process listens on
 127.0.0.1 only, on ports free when it starts, and the SuperLink's working directory is
 ``folder``, so a run's relative ``--out`` lands in it.
 
@@ -17,7 +17,7 @@ Flower 1.41, as this harness uses it (docs/flower.md, Deployment): the SuperLink
 Fleet API (SuperNodes), Control API (``flwr run``, ``flwr supernode ...``) and Runtime API
 (its own ServerApp process) on one port (``--host``, ``--port``); each SuperNode serves its
 Runtime API (its ClientApp processes) on its own ``--port``. ``secure=True``: TLS on the
-SuperLink's port with a CA made by make_certs.py, and SuperNode authentication
+SuperLink's port with a CA made by flower/make_certs.py, and SuperNode authentication
 (``--enable-supernode-auth``): only nodes whose public key was registered with ``flwr
 supernode register`` join. The SuperLink never installs app dependencies here
 (``--disable-runtime-dependency-installation``: the environment is this one), and no process
@@ -220,7 +220,7 @@ class Deployment:
         if self.secure:
             if ROOT not in sys.path:
                 sys.path.insert(0, ROOT)
-            import make_certs
+            from flower import make_certs
             self.certs = make_certs.make(os.path.join(self.folder, "certificates"), nodes=self.num_nodes)
         self._write_config()
         self.start_superlink()
@@ -422,10 +422,16 @@ class Deployment:
 
     # ------------------------------------------------------------------ runs
 
-    def run(self, algorithm, flags, extra_run_config=None, timeout=900.0, app=ROOT):
+    def run(self, algorithm, flags, extra_run_config=None, timeout=900.0, app=None):
         """``flwr run APP local --stream`` with the run config ``algorithm``, ``flags`` (a string
         or a list) and ``extra_run_config`` {key: str/int/float/bool}; returns (exit status,
-        output) once the run has ended. DeploymentError after ``timeout`` seconds."""
+        output) once the run has ended. DeploymentError after ``timeout`` seconds. APP: by default
+        the app folder that ``python flower/app.py --app-folder DIR`` writes."""
+        if app is None:
+            if ROOT not in sys.path:
+                sys.path.insert(0, ROOT)
+            from flower import app as flower_app
+            app = flower_app.app_folder(os.path.join(self.folder, "app"))
         flags = flags if isinstance(flags, str) else shlex.join(map(str, flags))
         config = {"algorithm": algorithm, "flags": flags, **(extra_run_config or {})}
         self._runs += 1

@@ -19,7 +19,7 @@ def fedavg_round(global_model, worker, data, clients, args, round_, client_stack
     """Returns the mean train loss; ``client_stack``, if given, receives the uploaded models."""
     global_state = common.flatten_state(global_model)
     updates = pool_of(worker, data).map(
-        lambda model, client: fedavg.client_update(model, global_state, data, client, args, round_), clients)
+        lambda model, client: common.client_update(model, global_state, data, client, args, round_), clients)
     if client_stack is not None:
         client_stack[:len(clients)] = torch.stack([s for s, _ in updates])
     num_samples = [len(data.train_idx[c]) for c in clients]

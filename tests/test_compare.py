@@ -1,4 +1,4 @@
-"""compare.py: the table (grouping over seeds, settings kept apart, best/final per metric,
+"""tools/compare.py: the table (grouping over seeds, settings kept apart, best/final per metric,
 statuses of unfinished, diverged, older-format, unreadable and damaged runs), the plot, and bad input.
 Most run folders are fabricated; one end-to-end case runs fedavg.py and fedala.py."""
 import json
@@ -44,8 +44,8 @@ def make_run(parent, name, algo="fedavg", acc=(10, 30, 20, 40, 35), summary=True
 
 
 def compare(*args):
-    """Run compare.py; returns (CompletedProcess, table rows as dicts keyed by the header)."""
-    proc = run_script("compare.py", *args, timeout=60)
+    """Run tools/compare.py; returns (CompletedProcess, table rows as dicts keyed by the header)."""
+    proc = run_script("tools/compare.py", *args, timeout=60)
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip() and not ln.startswith(("---", "plot written"))]
     if not lines:
         return proc, []
@@ -227,7 +227,7 @@ def test_plot_of_groups_and_missing_matplotlib(tmp_path):
     shim = tmp_path / "shim" / "matplotlib"
     shim.mkdir(parents=True)
     (shim / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
-    proc = run_script("compare.py", tmp_path / "runs", "--plot", tmp_path / "y.png",
+    proc = run_script("tools/compare.py", tmp_path / "runs", "--plot", tmp_path / "y.png",
                       env={"PYTHONPATH": str(shim.parent)})
     assert_one_line_error(proc, "pip install matplotlib")
     assert not (tmp_path / "y.png").exists()
@@ -236,9 +236,9 @@ def test_plot_of_groups_and_missing_matplotlib(tmp_path):
 # ----------------------------------------------------------------------------- damaged run folders
 
 def compare_within(seconds, *args, prefix=()):
-    """compare() that fails the test (subprocess.TimeoutExpired) if compare.py takes more than
+    """compare() that fails the test (subprocess.TimeoutExpired) if tools/compare.py takes more than
     ``seconds`` (a named pipe must not make it wait); ``prefix`` runs it under another command."""
-    proc = subprocess.run([*prefix, sys.executable, os.path.join(ROOT, "compare.py"), *map(str, args)], cwd=ROOT,
+    proc = subprocess.run([*prefix, sys.executable, os.path.join(ROOT, "tools", "compare.py"), *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True, timeout=seconds)
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip() and not ln.startswith("---")]
     header = re.split(r"\s{2,}", lines[0].strip()) if lines else []
@@ -280,7 +280,7 @@ def test_damaged_runs_are_listed_with_what_is_damaged_and_no_number_from_it(tmp_
     replace_with(make_run(tmp_path, "fedavg-synthetic-s9-config-pipe"), "config.json", "pipe")
     replace_with(make_run(tmp_path, "csv-pipe", seed=10), "metrics.csv", "pipe")
     replace_with(make_run(tmp_path, "summary-pipe", seed=11), "summary.json", "pipe")
-    proc, rows = compare_within(30, tmp_path)  # compare.py opens no named pipe: it would wait forever
+    proc, rows = compare_within(30, tmp_path)  # tools/compare.py opens no named pipe: it would wait forever
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert len(rows) == 12  # nothing left out, nothing grouped
     status = {r["seeds"]: r["status"] for r in rows}
@@ -316,7 +316,7 @@ def test_paths_that_are_files_and_folders_with_only_damaged_runs(tmp_path):
 
 
 def without_root_reading_everything():
-    """A command prefix under which compare.py cannot read files that forbid it: none for a user,
+    """A command prefix under which tools/compare.py cannot read files that forbid it: none for a user,
     for root setpriv without the capabilities to read any file (skips if that is not possible)."""
     if os.geteuid() != 0:
         return []

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-import early_signals
+import common
 import run_folder
 from conftest import ROOT, metrics_rows, run_dir, run_in_process
 
@@ -111,20 +111,25 @@ def folder_in_place_of(name):
 
 # ----------------------------------------------------------------------------- signals
 
-def test_every_script_imports_early_signals_before_anything_else():
-    for name in early_signals.SCRIPTS:
+def test_every_script_imports_common_first_which_handles_signals_before_numpy_and_torch_load():
+    for name in common.SCRIPTS:
         tree = ast.parse(open(os.path.join(ROOT, name)).read())
         first = next(node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom)))
-        assert isinstance(first, ast.Import) and first.names[0].name == "early_signals", name
-    assert sorted(early_signals.SCRIPTS) == sorted(
+        assert isinstance(first, ast.Import) and first.names[0].name == "common", name
+    body = ast.parse(open(os.path.join(ROOT, "common.py")).read()).body
+    installs = next(i for i, node in enumerate(body) if isinstance(node, ast.If))  # the start-up handlers
+    heavy = [i for i, node in enumerate(body) if isinstance(node, ast.Import)
+             and {a.name.split(".")[0] for a in node.names} - {"os", "signal", "sys"}]
+    assert installs < min(heavy)
+    assert sorted(common.SCRIPTS) == sorted(
         name for name in os.listdir(ROOT) if name.endswith(".py") and "run_folder.run_main(main)" in
-        open(os.path.join(ROOT, name)).read() and name != "flower_app.py")
+        open(os.path.join(ROOT, name)).read())
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_while_the_script_imports_torch_is_one_line(signum, tmp_path):
     process = start("fedavg.py", *SMALL, "--rounds", "2", "--out", tmp_path / "runs")
-    while not catches(process.pid, signal.SIGTERM):  # early_signals is in place: torch is loading now
+    while not catches(process.pid, signal.SIGTERM):  # common's start-up handlers: torch is loading now
         time.sleep(0.005)
     process.send_signal(signum)
     out, err = process.communicate(timeout=60)
@@ -420,7 +425,7 @@ def test_the_script_continues_a_flower_run(finished, copy_of, capsys):
     folder = copy_of(finished)
     path = os.path.join(folder, "config.json")
     config = json.load(open(path))
-    config["script"] = "flower_app"  # what flower_app.py records
+    config["script"] = "flower_app"  # what flower/app.py records
     json.dump(config, open(path, "w"))
     code, lines = run(capsys, "--resume", folder)
     assert code == 2 and lines[0].startswith(f"error: cannot resume: {folder} has finished its"), lines

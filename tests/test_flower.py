@@ -1,4 +1,4 @@
-"""flower_app.py: each algorithm as a Flower simulation gives the plain script's metrics.
+"""flower/app.py: each algorithm as a Flower simulation gives the plain script's metrics.
 
 One Flower simulation (one Ray start-up, about 15 s here) runs every job below one after
 another on the same 4 nodes; the scripts run in this process. The whole file takes about
@@ -15,7 +15,7 @@ from conftest import ROOT, metrics_rows, run_dir
 
 pytest.importorskip("flwr", reason="Flower is not installed (pip install -r requirements-flower.txt)")
 import common  # noqa: E402
-import flower_app  # noqa: E402
+from flower import app as flower_app  # noqa: E402
 
 SMALL = ["--dataset", "synthetic", "--num-clients", "4", "--rounds", "3"]
 JOBS = {  # name: (algorithm, flags); the extra jobs cover a partial join and HeurpFedLA
@@ -83,14 +83,14 @@ def test_refusals_exit_2_with_one_line(tmp_path):
     shadow.mkdir()
     (shadow / "flwr.py").write_text("raise ImportError('no flwr here')\n")
     cases = {
-        "resume": (["fedavg", "--resume", str(tmp_path)], {}, "is missing or not the config of a flower_app.py run"),
+        "resume": (["fedavg", "--resume", str(tmp_path)], {}, "is missing or not the config of a flower/app.py run"),
         "option": (["fedavg", "--min-clients", "0"], {}, "--min-clients must be >= 1, got 0"),
         "bad flag": (["fedala", "--dataset", "synthetic", "--rounds", "0"], {}, "--rounds must be >= 1"),
         "unknown flag": (["pfedla", "--no-such-flag"], {}, "unrecognized arguments"),
         "algorithm": (["fedprox"], {}, "unknown algorithm"),
         "no flwr": (["fedavg"], {"PYTHONPATH": str(shadow)}, "pip install -r requirements-flower.txt"),
     }
-    procs = {name: subprocess.Popen([sys.executable, os.path.join(ROOT, "flower_app.py"), *argv], cwd=tmp_path,
+    procs = {name: subprocess.Popen([sys.executable, os.path.join(ROOT, "flower", "app.py"), *argv], cwd=tmp_path,
                                     env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True)
              for name, (argv, env, _) in cases.items()}
@@ -103,7 +103,7 @@ def test_refusals_exit_2_with_one_line(tmp_path):
 
 def test_help_prints_the_usage_and_exits_0(capsys):
     assert flower_app.main(["--help"]) == 0
-    assert capsys.readouterr().out.startswith("usage: python flower_app.py {fedavg,fedala,pfedla,fedpake,fedacd}")
+    assert capsys.readouterr().out.startswith("usage: python flower/app.py {fedavg,fedala,pfedla,fedpake,fedacd}")
 
 
 @pytest.mark.parametrize("algorithm,flags,expected", [("fedala", ["--p", "9"], "--p 9"),

@@ -1,5 +1,5 @@
-"""flower_app.py in Flower's deployment runtime on localhost (tests/deploy.py: a SuperLink, four
-SuperNodes, ``flwr run``), plain and secure (TLS, SuperNode authentication), and make_certs.py.
+"""flower/app.py in Flower's deployment runtime on localhost (tests/deploy.py: a SuperLink, four
+SuperNodes, ``flwr run``), plain and secure (TLS, SuperNode authentication), and flower/make_certs.py.
 
 The deployment tests take about two minutes each here (2 shared cores): every process imports
 Flower, and in Flower 1.41 every message to a node starts a ClientApp process."""
@@ -15,11 +15,11 @@ import pytest
 from conftest import ROOT, metrics_rows, run_dir, run_script
 
 pytest.importorskip("flwr", reason="Flower is not installed (pip install -r requirements-flower.txt)")
-from cryptography import x509  # noqa: E402  (Flower's dependency, as make_certs.py's)
+from cryptography import x509  # noqa: E402  (Flower's dependency, as flower/make_certs.py's)
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key  # noqa: E402
 
-import make_certs  # noqa: E402
+from flower import make_certs  # noqa: E402
 from deploy import Deployment, listening, missing_tools, processes  # noqa: E402
 from test_flower import NOT_COMPARED  # noqa: E402
 
@@ -34,7 +34,7 @@ def metrics_equal_the_scripts(folder, tmp_path):
     assert result.returncode == 0, result.stderr
     expected, got = metrics_rows(run_dir(str(tmp_path / "script"))), metrics_rows(folder)
     assert [r["round"] for r in got] == [r["round"] for r in expected] == ["1", "2"]
-    assert set(got[0]) >= set(expected[0])  # flower_app.py may add columns of its own
+    assert set(got[0]) >= set(expected[0])  # flower/app.py may add columns of its own
     for e, g in zip(expected, got):
         for key in set(e) - NOT_COMPARED:
             assert float(g[key]) == pytest.approx(float(e[key]), abs=1e-4), (e["round"], key)
@@ -117,7 +117,7 @@ def test_the_harness_kills_a_node_and_starts_it_again_and_leaves_nothing(tmp_pat
     assert [pid for pid in pids if pid in table and table[pid][0] != "Z"] == [] and not listening(port)
 
 
-# ----------------------------------------------------------------------------- make_certs.py
+# ----------------------------------------------------------------------------- flower/make_certs.py
 
 def test_make_certs_makes_a_ca_a_server_certificate_for_the_hosts_and_node_keys(tmp_path):
     paths = make_certs.make(tmp_path / "certs", hosts=["server.lan", "10.1.2.3", "10.1.2.3"], nodes=2)
@@ -149,7 +149,7 @@ def test_make_certs_makes_a_ca_a_server_certificate_for_the_hosts_and_node_keys(
 def test_make_certs_refuses_bad_input_with_one_line_and_exit_2(tmp_path, args, message):
     make_certs.make(tmp_path / "certs")
     before = {p: open(tmp_path / "certs" / p, "rb").read() for p in os.listdir(tmp_path / "certs")}
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "make_certs.py"), "--out", "certs", *args],
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "flower", "make_certs.py"), "--out", "certs", *args],
                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stderr, result.stdout) == (2, f"error: {message}\n", "")
     assert {p: open(tmp_path / "certs" / p, "rb").read() for p in os.listdir(tmp_path / "certs")} == before

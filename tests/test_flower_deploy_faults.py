@@ -1,5 +1,5 @@
-"""flower_app.py deployed on localhost (a SuperLink and 4 SuperNodes, tests/deploy.py) as a
-user runs it, ``python flower_app.py ALGORITHM --federation local ...``: a node killed in round
+"""flower/app.py deployed on localhost (a SuperLink and 4 SuperNodes, tests/deploy.py) as a
+user runs it, ``python flower/app.py ALGORITHM --federation local ...``: a node killed in round
 2 is left out and the run finishes; a node started again takes its client back; a run stopped
 by the server resumes to the metrics of an uninterrupted one; a failed run exits non-zero.
 Minutes each (the SuperLink notices a dead node after two missed 30 s heartbeats)."""
@@ -22,8 +22,8 @@ MEASURED = {"seconds", "sec_per_round", "host_mb", "device_mb", "agg_seconds"}
 
 
 def submit(deployment, *argv, timeout=900):
-    """``python flower_app.py ARGV --federation local`` from the deployment's folder, started."""
-    return subprocess.Popen([sys.executable, os.path.join(ROOT, "flower_app.py"), *map(str, argv),
+    """``python flower/app.py ARGV --federation local`` from the deployment's folder, started."""
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "flower", "app.py"), *map(str, argv),
                              "--federation", "local"], cwd=deployment.folder, env=deployment.env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -34,7 +34,7 @@ def finish(proc, timeout=900):
     except subprocess.TimeoutExpired:
         proc.kill()
         output, _ = proc.communicate()
-        raise AssertionError(f"flower_app.py --federation did not end in {timeout} s:\n{output[-3000:]}")
+        raise AssertionError(f"flower/app.py --federation did not end in {timeout} s:\n{output[-3000:]}")
     return proc.returncode, output
 
 
@@ -83,7 +83,7 @@ def test_a_stopped_server_resumes_to_an_uninterrupted_runs_metrics_and_a_node_ca
         code, output = finish(submit(d, *flags, "runs/whole"))
         assert code == 0, output[-3000:]
         code, output = finish(submit(d, *flags, "runs/parts", "--stop-after", "2"))
-        assert code == 0 and "continue with: python flower_app.py --resume" in output, output[-3000:]
+        assert code == 0 and "continue with: python flower/app.py --resume" in output, output[-3000:]
         parts = only_folder(tmp_path / "runs" / "parts")
         d.kill_node(1)
         d.start_node(1)  # a new SuperNode process (a new node id) for partition-id 1, before the run goes on

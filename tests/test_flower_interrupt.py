@@ -1,4 +1,4 @@
-"""flower_app.py stopped by Ctrl-C, and a node that fails: one line on stderr, the documented
+"""flower/app.py stopped by Ctrl-C, and a node that fails: one line on stderr, the documented
 exit status, and no Ray process left. The Ctrl-C case starts a simulation of its own (about
 30 s here, on 2 shared cores); the failure of a node is checked without Ray."""
 import os
@@ -15,7 +15,7 @@ from conftest import ROOT, metrics_rows, run_dir
 
 pytest.importorskip("flwr", reason="Flower is not installed (pip install -r requirements-flower.txt)")
 import common  # noqa: E402
-import flower_app  # noqa: E402
+from flower import app as flower_app  # noqa: E402
 
 
 def live_members(group):
@@ -36,7 +36,7 @@ def live_members(group):
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds Ray's processes in /proc")
 def test_ctrl_c_in_a_simulation_is_one_line_exit_130_and_stops_ray(tmp_path):
     out = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "flower_app.py"), "fedavg", "--dataset", "synthetic",
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "flower", "app.py"), "fedavg", "--dataset", "synthetic",
                              "--num-clients", "4", "--rounds", "200", "--checkpoint-every", "1", "--out", str(out)], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     lines = queue.Queue()  # stdout, read on a thread so that waiting for a line can time out
@@ -61,10 +61,10 @@ def test_ctrl_c_in_a_simulation_is_one_line_exit_130_and_stops_ray(tmp_path):
     (line,) = [ln for ln in stderr.splitlines() if ln.strip()]
     folder = run_dir(out)
     done = metrics_rows(folder)[-1]["round"]
-    assert line == f"interrupted; the checkpoint of round {done} is kept; continue with: python flower_app.py " \
+    assert line == f"interrupted; the checkpoint of round {done} is kept; continue with: python flower/app.py " \
                    f"--resume {folder}"
     assert sorted(os.listdir(folder)) == ["checkpoint.pt", "config.json", "metrics.csv", "partition.json"]  # unlocked
-    assert left == [], "Ray processes still running after flower_app.py ended"
+    assert left == [], "Ray processes still running after flower/app.py ended"
 
 
 def test_a_nodes_failure_reaches_the_server_as_one_line(monkeypatch):

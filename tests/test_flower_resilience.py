@@ -1,5 +1,5 @@
-"""flower_app.py's server in a deployment's conditions, in this process and in seconds: a grid
-of fake nodes (``FakeGrid``) that answers the server's messages with flower_app's own client
+"""flower/app.py's server in a deployment's conditions, in this process and in seconds: a grid
+of fake nodes (``FakeGrid``) that answers the server's messages with flower/app.py's own client
 handlers, and can lose a node, bring it back under a new node id, or make a client fail.
 What a real SuperLink and SuperNodes do is checked in test_flower_deploy.py (slow)."""
 import itertools
@@ -17,7 +17,7 @@ from flwr.app import Error, Message  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 import common  # noqa: E402
-import flower_app  # noqa: E402
+from flower import app as flower_app  # noqa: E402
 
 SMALL = ["--dataset", "synthetic", "--num-clients", "4", "--rounds", "5"]
 NEW_COLUMNS = {"clients_answered", "clients_left_out"}  # Flower's only
@@ -26,7 +26,7 @@ NODE_UNAVAILABLE = 5  # flwr.common.constant.ErrorCode.NODE_UNAVAILABLE
 
 
 class FakeGrid:
-    """A Grid (get_node_ids, push_messages, pull_messages) whose nodes run flower_app's ClientApp
+    """A Grid (get_node_ids, push_messages, pull_messages) whose nodes run flower/app.py's ClientApp
     handlers in this process. ``events[(message type, round, "before" or "after")]`` runs before
     or after that round's messages of that type are answered (lose a node, bring one back)."""
 
@@ -167,7 +167,7 @@ def test_a_stopped_server_resumes_to_the_uninterrupted_metrics(tmp_path, algorit
     serve(FakeGrid(4), [*flags, "--out", str(tmp_path / "whole")])
     serve(FakeGrid(4), [*flags, "--out", str(tmp_path / "parts"), "--stop-after", "2"])
     folder = run_dir(tmp_path / "parts")
-    assert f"continue with: python flower_app.py --resume {folder}" in capsys.readouterr().out
+    assert f"continue with: python flower/app.py --resume {folder}" in capsys.readouterr().out
     assert not os.path.exists(os.path.join(folder, "summary.json"))
     serve(FakeGrid(4), ["--resume", folder])
     same_metrics(run_dir(tmp_path / "whole"), folder)
@@ -211,7 +211,7 @@ def test_a_node_outside_the_partition_ids_is_not_used(capsys):
     (["fedavg", "--min-clients", "0"], "--min-clients must be >= 1, got 0"),
     (["fedavg", "--round-timeout", "-1"], "--round-timeout must be > 0"),
     (["fedavg", "--clients-per-gpu", "x"], "--clients-per-gpu: invalid int value"),
-    (["--rounds", "3"], "usage: python flower_app.py"),
+    (["--rounds", "3"], "usage: python flower/app.py"),
 ])
 def test_bad_flower_options_are_one_line(argv, message):
     with pytest.raises(common.UserError, match=message.replace("(", r"\(")):

@@ -17,7 +17,7 @@ import common
 import fedavg
 import run_folder
 from conftest import metrics_rows, run_dir
-from test_datasets_extra import NO_NETWORK
+from test_datasets import NO_NETWORK
 
 RNG = np.random.default_rng(0)
 TRAIN_LABELS, TEST_LABELS = np.arange(40) % 4, np.arange(20) % 4

@@ -1,4 +1,4 @@
-"""paper_tables.py: the schema of every table, the same settings for a baseline as for its algorithm (by
+"""tools/paper_tables.py: the schema of every table, the same settings for a baseline as for its algorithm (by
 parsing each run's command line with the script's own parse_args; nothing is trained or loaded), and the
 paper numbers quoted in docs/<algo>.md present in the tables."""
 import importlib
@@ -9,7 +9,7 @@ import re
 import pytest
 
 import common
-import paper_tables
+from tools import paper_tables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLES = paper_tables.TABLES
@@ -234,4 +234,4 @@ def test_paper_numbers_quoted_in_the_docs_are_in_the_tables(source):
     assert len(numbers) >= 9, f"docs/{source}.md: no paper-number table found"
     values = paper_values(source)
     missing = sorted({n for n in numbers if not any(abs(n - v) < 1e-9 for v in values)})
-    assert not missing, f"docs/{source}.md quotes paper numbers that paper_tables.py lacks: {missing}"
+    assert not missing, f"docs/{source}.md quotes paper numbers that tools/paper_tables.py lacks: {missing}"

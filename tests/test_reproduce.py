@@ -1,4 +1,4 @@
-"""reproduce.py: a tiny table run end to end (its report's numbers are the runs' own metrics), a table
+"""tools/reproduce.py: a tiny table run end to end (its report's numbers are the runs' own metrics), a table
 stopped in the middle that continues without re-running finished runs and ends with the same report,
 a failing run, Ctrl-C, --dry-run of every paper table, --list, the generated section of
 docs/results.md, and bad input. The tiny tables run fedavg.py and fedala.py on synthetic data with 4
@@ -15,9 +15,7 @@ import time
 
 import pytest
 
-import compare
-import paper_tables
-import reproduce
+from tools import compare, paper_tables, reproduce
 from conftest import ROOT, metrics_rows
 
 SEEDS = ["0", "1"]
@@ -172,11 +170,11 @@ def test_failing_run_is_reported_and_the_others_go_on(tmp_path, capsys):
 
 @pytest.mark.slow  # a real run end to end (signals, resume or the quick start): runs in CI
 def test_ctrl_c_stops_the_runs_with_a_checkpoint(tmp_path):
-    """SIGINT to reproduce.py: forwarded once to the running script, which writes a checkpoint and
+    """SIGINT to tools/reproduce.py: forwarded once to the running script, which writes a checkpoint and
     stops; one line says how to continue; exit status 130."""
     tables = tiny_tables(rounds=100000)
     tables["tiny"]["cells"][0]["methods"] = tables["tiny"]["cells"][0]["methods"][:1]
-    code = ("import json, os, sys; sys.path.insert(0, os.environ['ROOT']); import reproduce; "
+    code = ("import json, os, sys; sys.path.insert(0, os.environ['ROOT']); from tools import reproduce; "
             "sys.exit(reproduce.main(sys.argv[1:], json.loads(os.environ['TABLES'])))")
     proc = subprocess.Popen([sys.executable, "-c", code, "tiny", "--seeds", "0", "--out", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -190,7 +188,7 @@ def test_ctrl_c_stops_the_runs_with_a_checkpoint(tmp_path):
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
     assert stderr.strip().splitlines()[-1] == (f"interrupted: the stopped runs kept their checkpoints; continue "
-                                               f"with: python reproduce.py tiny --seeds 0 --out {tmp_path}")
+                                               f"with: python tools/reproduce.py tiny --seeds 0 --out {tmp_path}")
     (folder,) = reproduce.run_folders(seed_dir)
     assert os.path.exists(os.path.join(folder, "checkpoint.pt"))
     assert not os.path.exists(os.path.join(folder, "summary.json"))
@@ -236,7 +234,7 @@ def test_results_doc_has_the_generated_paper_tables():
     with open(os.path.join(ROOT, "docs", "results.md")) as f:
         doc = f.read()
     section = reproduce.paper_tables_markdown(paper_tables.TABLES)
-    assert section in doc, "docs/results.md is stale: python reproduce.py --markdown-paper-tables docs/results.md"
+    assert section in doc, "docs/results.md is stale: python tools/reproduce.py --markdown-paper-tables docs/results.md"
 
 
 def test_method_folders_are_distinct():

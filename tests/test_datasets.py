@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 import common
+import datasets
 import fedavg
 import run_folder
 from conftest import ROOT, metrics_rows, run_dir, run_script
@@ -92,7 +93,7 @@ def test_tinyimagenet_labels_grayscale_and_cache(tmp_path):
     assert np.array_equal(gray[0], gray[1]) and np.array_equal(gray[1], gray[2])
     assert abs(int(gray[0].mean()) - red(1)) <= 3
 
-    cache = tmp_path / common.TINY_CACHE
+    cache = tmp_path / datasets.TINY_CACHE
     assert cache.exists() and not [p for p in os.listdir(data_dir) if p.startswith(".")]  # no temp files left
     stamp = cache.stat().st_mtime_ns
     shutil.rmtree(tmp_path / "tiny-imagenet-200")  # the second load needs only the cache
@@ -136,7 +137,7 @@ def test_tinyimagenet_bad_annotations(tmp_path):
     shutil.rmtree(os.path.join(root, "val"))
     with pytest.raises(common.UserError, match="val_annotations.txt is missing: .* is incomplete"):
         common.load_arrays("tinyimagenet", str(tmp_path))
-    assert not os.path.exists(tmp_path / common.TINY_CACHE)  # nothing cached from a broken folder
+    assert not os.path.exists(tmp_path / datasets.TINY_CACHE)  # nothing cached from a broken folder
 
 
 def test_tinyimagenet_global_split_uses_val_as_test_set(tmp_path):
@@ -155,10 +156,10 @@ def test_download_checks_md5_and_leaves_no_partial_file(tmp_path):
     payload.write_bytes(os.urandom(3000))
     url = payload.as_uri()  # urllib reads file:// URLs: a download without a network
     target = tmp_path / "out" / "file.zip"
-    with pytest.raises(common.ChecksumError):
-        common._download(url, str(target), md5="0" * 32)
+    with pytest.raises(datasets.ChecksumError):
+        datasets._download(url, str(target), md5="0" * 32)
     assert os.listdir(tmp_path / "out") == []
-    common._download(url, str(target), md5=hashlib.md5(payload.read_bytes()).hexdigest())
+    datasets._download(url, str(target), md5=hashlib.md5(payload.read_bytes()).hexdigest())
     assert target.read_bytes() == payload.read_bytes() and os.listdir(tmp_path / "out") == ["file.zip"]
 
 
@@ -166,16 +167,16 @@ def test_download_checks_md5_and_leaves_no_partial_file(tmp_path):
 
 def test_basic_english_matches_torchtext():
     # outputs of torchtext.data.utils.get_tokenizer("basic_english")
-    assert common.basic_english_tokens("You can now install TorchText using pip!") == \
+    assert datasets.basic_english_tokens("You can now install TorchText using pip!") == \
         ["you", "can", "now", "install", "torchtext", "using", "pip", "!"]
-    assert common.basic_english_tokens('Wall St. Bears (Reuters): "short-sellers", don\'t;') == \
+    assert datasets.basic_english_tokens('Wall St. Bears (Reuters): "short-sellers", don\'t;') == \
         ["wall", "st", ".", "bears", "(", "reuters", ")", "short-sellers", ",", "don", "'", "t"]
 
 
 def test_vocab_and_encoding_by_hand():
-    vocab = common.build_vocab([["b", "a", "b"], ["c", "a", "b"]])
+    vocab = datasets.build_vocab([["b", "a", "b"], ["c", "a", "b"]])
     assert vocab == {"b": 2, "a": 3, "c": 4}  # by count, ties alphabetical; 0 pads, 1 is unknown
-    x = common.encode_tokens([["a", "zzz", "c"], ["b"] * 7], vocab, max_len=5)
+    x = datasets.encode_tokens([["a", "zzz", "c"], ["b"] * 7], vocab, max_len=5)
     assert x.dtype == np.int64
     assert x.tolist() == [[3, 1, 4, 0, 0], [2, 2, 2, 2, 2]]
 
@@ -209,18 +210,18 @@ def test_agnews_vocab_from_train_only(tmp_path):
     assert xtr.dtype == xte.dtype == np.int64 and xtr.shape == (41, 200) and xte.shape == (12, 200)
     assert ytr.tolist() == [int(r[0]) - 1 for r in train] and set(yte.tolist()) == {0, 1, 2, 3}
 
-    train_words = {t for r in train for t in common.basic_english_tokens(" ".join(r[1:]))}
+    train_words = {t for r in train for t in datasets.basic_english_tokens(" ".join(r[1:]))}
     used = set(np.unique(xtr).tolist())
     assert used == {0} | set(range(2, len(train_words) + 2))  # every training word has an id, 0 pads
 
     def ids(row, text):
-        tokens = common.basic_english_tokens(text)
+        tokens = datasets.basic_english_tokens(text)
         return dict(zip(tokens, row[:len(tokens)].tolist()))
 
     first_train, first_test = ids(xtr[0], " ".join(train[0][1:])), ids(xte[0], " ".join(test[0][1:]))
-    assert first_test["zebra"] == common.UNK_ID and "zebra" not in train_words
-    assert first_test["quoted"] == first_train["quoted"] != common.UNK_ID  # shared words keep their training id
-    length = len(common.basic_english_tokens(" ".join(train[0][1:])))
+    assert first_test["zebra"] == datasets.UNK_ID and "zebra" not in train_words
+    assert first_test["quoted"] == first_train["quoted"] != datasets.UNK_ID  # shared words keep their training id
+    length = len(datasets.basic_english_tokens(" ".join(train[0][1:])))
     assert (xtr[0, :length] > 0).all() and (xtr[0, length:] == 0).all()  # padded with 0
     long_row = ids(xtr[40], " ".join(train[40][1:]))
     assert (xtr[40, 1:] == long_row["goal"]).all() and xtr[40, 0] == long_row["long"]  # 251 tokens cut to 200
@@ -305,20 +306,19 @@ def test_synthetic_family_names_and_heterogeneity():
     B_k ~ N(0, beta), alpha their models W_k, b_k ~ N(u_k, 1), u_k ~ N(0, alpha); IID shares one
     W, b and x ~ N(0, Sigma). So the spread of the clients' mean inputs grows iid < (0,0) <
     (0.5,0.5) < (1,1), and only the IID clients share one labelling function."""
-    import datasets_extra as de
-    assert de.synthetic_setting("synthetic") == de.synthetic_setting("synthetic(1,1)") == (1.0, 1.0, False)
-    assert de.synthetic_setting("synthetic( 0.5 , 0.5 )") == (0.5, 0.5, False)
-    assert de.synthetic_setting("synthetic(iid)") == (0.0, 0.0, True)
-    assert de.synthetic_setting("cifar10") is None
+    assert datasets.synthetic_setting("synthetic") == datasets.synthetic_setting("synthetic(1,1)") == (1.0, 1.0, False)
+    assert datasets.synthetic_setting("synthetic( 0.5 , 0.5 )") == (0.5, 0.5, False)
+    assert datasets.synthetic_setting("synthetic(iid)") == (0.0, 0.0, True)
+    assert datasets.synthetic_setting("cifar10") is None
 
     def input_shift(name):  # mean over clients of |mean of the client's inputs|, ~ |B_k| (v_k's mean)
         shifts = [np.abs(x.mean()) for seed in range(4)
-                  for x, _ in de.synthetic_clients(40, np.random.default_rng([seed, 0]), *de.synthetic_setting(name))]
+                  for x, _ in datasets.synthetic_clients(40, np.random.default_rng([seed, 0]), *datasets.synthetic_setting(name))]
         return float(np.mean(shifts))
 
     shifts = [input_shift(n) for n in ("synthetic(iid)", "synthetic(0,0)", "synthetic(0.5,0.5)", "synthetic(1,1)")]
     assert shifts == sorted(shifts) and shifts[0] < 0.02 and shifts[3] > 4 * shifts[1], shifts
-    x, y = zip(*de.synthetic_clients(5, np.random.default_rng(0), iid=True))
+    x, y = zip(*datasets.synthetic_clients(5, np.random.default_rng(0), iid=True))
     w = np.linalg.lstsq(np.concatenate(x), np.eye(10)[np.concatenate(y)], rcond=None)[0]
     assert all(np.mean(np.argmax(xk @ w, 1) == yk) > 0.6 for xk, yk in zip(x, y))  # one labelling for all
 

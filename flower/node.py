@@ -1,10 +1,10 @@
-"""flower_app.py's ClientApp in a deployment: no start-up cost per round.
+"""flower/app.py's ClientApp in a deployment: no start-up cost per round.
 
 Flower 1.41 starts a fresh ``flwr-clientapp`` process for every message a SuperNode gets, and
 that process imports the app. Importing torch and loading and partitioning the data in each
 one cost seconds per message. This ClientApp imports neither: it hands the message to a worker
-process of its node (``python flower_app.py --node-worker``), started by the first message and
-kept, which holds the data and the models and runs ``flower_app.node_work``. The worker
+process of its node (``python flower/app.py --node-worker``), started by the first message and
+kept, which holds the data and the models and runs ``flower.app.node_work``. The worker
 listens on a Unix socket in a folder only this user can open, behind a random key; it leaves
 when its SuperNode process ends or after ``IDLE_SECONDS`` without a message. A message whose
 worker dies is answered with an Error (the server leaves the client out of that round), and the
@@ -23,7 +23,7 @@ from multiprocessing.connection import Client
 from flwr.app import Array, ArrayRecord, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-NODE_FAULT = 101  # flower_app.NODE_FAULT: the server leaves the client out of the round
+NODE_FAULT = 101  # flower.app.NODE_FAULT: the server leaves the client out of the round
 IDLE_SECONDS = 3600
 START_SECONDS = 300  # for a worker to import torch and load the data before it listens
 
@@ -70,8 +70,7 @@ def connect(node_id):
         with os.fdopen(fd, "wb") as f:
             f.write(secrets.token_bytes(32))
         log = open(os.path.join(folder, f"node-{node_id}.log"), "ab")
-        worker = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                                "flower_app.py"),
+        worker = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "app.py"),
                                    "--node-worker", socket, key_path, str(supernode_pid()), str(IDLE_SECONDS)],
                                   stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True)
         deadline = time.monotonic() + START_SECONDS

@@ -1,7 +1,11 @@
-"""Datasets that torchvision does not provide: Tiny-ImageNet-200 and AG News (used by FedALA,
-FedACD and FedPake) as (x_train, y_train, x_test, y_test) numpy arrays, named in ``LOADERS``
-for ``common.load_arrays``; FedProx's Synthetic(alpha, beta), which is generated per client;
-and a user's .npz file, with the checks every loaded dataset passes (``check_arrays``).
+"""The data path, top to bottom: a --dataset name or .npz file becomes the clients' tensors.
+torchvision's MNIST family and CIFAR (``load_vision``), the datasets torchvision lacks
+(Tiny-ImageNet-200 and AG News, named in ``LOADERS``; FedProx's Synthetic(alpha, beta), generated
+per client), a user's .npz file (``load_npz``), the checks every loaded dataset passes
+(``check_arrays``), ``load_arrays`` over all of them, the conversion to tensors (``to_tensor``),
+the partition over clients (data_partition.py) and ``load_federated_data``, which does it all
+for a script's ``args``. The scripts reach it through common.py. It imports data_partition and
+run_folder (its errors) only (docs/layout.md).
 """
 import csv
 import math
@@ -9,11 +13,176 @@ import os
 import socket
 import sys
 import tempfile
+from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
-from common import UserError
+import data_partition as dp
+from run_folder import UserError
 
+
+# ----------------------------------------------------------------------------- torchvision: MNIST family, CIFAR
+
+VISION = {  # --dataset: (torchvision.datasets class, its arguments, the folder its files go in)
+    "mnist": ("MNIST", {}, "MNIST/raw"), "fmnist": ("FashionMNIST", {}, "FashionMNIST/raw"),
+    "emnist": ("EMNIST", {"split": "digits"}, "EMNIST/raw"),
+    "cifar10": ("CIFAR10", {}, "cifar-10-batches-py"), "cifar100": ("CIFAR100", {}, "cifar-100-python")}
+IDX_FILES = {  # the publishers' idx files: train images, train labels, test images, test labels (each may be .gz)
+    "mnist": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+    "emnist": tuple(f"emnist-digits-{part}-idx{n}-ubyte" for part, n in
+                    (("train-images", 3), ("train-labels", 1), ("test-images", 3), ("test-labels", 1)))}
+IDX_FILES["fmnist"] = IDX_FILES["mnist"]
+EMNIST_ZIP = "gzip.zip"  # EMNIST's one download; its folder gzip/ holds the .gz files of every split
+OFFLINE_SOURCES = {"fmnist": " (or take Debian's copy: apt-get install dataset-fashion-mnist, then "
+                             "--data-dir /usr/share/datasets/fashion-mnist)"}
+
+
+def read_idx(content, what):
+    """The array in an idx file's bytes (LeCun's format: two zero bytes, type 0x08 for unsigned bytes,
+    the number of dimensions, each dimension as a big-endian int32, the data). The sizes in the header
+    must match the data exactly, so a cut file is refused rather than read short."""
+    if len(content) < 4 or content[:3] != b"\0\0\x08" or not 1 <= content[3] <= 4:
+        raise ValueError(f"{what} is not an idx file of unsigned bytes")
+    header = 4 + 4 * content[3]
+    if len(content) < header:
+        raise ValueError(f"{what} ends inside its header")
+    dims = [int(d) for d in np.frombuffer(content, ">u4", content[3], 4)]
+    if len(content) - header != math.prod(dims):
+        raise ValueError(f"{what} holds {len(content) - header} bytes of data; its header says {math.prod(dims)}")
+    return np.frombuffer(content, np.uint8, offset=header).reshape(dims)
+
+
+def find_idx(name, data_dir):
+    """Where the four idx files of ``name`` are: a function returning each file's bytes, or None.
+    Looked for in data_dir/<torchvision's folder> (MNIST/raw, ...) and in data_dir itself, each file
+    plain or gzipped; EMNIST's also inside its gzip.zip. Nothing is unpacked on disk."""
+    import gzip
+    import zipfile
+    for folder in (os.path.join(data_dir, VISION[name][2]), data_dir):
+        paths = []
+        for stem in IDX_FILES[name]:
+            found = [os.path.join(folder, f) for f in (stem, stem + ".gz") if os.path.isfile(os.path.join(folder, f))]
+            paths.append(found[0] if found else None)
+        if all(paths):
+            def read(i, paths=paths):
+                opener = gzip.open if paths[i].endswith(".gz") else open
+                with opener(paths[i], "rb") as f:
+                    return f.read()
+            return read
+        archive = os.path.join(folder, EMNIST_ZIP)
+        if name == "emnist" and os.path.isfile(archive):  # read from the zip as it is
+            def read(i, archive=archive):
+                with zipfile.ZipFile(archive) as z:
+                    return gzip.decompress(z.read(f"gzip/{IDX_FILES[name][i]}.gz"))
+            return read
+    return None
+
+
+def unpack_cifar(name, data_dir):
+    """CIFAR's tar.gz, if it lies in data_dir (or, as an older message of ours said, inside the folder it
+    unpacks to), unpacked into data_dir/cifar-10-batches-py (cifar-100-python) when that folder lacks
+    its files. Each file is written whole and renamed into place, so runs that start together do not
+    read half a file."""
+    import tarfile
+    import torchvision
+    cls = getattr(torchvision.datasets, VISION[name][0])
+    folder = os.path.join(data_dir, cls.base_folder)
+    if all(os.path.isfile(os.path.join(folder, f)) for f, _ in cls.train_list + cls.test_list):
+        return
+    for archive in (os.path.join(data_dir, cls.filename), os.path.join(folder, cls.filename)):
+        if os.path.isfile(archive):
+            os.makedirs(folder, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=data_dir, prefix=".unpack-") as tmp:
+                with tarfile.open(archive, "r:gz") as tar:
+                    tar.extractall(tmp, filter="data")
+                unpacked = os.path.join(tmp, cls.base_folder)
+                for f in os.listdir(unpacked):
+                    os.replace(os.path.join(unpacked, f), os.path.join(folder, f))
+            return
+
+
+def _torchvision(name, data_dir, train, download):
+    """torchvision's dataset ``name``. CIFAR's extracted files need only exist and parse (the md5 of
+    the archive is checked when it is downloaded); its class names are not read."""
+    import torchvision
+    base = getattr(torchvision.datasets, VISION[name][0])
+    if name.startswith("cifar"):
+        class Cifar(base):
+            def _check_integrity(self):
+                return all(os.path.isfile(os.path.join(self.root, self.base_folder, f))
+                           for f, _ in self.train_list + self.test_list)
+
+            def _load_meta(self):
+                self.classes = []
+        base = Cifar
+    return base(data_dir, train=train, download=download, **VISION[name][1])
+
+
+def _torchvision_download(name, data_dir):
+    """torchvision's download of ``name`` into data_dir; offline, one line that says what to put where."""
+    import torchvision
+    cls = getattr(torchvision.datasets, VISION[name][0])
+    folder = os.path.join(data_dir, VISION[name][2])
+    timeout = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(20)
+    try:
+        return [_torchvision(name, data_dir, train, download=True) for train in (True, False)]
+    except Exception as e:  # noqa: BLE001  offline, refused, bad checksum: all the same to the user
+        if name.startswith("cifar"):  # torchvision unpacks the archive from data_dir
+            where, what = data_dir, f"{cls.filename} from {cls.url} in {data_dir} (it is unpacked into {folder})"
+        elif name == "emnist":
+            where, what = folder, (f"{EMNIST_ZIP} from {cls.url} (or the files {', '.join(IDX_FILES[name])}, "
+                                   f"gzipped or not, from inside it) in {folder}")
+        else:
+            where, what = folder, f"{', '.join(f + '.gz' for f in IDX_FILES[name])} from {cls.mirrors[0]} in {folder}"
+        raise UserError(f"{name} is not in {where} and could not be downloaded ({e.__class__.__name__}); put {what}"
+                        f"{OFFLINE_SOURCES.get(name, '')}")
+    finally:
+        socket.setdefaulttimeout(timeout)
+
+
+def load_vision(name, data_dir):
+    """(x_train, y_train, x_test, y_test) of MNIST, FashionMNIST, EMNIST (digits), CIFAR-10 or
+    CIFAR-100 as uint8 (N, C, H, W) images and int64 labels. The publishers' files are read where
+    they lie (find_idx, unpack_cifar); if they are not there, torchvision.datasets downloads them
+    (md5-checked) into data_dir. What is read is checked (the idx sizes here, the arrays in
+    check_arrays), not the archives' checksums, so a copy from elsewhere (Debian's) loads too."""
+    import torchvision
+    folder = os.path.join(data_dir, VISION[name][2])
+    cls = getattr(torchvision.datasets, VISION[name][0])
+    address = cls.url if hasattr(cls, "url") else cls.mirrors[0]
+    try:
+        if name in IDX_FILES:
+            read = find_idx(name, data_dir)
+            if read is None:
+                _torchvision_download(name, data_dir)
+                read = find_idx(name, data_dir)
+            xtr, ytr, xte, yte = (read_idx(read(i), IDX_FILES[name][i]) for i in range(4))
+        else:
+            unpack_cifar(name, data_dir)
+            try:
+                sets = [_torchvision(name, data_dir, train, download=False) for train in (True, False)]
+            except RuntimeError as e:
+                if "not found" not in str(e):
+                    raise
+                sets = _torchvision_download(name, data_dir)
+            (xtr, ytr), (xte, yte) = ((np.asarray(d.data), np.asarray(d.targets, dtype=np.int64)) for d in sets)
+            return xtr.transpose(0, 3, 1, 2).copy(), ytr, xte.transpose(0, 3, 1, 2).copy(), yte  # HWC -> CHW
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001  what the parsers raise on a damaged file
+        raise UserError(f"the {name} files in {folder} are corrupt or truncated ({e.__class__.__name__}: {e}); "
+                        f"delete them and run again to download them from {address}")
+    if xtr.ndim != 3 or xte.ndim != 3 or ytr.ndim != 1 or yte.ndim != 1:
+        raise UserError(f"the {name} files in {folder} hold arrays of shapes {xtr.shape}, {ytr.shape}, {xte.shape} "
+                        f"and {yte.shape}; expected images (N, H, W) and labels (N,)")
+    if name == "emnist":  # EMNIST stores its images transposed
+        xtr, xte = xtr.transpose(0, 2, 1), xte.transpose(0, 2, 1)
+    return xtr[:, None].copy(), ytr.astype(np.int64), xte[:, None].copy(), yte.astype(np.int64)
+
+
+# ----------------------------------------------------------------------------- Tiny-ImageNet, AG News
 
 TINY_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
 TINY_MD5 = "90528d7ca1a48142e341f4ef8d21d0de"  # 248,100,043 bytes
@@ -405,3 +574,170 @@ def check_arrays(name, xtr, ytr, xte, yte, npz=False):
     if len(unseen):
         raise UserError(f"{name}: y_test has label(s) {first_few(unseen)} that no training sample has; "
                         "a model cannot learn them, so drop those test samples or add training samples")
+
+
+# ----------------------------------------------------------------------------- every dataset, as tensors on clients
+
+def load_arrays(name, data_dir):
+    """(x_train, y_train, x_test, y_test) as numpy arrays for a named dataset or an .npz file,
+    checked (``check_arrays``); labels int64."""
+    if (name in VISION or name in LOADERS) and os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        raise UserError(f"--data-dir {data_dir} is a file; it must name the folder the datasets are read from")
+    if name in VISION:
+        arrays = load_vision(name, data_dir)
+    elif name in LOADERS:
+        arrays = LOADERS[name](data_dir)
+    elif name.lower().endswith(".npz"):  # d.NPZ too
+        if not os.path.isfile(name):
+            raise UserError(f"{name} is a folder, not an .npz file" if os.path.isdir(name) else f"no such file: {name}")
+        arrays = load_npz(name)
+    else:
+        raise UserError(f"unknown dataset '{name}'; choose {', '.join([*VISION, *LOADERS])}, "
+                        f"{SYNTHETIC_HELP}, or a .npz file")
+    check_arrays(name, *arrays, npz=name.lower().endswith(".npz"))
+    xtr, ytr, xte, yte = arrays
+    return xtr, ytr.astype(np.int64), xte, yte.astype(np.int64)
+
+
+def to_tensor(x, reference=None, tokens=False):
+    """Integer images (uint8, uint16, int32, ...) -> float32 normalised per channel with the mean
+    and std of ``reference``, so their range does not matter; float data as it is; integer
+    vectors as int64 token ids if ``tokens``, else as float32 numbers. Statistics are accumulated
+    in chunks and the conversion is in place, so the peak memory is one float32 copy of ``x``
+    (Tiny-ImageNet: 5.4 GB rather than four times that), made channels-last (the data's layout)."""
+    if x.dtype.kind in "ui" and x.ndim == 4:
+        ref = torch.from_numpy(reference if reference is not None else x)
+        total = torch.zeros(2, ref.shape[1], dtype=torch.float64)
+        for start in range(0, len(ref), 4096):
+            chunk = ref[start: start + 4096].double() / 255
+            total += torch.stack([chunk.sum((0, 2, 3)), chunk.square().sum((0, 2, 3))])
+        count = ref.numel() / ref.shape[1]
+        mean = total[0] / count
+        std = (total[1] / count - mean ** 2).clamp_min(0).sqrt() + 1e-8
+        shape = (1, -1, 1, 1)
+        x = torch.from_numpy(x).to(torch.float32, memory_format=torch.channels_last)
+        return x.div_(255).sub_(mean.float().view(shape)).div_(std.float().view(shape))
+    if tokens and x.min() < 0:
+        raise UserError(f"token ids for --model fasttext must be >= 0 (0 pads), but x has ids down to {x.min()}")
+    return torch.from_numpy(x.astype(np.int64 if tokens else np.float32))
+
+
+@dataclass
+class FedData:
+    """All samples in ``x``/``y`` on one device; clients are index tensors into them."""
+    x: torch.Tensor
+    y: torch.Tensor
+    num_classes: int
+    train_idx: list
+    test_idx: list
+    global_test_idx: torch.Tensor = None  # --test-split global: the uniform official test set
+    train_counts: np.ndarray = None  # (clients, classes)
+    test_counts: np.ndarray = None
+    vocab_size: int = 0
+    info: dict = field(default_factory=dict)
+
+    @property
+    def num_clients(self):
+        return len(self.train_idx)
+
+    def train_sizes(self):
+        return np.array([len(i) for i in self.train_idx])
+
+
+def default_classes_per_client(partition, num_classes):
+    if partition == "pat":
+        return {100: 10, 200: 20}.get(num_classes, 2)
+    if partition == "pfedla1":
+        return 12 if num_classes >= 100 else 4
+    return 6 if num_classes >= 100 else 2  # pfedla2: dominant classes
+
+
+def partition(labels, args, rng, num_classes, min_size):
+    cpc = args.classes_per_client or default_classes_per_client(args.partition, num_classes)
+    if args.partition in ("pat", "pfedla1") and cpc > num_classes:
+        raise UserError(f"--classes-per-client {cpc} is more than the {num_classes} classes of {args.dataset}")
+    if args.partition == "iid":
+        return dp.iid(labels, args.num_clients, rng)
+    if args.partition == "pat":
+        return dp.pathological(labels, args.num_clients, rng, cpc, balance=args.balance)
+    if args.partition == "dir":
+        return dp.dirichlet(labels, args.num_clients, rng, args.beta, min_size=min_size)
+    split = {"pfedla1": lambda n, r, amount: dp.pfedla1(labels, n, r, cpc, amount),
+             "pfedla2": lambda n, r, amount: dp.pfedla2(labels, n, r, min(cpc, num_classes - 1),
+                                                        samples_per_client=amount)}[args.partition]
+    if args.samples_per_client != "auto":
+        return split(args.num_clients, rng, args.samples_per_client)
+    # auto, pFedLA Sec. 4.2: the same amount per client for 10 and 100 clients, what 100 clients get
+    # (a fixed draw, so the amount depends on the labels only); beyond 100 clients or where a
+    # dataset is too small for that, as much as the N clients can have
+    try:
+        amount = len(split(100, np.random.default_rng(0), None)[0]) if args.num_clients <= 100 else None
+        return split(args.num_clients, rng.spawn(1)[0], amount)
+    except dp.PartitionError:
+        return split(args.num_clients, rng, None)
+
+
+def load_federated_data(args, device):
+    """Load the dataset, partition it over clients (docs/datasets.md: partitions and the two
+    evaluation protocols) and move it to ``device`` once (common.load_federated_data calls this
+    after set_determinism, before any GPU work)."""
+    rng = np.random.default_rng([args.seed, 0])  # data and partition: independent of training randomness
+    synthetic = synthetic_setting(args.dataset)
+    if synthetic:
+        clients = synthetic_clients(args.num_clients, rng, *synthetic)
+        x = np.concatenate([c[0] for c in clients])
+        y = np.concatenate([c[1] for c in clients])
+        starts = np.cumsum([0] + [len(c[1]) for c in clients])
+        client_idx = [np.arange(starts[k], starts[k + 1]) for k in range(args.num_clients)]
+        train, test = dp.train_test_split(client_idx, rng, args.train_ratio)
+        num_classes = SYNTHETIC_CLASSES
+        # no official test set: under 'global' the union of the clients' test data stands in for it
+        global_test = np.concatenate(test) if args.test_split == "global" else None
+    else:
+        xtr, ytr, xte, yte = load_arrays(args.dataset, args.data_dir)
+        num_classes = int(max(ytr.max(), yte.max() if len(yte) else 0)) + 1
+        x = np.concatenate([xtr, xte]) if len(xte) else xtr
+        y = np.concatenate([ytr, yte])
+        if args.test_split == "client":
+            if args.num_clients > len(y):
+                raise UserError(f"{args.num_clients} clients but only {len(y)} samples; use fewer --num-clients")
+            min_size = math.ceil(args.batch_size / args.train_ratio) + 1
+            parts = partition(y, args, rng, num_classes, min_size)
+            train, test = dp.train_test_split(parts, rng, args.train_ratio)
+            global_test = None
+        else:
+            if not len(yte):
+                raise UserError(f"--test-split global needs a test set; {args.dataset} has none (add x_test, y_test)")
+            missing = np.setdiff1d(ytr, yte)  # a client holding such a label would be tested on nothing
+            if len(missing):
+                raise UserError(f"--test-split global needs test samples of every label; y_test has none of label(s) "
+                                f"{first_few(missing)} (or use --test-split client)")
+            train = parts = partition(ytr, args, rng, num_classes, args.batch_size)
+            test = [t + len(ytr) for t in dp.proportional_test_sets([ytr[i] for i in train], yte, rng, num_classes)]
+            global_test = np.arange(len(ytr), len(y))
+        # integer vectors are token ids only when asked for (--model fasttext) or for AG News; else numbers
+        tokens = xtr.dtype.kind in "ui" and xtr.ndim == 2 and (args.model == "fasttext" or args.dataset == "agnews")
+        x = to_tensor(x, reference=xtr, tokens=tokens)
+    if synthetic:
+        x = to_tensor(x)
+    if min(len(t) for t in train) == 0:
+        raise UserError("a client received no training data; use fewer --num-clients or another partition")
+    untested = [k for k, t in enumerate(test) if not len(t)]
+    if untested:  # their accuracy would be a number computed from no sample
+        raise UserError(f"client(s) {first_few(untested)} got no test samples; use fewer --num-clients "
+                        "or another partition")
+    on = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64)).to(device)
+    if x.dim() == 4:  # channels-last images: faster convolutions and pooling (index batches keep the layout);
+        x = x.contiguous(memory_format=torch.channels_last)  # on the host: on the device it would take twice the data
+    x = x.to(device)
+    data = FedData(
+        x=x, y=torch.from_numpy(y).to(device), num_classes=num_classes,
+        train_idx=[on(t) for t in train], test_idx=[on(t) for t in test],
+        global_test_idx=None if global_test is None else on(global_test),
+        train_counts=dp.class_counts(y, train, num_classes), test_counts=dp.class_counts(y, test, num_classes),
+        vocab_size=int(x.max()) + 1 if not x.is_floating_point() else 0)
+    if synthetic:  # no file: the run folder's --resume check names the seed it is generated from
+        data.info["generated"] = True
+    if not synthetic and args.partition in ("pfedla1", "pfedla2"):
+        data.info["samples_per_client"] = {"flag": args.samples_per_client, "samples": len(parts[0])}
+    return data

@@ -1,7 +1,7 @@
 """Compare finished (or unfinished) runs: one table, optionally a plot.
 
-    python compare.py runs/                          # every run folder under runs/
-    python compare.py runs/a runs/b --metric test_loss --plot curves.png
+    python tools/compare.py runs/                          # every run folder under runs/
+    python tools/compare.py runs/a runs/b --metric test_loss --plot curves.png
 
 Each PATH is a run folder (it holds metrics.csv or config.json) or a folder searched
 recursively for run folders. Finished runs whose settings are equal except for the seed

@@ -1,12 +1,12 @@
 """The five algorithm scripts on Flower (Message API): one ServerApp and one ClientApp.
 
-    python flower_app.py fedavg --dataset synthetic --rounds 20     # a Flower simulation
-    python flower_app.py pfedla --dataset cifar10 --k 1             # any script's own flags
-    python flower_app.py --resume runs/fedala-cifar10-s0-...        # continue a stopped run
-    python flower_app.py fedala --federation NAME --dataset ...     # deployment: flwr run, with an exit status
+    python flower/app.py fedavg --dataset synthetic --rounds 20     # a Flower simulation
+    python flower/app.py pfedla --dataset cifar10 --k 1             # any script's own flags
+    python flower/app.py --resume runs/fedala-cifar10-s0-...        # continue a stopped run
+    python flower/app.py fedala --federation NAME --dataset ...     # deployment: flwr run, with an exit status
 
 ALGORITHM is fedavg, fedala, pfedla, fedpake or fedacd; the flags are that script's (its own
-``parse_args``) and flower_app's own (``flower_options``). The run folder is the script's
+``parse_args``) and flower/app.py's own (``flower_options``). The run folder is the script's
 (config.json, partition.json, metrics.csv, summary.json, checkpoint.pt): the server keeps all
 of the algorithm's state, so its checkpoint is the script's and either continues it. With the
 same flags and seed, metrics.csv equals the script's (docs/flower.md). Ctrl-C (SIGHUP; SIGTERM
@@ -51,12 +51,13 @@ except ImportError:
 
 import torch
 
-import common
-import fedavg
-import run_folder
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root (or the app bundle's)
+sys.path.insert(0, ROOT)  # python flower/app.py: the scripts, common, run_folder and flower.* by name from the root
+import common  # noqa: E402
+import run_folder  # noqa: E402
 
 ALGORITHMS = ("fedavg", "fedala", "pfedla", "fedpake", "fedacd")
-USAGE = f"usage: python flower_app.py {{{','.join(ALGORITHMS)}}} [that script's flags]"
+USAGE = f"usage: python flower/app.py {{{','.join(ALGORITHMS)}}} [that script's flags]"
 # a node's reply when its client fails, as a one-line Error: the server stops the run and says why
 USER_ERROR = 100  # common.UserError (bad input, e.g. data the model does not fit): exit status 2
 NODE_FAULT = 101  # any other exception: exit status 1
@@ -119,7 +120,7 @@ def tensors(record, device):
 
 def fedavg_client(job, client, round_, received, evaluate):
     """FedAvg's client update, which FedPake uses too (Alg. 1: FedAvg's local training)."""
-    trained, loss = fedavg.client_update(job.model(), received["global"], job.data, client, job.args, round_)
+    trained, loss = common.client_update(job.model(), received["global"], job.data, client, job.args, round_)
     return {"trained": trained}, {"loss": float(loss)}
 
 
@@ -178,7 +179,7 @@ CLIENTS = {"fedavg": fedavg_client, "fedala": fedala_client, "pfedla": pfedla_cl
            "fedpake": fedavg_client, "fedacd": fedacd_client}
 
 
-client_app = ClientApp()  # in a simulation; a deployment uses flower_node.py's, which calls node_work in a worker
+client_app = ClientApp()  # in a simulation; a deployment uses flower/node.py's, which calls node_work in a worker
 HANDLERS = {"train": CLIENTS, "evaluate": {"fedala": fedala_evaluate}}
 
 
@@ -251,8 +252,8 @@ def evaluate(msg, context):
 # ----------------------------------------------------------------------------- server side
 
 def flower_options(flags):
-    """(flower_app's own options, the script's flags): both may come in one list."""
-    parser = common._Parser(prog="flower_app.py", add_help=False, allow_abbrev=False)
+    """(flower/app.py's own options, the script's flags): both may come in one list."""
+    parser = common._Parser(prog="flower/app.py", add_help=False, allow_abbrev=False)
     parser.add_argument("--federation", default=None, metavar="NAME",
                         help="run on the SuperLink of this federation (flwr run) instead of a simulation")
     parser.add_argument("--min-clients", type=int, default=1, metavar="M",
@@ -568,7 +569,7 @@ def saved_flower_run(folder):
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {algorithm!r}")
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise common.UserError(f"cannot resume: {path} is missing or not the config of a flower_app.py run "
+        raise common.UserError(f"cannot resume: {path} is missing or not the config of a flower/app.py run "
                                f"({e.__class__.__name__}: {e})") from None
     return algorithm, flags
 
@@ -588,7 +589,7 @@ def serve(grid, algorithm, flags, options, clients=None):
     setup(job, server)
     name = "heurpfedla" if algorithm == "pfedla" and args.k > 0 else algorithm
     run = run_folder.Run(name, args, job.data, job.device, headline=job.module.HEADLINE,
-                         headline_metric=job.module.HEADLINE_METRIC, script="flower_app",
+                         headline_metric=job.module.HEADLINE_METRIC, script="flower_app", program="flower/app.py",
                          extra_config={"flower": {"algorithm": algorithm, "flags": node_flags}})
     state = {k: server[k] for k in CHECKPOINTED[algorithm]}  # the script's checkpoint: either can resume it
     start = run.resume(state, rng)
@@ -606,7 +607,7 @@ def serve(grid, algorithm, flags, options, clients=None):
                 run.checkpoint(round_, state, rng)
             if run.stop_requested(round_):
                 print(f"[{name}] stopping after round {round_} (--stop-after); continue with: "
-                      f"python flower_app.py --resume {run.dir}", flush=True)
+                      f"python flower/app.py --resume {run.dir}", flush=True)
                 run.close()
                 return clients
         with recording():
@@ -720,7 +721,7 @@ def descendants():
 
 
 def plan(argv):
-    """(algorithm, flower_app's options, the script's flags) from ``ALGORITHM [flags]`` or
+    """(algorithm, flower/app.py's options, the script's flags) from ``ALGORITHM [flags]`` or
     ``[ALGORITHM] --resume DIR [flags]`` (the algorithm of DIR's run)."""
     options, rest = flower_options(argv)
     algorithm = rest.pop(0) if rest and rest[0] in ALGORITHMS else None
@@ -745,7 +746,7 @@ def resume_folder(flags):
 
 
 def node_worker(socket, key_path, watch_pid, idle_seconds):
-    """The worker of a deployed node (flower_node.py starts it): answers the node's messages
+    """The worker of a deployed node (flower/node.py starts it): answers the node's messages
     with ``node_work``, keeping the data and the models loaded between them. Leaves when the
     SuperNode process ``watch_pid`` ends (0: none to watch) or after ``idle_seconds`` without one."""
     from multiprocessing import AuthenticationError
@@ -789,8 +790,8 @@ def node_worker(socket, key_path, watch_pid, idle_seconds):
 
 
 def build_server_app(jobs=None):
-    """A ServerApp running ``jobs`` [argv of flower_app.py] one after another on the same nodes; with
-    none, the run config's (deployment: ``flwr run``): ``algorithm``, ``flags`` (flower_app's
+    """A ServerApp running ``jobs`` [argv of flower/app.py] one after another on the same nodes; with
+    none, the run config's (deployment: ``flwr run``): ``algorithm``, ``flags`` (flower/app.py's
     options and the script's flags, one string) and ``resume`` (a run folder, on the SuperLink's machine)."""
     app = ServerApp()
 
@@ -857,7 +858,7 @@ def gpus_hidden_from_actors(device):
 
 
 def simulate(jobs, num_cpus=None):
-    """Run ``jobs`` [argv of flower_app.py: ALGORITHM and flags] in one Flower simulation (one Ray
+    """Run ``jobs`` [argv of flower/app.py: ALGORITHM and flags] in one Flower simulation (one Ray
     start-up); all jobs need the same --num-clients (one node per client). Returns nothing; the
     run folders are under each job's --out."""
     from flwr.simulation import run_simulation
@@ -883,17 +884,35 @@ def simulate(jobs, num_cpus=None):
         stop_ray()
 
 
+def app_folder(target):
+    """Write the Flower App that ``flwr run`` bundles into the folder ``target`` and return it:
+    flower/pyproject.toml at its top, the repository's top-level modules (the scripts, common.py,
+    datasets.py, data_partition.py, run_folder.py) beside it and flower/*.py in flower/, the
+    repository's own layout. (``flwr run`` bundles one folder, with its pyproject.toml at the top;
+    the app spans the root and flower/.)"""
+    import shutil
+    here = os.path.dirname(os.path.abspath(__file__))
+    os.makedirs(os.path.join(target, "flower"), exist_ok=True)
+    shutil.copyfile(os.path.join(here, "pyproject.toml"), os.path.join(target, "pyproject.toml"))
+    for folder, into in ((ROOT, target), (here, os.path.join(target, "flower"))):
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".py"):
+                shutil.copyfile(os.path.join(folder, name), os.path.join(into, name))
+    return target
+
+
 def submit(argv):
     """``flwr run`` of this folder on the SuperLink of ``--federation``, its log streamed, then
     the run's status from the SuperLink (``flwr ls``). ``flwr run`` itself exits 0 however the run
     ends; this returns 0 for a finished run, 1 for one that failed or was stopped."""
+    import shutil
     import subprocess
     import tempfile
     options, rest = flower_options(argv)
     algorithm = rest.pop(0) if rest and rest[0] in ALGORITHMS else ""
     flags = [f"--min-clients={options.min_clients}", f"--round-timeout={options.round_timeout:g}",
              f"--wait-for-nodes={options.wait_for_nodes:g}", *rest]
-    app_dir = os.path.dirname(os.path.abspath(__file__))
+    app_dir = app_folder(tempfile.mkdtemp(prefix="fedref-app-"))
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:  # TOML strings: any flag text
         f.write(f"algorithm = {json.dumps(algorithm)}\nflags = {json.dumps(shlex.join(flags))}\n")
     flwr = [os.path.join(os.path.dirname(sys.executable), "flwr")]
@@ -909,6 +928,7 @@ def submit(argv):
         proc.wait()
     finally:
         os.remove(f.name)
+        shutil.rmtree(app_dir, ignore_errors=True)
     if run_id is None:
         raise common.UserError(f"flwr run did not start a run on federation {options.federation!r} "
                                f"(exit status {proc.returncode}); see its output above")
@@ -925,10 +945,13 @@ def submit(argv):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["--node-worker"]:  # flower_node.py's worker of a deployed node
+    if argv[:1] == ["--node-worker"]:  # flower/node.py's worker of a deployed node
         return node_worker(*argv[1:])
+    if argv[:1] == ["--app-folder"] and len(argv) == 2:  # for a plain flwr run (docs/flower.md)
+        print(app_folder(argv[1]))
+        return 0
     if argv and argv[0] in ("-h", "--help"):
-        print(f"{USAGE}\n(python flower_app.py ALGORITHM --help lists that script's flags; flower_app.py's own: "
+        print(f"{USAGE}\n(python flower/app.py ALGORITHM --help lists that script's flags; flower/app.py's own: "
               "--federation NAME, --min-clients M, --round-timeout S, --wait-for-nodes S, --clients-per-gpu K; "
               "see docs/flower.md)")
         return 0
@@ -939,7 +962,7 @@ def main(argv=None):
         return submit(argv)
     algorithm, options, flags = plan(argv)
     importlib.import_module(algorithm).parse_args(flags)  # bad flags: one line and exit 2, before Ray starts
-    import flower_app  # the apps by module name, so that Ray's workers import them rather than copy __main__
+    from flower import app as flower_app  # the apps by module name: Ray's workers import them, not copy __main__
     previous = run_folder.handle_stop_signals(flower_app.on_stop_signal)
     try:
         flower_app.simulate([argv])

@@ -1,6 +1,6 @@
 """Certificates and keys for a Flower deployment on a test network (docs/flower.md, Deployment).
 
-    python make_certs.py --host server.lan --host 192.168.1.10 --nodes 4    # into certificates/
+    python flower/make_certs.py --host server.lan --host 192.168.1.10 --nodes 4    # into certificates/
 
 Writes, into --out (default certificates/; existing files are kept unless --force):
 

@@ -1,0 +1,97 @@
+"""The layout of docs/layout.md holds: the top level holds only the project's own files, no
+script imports another script, shared modules import only lower floors, and there is no import
+circle, imports inside functions included (read with ast, nothing is imported)."""
+import ast
+import os
+import subprocess
+
+import pytest
+
+from conftest import ROOT
+
+SCRIPTS = {"fedavg", "fedala", "pfedla", "fedpake", "fedacd"}
+# shared modules, lowest first: a module imports only modules on lower floors
+FLOORS = ["data_partition", "run_folder", "datasets", "common"]
+TOP_LEVEL = {"README.md", "requirements.txt", "requirements-flower.txt", "pytest.ini", ".gitignore", ".ci",
+             "docs", "tests", "tools", "flower", "results", *(f"{m}.py" for m in [*FLOORS, *SCRIPTS])}
+FOLDERS = ["tools", "flower"]  # what a user runs beside the scripts: above the scripts, below nothing
+
+
+def modules():
+    """{module name: path} of every Python file of ours outside tests/: top-level ones by their
+    name, those in tools/ and flower/ as tools.NAME and flower.NAME."""
+    found = {name[:-3]: os.path.join(ROOT, name) for name in os.listdir(ROOT) if name.endswith(".py")}
+    for folder in FOLDERS:
+        found.update({f"{folder}.{name[:-3]}": os.path.join(ROOT, folder, name)
+                      for name in os.listdir(os.path.join(ROOT, folder)) if name.endswith(".py")})
+    return found
+
+
+def imports(path, known):
+    """The modules of ours that the file imports anywhere in it (inside functions too)."""
+    out = set()
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        else:
+            continue
+        out.update(name for name in names if name in known)
+    return out
+
+
+def graph():
+    known = modules()
+    # a file that imports itself by name (flower/app.py as __main__ hands over to flower.app) is no circle
+    return {name: imports(path, known) - {name} for name, path in known.items()}
+
+
+def test_the_top_level_holds_only_the_projects_own_files():
+    try:
+        tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    top = {path.split("/")[0] for path in tracked.splitlines()}
+    assert top <= TOP_LEVEL, f"files at the top level that belong in a folder: {sorted(top - TOP_LEVEL)}"
+    shared = {name for name in modules() if "." not in name} - SCRIPTS
+    assert shared == set(FLOORS), shared
+
+
+def test_no_script_imports_another_script():
+    for name, imported in graph().items():
+        if name in SCRIPTS:
+            assert not imported & SCRIPTS, f"{name}.py imports {sorted(imported & SCRIPTS)}: share through common.py"
+            assert imported <= set(FLOORS), f"{name}.py imports {sorted(imported - set(FLOORS))}"
+
+
+def test_shared_modules_import_only_lower_floors():
+    edges = graph()
+    for name in FLOORS:
+        allowed = set(FLOORS[:FLOORS.index(name)])
+        assert edges[name] <= allowed, f"{name}.py imports {sorted(edges[name] - allowed)}, which stand above it"
+
+
+def test_no_import_circle():
+    edges, state, path = graph(), {}, []
+
+    def visit(name):  # depth first; a module met again while still on the path closes a circle
+        state[name] = "open"
+        path.append(name)
+        for other in sorted(edges[name]):
+            if state.get(other) == "open":
+                raise AssertionError("import circle: " + " -> ".join(path[path.index(other):] + [other]))
+            if other not in state:
+                visit(other)
+        path.pop()
+        state[name] = "done"
+
+    for name in sorted(edges):
+        if name not in state:
+            visit(name)
+
+
+def test_the_checks_see_imports_inside_functions(tmp_path):
+    source = tmp_path / "x.py"
+    source.write_text("def f():\n    import common\n    from tools import compare\n")
+    assert imports(str(source), {"common", "tools.compare", "fedavg"}) == {"common", "tools.compare"}

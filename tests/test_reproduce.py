@@ -302,3 +302,19 @@ def test_more_rounds_extend_and_a_diverged_run_is_not_run_again(finished, tmp_pa
 def test_a_flag_stating_the_value_the_run_took_is_the_same_setting(finished):
     same = tiny_tables(fedavg_flags=["--momentum", "0.0", "--lr", "5e-3"])  # fedavg.py took these anyway
     assert call(["tiny", "--seeds", *SEEDS, "--out", finished[0], "--report"], same) == 0
+
+
+def test_data_dir_goes_to_every_run_and_is_no_setting(finished, tmp_path, capsys):
+    """--data-dir is passed to every run it starts or resumes; runs made with another data folder are the same
+    setting (the scripts check on --resume that the data itself is the same)."""
+    out = tmp_path / "out"
+    shutil.copytree(finished[0], out)
+    data_dir = os.path.join(ROOT, "data")
+    tables = tiny_tables()
+    assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--dry-run", "--rounds", 3, "--data-dir", data_dir],
+                tables) == 0
+    text = capsys.readouterr().out
+    assert text.count("[resume]: python ") == 4 and text.count(f"--data-dir {data_dir}") == 4
+    assert call(["tiny", "--seeds", "7", "--out", out, "--dry-run", "--data-dir", data_dir], tables) == 0
+    text = capsys.readouterr().out
+    assert text.count("[new]: python ") == 2 and text.count(f"--data-dir {data_dir}") == 2

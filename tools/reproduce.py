@@ -57,6 +57,8 @@ def parse_args(argv, tables):
       help=f"folder of the tables' runs and reports (default: {DEFAULT_OUT})")
     a("--workers", default="1", metavar="N", help="runs at once (subprocesses), spread round-robin over --device")
     a("--device", default="auto", help="a device or a comma-separated list, e.g. cuda:0,cuda:1 (default: auto)")
+    a("--data-dir", metavar="DIR", help="where every run reads its dataset (the scripts' --data-dir; default: "
+      "theirs, ./data), e.g. /usr/share/datasets/fashion-mnist of Debian's dataset-fashion-mnist")
     a("--dry-run", action="store_true", help="print every command and the paper's numbers; run nothing")
     a("--report", action="store_true", help="only the report of the runs that exist; run nothing")
     a("--markdown-paper-tables", nargs="?", const="-", metavar="FILE",
@@ -145,6 +147,7 @@ def table_jobs(table_id, table, args):
                 jobs.append({"cell": cell["name"], "method": method["method"], "key": (cell["name"], mslug),
                              "script": method["script"],
                              "seed": seed, "rounds": rounds, "metric": metric_of(table, method),
+                             "data_dir": getattr(args, "data_dir", None),
                              "flags": [*table["common"], *cell["flags"], *method["flags"]],
                              "dir": os.path.join(args.out, table_id, slug(cell["name"]), mslug, f"seed{seed}")})
     return jobs
@@ -152,12 +155,18 @@ def table_jobs(table_id, table, args):
 
 def new_command(job, device):
     return [sys.executable, script_path(job["script"]), *job["flags"], "--rounds", str(job["rounds"]),
-            "--seed", str(job["seed"]), "--out", job["dir"], "--device", device]
+            "--seed", str(job["seed"]), "--out", job["dir"], "--device", device, *data_dir_flag(job)]
 
 
 def resume_command(job, folder, device):
     return [sys.executable, script_path(job["script"]), "--resume", folder, "--rounds", str(job["rounds"]),
-            "--device", device]
+            "--device", device, *data_dir_flag(job)]
+
+
+def data_dir_flag(job):
+    """--data-dir where it was given: where the data lies is no setting (a run may resume from another copy;
+    the scripts check on --resume that the data is the same)."""
+    return ["--data-dir", job["data_dir"]] if job.get("data_dir") else []
 
 
 def script_path(script):

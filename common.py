@@ -83,6 +83,8 @@ def base_parser(description, script=None, helps=None, **defaults):
       help="pat: classes per client (default 2, 10 for 100 classes, 20 for 200); "
       "pfedla1: 4 (12 for 100 classes); pfedla2: dominant classes 2 (6 for 100 classes)")
     a("--balance", action="store_true", help="pat: equal shares of each class")
+    a("--dominant-share", type=float, default=0.8,
+      help="pfedla2: the share of each client's data its dominant classes hold together (the paper gives none)")
     a("--samples-per-client", type=_auto_or_count, default="auto",
       help="pfedla1, pfedla2: samples per client before the train/test split, the same for any --num-clients "
       "(pFedLA Sec. 4.2); default: auto, what a split over max(N, 100) clients gives (600 on CIFAR-10)")
@@ -161,6 +163,8 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
         (args.eval_every >= 1, f"--eval-every must be >= 1, got {args.eval_every}"),
         (args.checkpoint_every >= 1, f"--checkpoint-every must be >= 1, got {args.checkpoint_every}"),
         (0 <= args.seed < 2 ** 63, f"--seed must be an integer in [0, 2^63), got {args.seed}"),
+        (finite(args.dominant_share) and 0 < args.dominant_share < 1,
+         f"--dominant-share must be in (0, 1), got {args.dominant_share}"),
         (args.classes_per_client is None or args.classes_per_client >= 1,
          f"--classes-per-client must be >= 1, got {args.classes_per_client}"),
         (args.stop_after is None or args.stop_after >= 1, "--stop-after must be >= 1"),

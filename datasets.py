@@ -664,6 +664,7 @@ def partition(labels, args, rng, num_classes, min_size):
         return dp.dirichlet(labels, args.num_clients, rng, args.beta, min_size=min_size)
     split = {"pfedla1": lambda n, r, amount: dp.pfedla1(labels, n, r, cpc, amount),
              "pfedla2": lambda n, r, amount: dp.pfedla2(labels, n, r, min(cpc, num_classes - 1),
+                                                        dominant_share=args.dominant_share,
                                                         samples_per_client=amount)}[args.partition]
     if args.samples_per_client != "auto":
         return split(args.num_clients, rng, args.samples_per_client)

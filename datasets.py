@@ -54,8 +54,8 @@ def read_idx(content, what):
 
 
 def find_idx(name, data_dir):
-    """Where the four idx files of ``name`` are: a function returning each file's bytes, or None.
-    Looked for in data_dir/<torchvision's folder> (MNIST/raw, ...) and in data_dir itself, each file
+    """Where the four idx files of ``name`` are: (the folder, a function returning each file's bytes),
+    or (None, None). Looked for in data_dir/<torchvision's folder> (MNIST/raw, ...) and in data_dir itself, each file
     plain or gzipped; EMNIST's also inside its gzip.zip. Nothing is unpacked on disk."""
     import gzip
     import zipfile
@@ -69,14 +69,14 @@ def find_idx(name, data_dir):
                 opener = gzip.open if paths[i].endswith(".gz") else open
                 with opener(paths[i], "rb") as f:
                     return f.read()
-            return read
+            return folder, read
         archive = os.path.join(folder, EMNIST_ZIP)
         if name == "emnist" and os.path.isfile(archive):  # read from the zip as it is
             def read(i, archive=archive):
                 with zipfile.ZipFile(archive) as z:
                     return gzip.decompress(z.read(f"gzip/{IDX_FILES[name][i]}.gz"))
-            return read
-    return None
+            return folder, read
+    return None, None
 
 
 def unpack_cifar(name, data_dir):
@@ -154,10 +154,11 @@ def load_vision(name, data_dir):
     address = cls.url if hasattr(cls, "url") else cls.mirrors[0]
     try:
         if name in IDX_FILES:
-            read = find_idx(name, data_dir)
+            found, read = find_idx(name, data_dir)
             if read is None:
                 _torchvision_download(name, data_dir)
-                read = find_idx(name, data_dir)
+                found, read = find_idx(name, data_dir)
+            folder = found or folder
             xtr, ytr, xte, yte = (read_idx(read(i), IDX_FILES[name][i]) for i in range(4))
         else:
             unpack_cifar(name, data_dir)

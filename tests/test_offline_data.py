@@ -155,3 +155,13 @@ def test_a_cut_idx_file_is_one_line(cut, tmp_path):
         f.write(content[:10] if cut == "header" else content[:-5])
     with pytest.raises(common.UserError, match="corrupt or truncated"):
         common.load_arrays("mnist", str(tmp_path))
+
+
+def test_a_cut_file_in_a_folder_of_its_own_is_named_there(tmp_path):
+    """Files read from --data-dir itself (Debian's layout): the line names that folder, not MNIST/raw below it."""
+    write_gz_files(tmp_path, [f"{stem}.gz" for stem in idx_files("train", "t10k")])
+    with gzip.open(tmp_path / "t10k-labels-idx1-ubyte.gz", "wb") as f:
+        f.write(idx_bytes(TEST_LABELS.astype(np.uint8))[:-1])
+    with pytest.raises(common.UserError, match=f"the fmnist files in {tmp_path} are corrupt or truncated") as e:
+        common.load_arrays("fmnist", str(tmp_path))
+    assert "FashionMNIST" not in str(e.value) and "holds 19 bytes of data; its header says 20" in str(e.value)

@@ -39,6 +39,7 @@ def test_each_client_trains_alone_from_the_common_initial_model(tmp_path, one_th
     assert float(last["mb_down"]) == 0 and float(last["mb_up"]) == 0  # nothing is sent
 
 
+@pytest.mark.slow  # an end-to-end run of seconds; in CI with the full suite
 def test_local_training_differs_from_fedavg_and_resumes_to_the_uninterrupted_metrics(tmp_path, one_thread):
     flags = [*FLAGS, "--rounds", "3", "--local-training"]
     run_folder.run_main(fedavg.main, [*flags, "--out", str(tmp_path / "full")])

@@ -92,6 +92,7 @@ def offline_line(dataset, data_dir, monkeypatch, capsys):
     return line
 
 
+@pytest.mark.slow  # an end-to-end run of seconds; in CI with the full suite
 @pytest.mark.parametrize("dataset", list(WRITERS))
 def test_the_offline_line_says_what_to_put_where_and_following_it_works(dataset, tmp_path, monkeypatch, capsys,
                                                                          one_thread):

@@ -33,6 +33,7 @@ def test_a_bad_dominant_share_is_one_line(share, tmp_path, capsys):
     assert "--dominant-share must be in (0, 1)" in line and not os.listdir(tmp_path)
 
 
+@pytest.mark.slow  # an end-to-end run of seconds; in CI with the full suite
 def test_a_run_made_before_the_new_flags_resumes_with_their_old_values(tmp_path, one_thread):
     flags = ["--dataset", "synthetic", "--num-clients", "3", "--rounds", "3", "--checkpoint-every", "1",
              "--device", "cpu"]

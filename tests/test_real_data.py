@@ -57,6 +57,14 @@ def final(module, flags, out, column):
     return float(metrics_rows(run_dir(out))[-1][column])
 
 
+def against_fedavg(module, flags, column, tmp_path, extra=()):
+    """(``module``'s, FedAvg's) final ``column`` on the same data and settings; ``extra`` flags for ``module``."""
+    ours = final(module, [*flags, *extra], tmp_path / module.__name__, column)
+    baseline = final(fedavg, flags, tmp_path / "fedavg", column)
+    print(f"[real data] {module.__name__} {' '.join(extra)}: {column} {ours:.2f}, FedAvg {baseline:.2f}")  # pytest -s
+    return ours, baseline
+
+
 # pFedLA Tables 1-2: under non-IID_1 the personalised models beat FedAvg's global model
 PFEDLA = ["--num-clients", "10", "--partition", "pfedla1", "--classes-per-client", "4", "--samples-per-client", "200",
           "--train-ratio", "0.7", "--local-epochs", "5", "--batch-size", "32", "--lr", "0.05", "--model", "pfedlacnn",
@@ -64,21 +72,12 @@ PFEDLA = ["--num-clients", "10", "--partition", "pfedla1", "--classes-per-client
 PFEDLA_MARGIN = 5  # points of test_acc_mean
 
 
-def pfedla_beats_fedavg(fmnist_dir, tmp_path, extra=()):
+@pytest.mark.parametrize("extra, beats", [((), True), (("--hn-lr", "0"), False)],
+                         ids=["pfedla", "broken-no-hypernetwork-steps"])
+def test_pfedla_personalised_models_beat_fedavg_under_non_iid_1(extra, beats, fmnist_dir, tmp_path, one_thread):
     flags = ["--dataset", "fmnist", "--data-dir", fmnist_dir, *PFEDLA]
-    ours = final(pfedla, [*flags, *extra], tmp_path / "pfedla", "test_acc_mean")
-    baseline = final(fedavg, flags, tmp_path / "fedavg", "test_acc_mean")
-    return ours, baseline, ours >= baseline + PFEDLA_MARGIN
-
-
-def test_pfedla_personalised_models_beat_fedavg_under_non_iid_1(fmnist_dir, tmp_path, one_thread):
-    ours, baseline, beats = pfedla_beats_fedavg(fmnist_dir, tmp_path)
-    assert beats, f"pFedLA {ours:.2f} vs FedAvg {baseline:.2f}"
-
-
-def test_the_pfedla_check_fails_without_hypernetwork_steps(fmnist_dir, tmp_path, one_thread):
-    ours, baseline, beats = pfedla_beats_fedavg(fmnist_dir, tmp_path, ["--hn-lr", "0"])
-    assert not beats, f"--hn-lr 0: pFedLA {ours:.2f} vs FedAvg {baseline:.2f}"
+    ours, baseline = against_fedavg(pfedla, flags, "test_acc_mean", tmp_path, extra)
+    assert (ours >= baseline + PFEDLA_MARGIN) is beats, f"pFedLA {' '.join(extra)} {ours:.2f} vs FedAvg {baseline:.2f}"
 
 
 # FedALA Table 2: under Dir(0.1) the local models (after ALA) beat FedAvg's global model
@@ -87,21 +86,10 @@ DIR = ["--num-clients", "10", "--partition", "dir", "--beta", "0.1", "--local-ep
 FEDALA_MARGIN = 10  # points of test_acc (FedALA's metric: pooled over the clients' test data)
 
 
-def fedala_beats_fedavg(fmnist_subset, tmp_path, extra=()):
-    flags = ["--dataset", fmnist_subset, *DIR]
-    ours = final(fedala, [*flags, *extra], tmp_path / "fedala", "test_acc")
-    baseline = final(fedavg, flags, tmp_path / "fedavg", "test_acc")
-    return ours, baseline, ours >= baseline + FEDALA_MARGIN
-
-
-def test_fedala_local_models_beat_fedavg_under_dir_0_1(fmnist_subset, tmp_path, one_thread):
-    ours, baseline, beats = fedala_beats_fedavg(fmnist_subset, tmp_path)
-    assert beats, f"FedALA {ours:.2f} vs FedAvg {baseline:.2f}"
-
-
-def test_the_fedala_check_fails_without_ala(fmnist_subset, tmp_path, one_thread):
-    ours, baseline, beats = fedala_beats_fedavg(fmnist_subset, tmp_path, ["--no-ala"])
-    assert not beats, f"--no-ala: FedALA {ours:.2f} vs FedAvg {baseline:.2f}"
+@pytest.mark.parametrize("extra, beats", [((), True), (("--no-ala",), False)], ids=["fedala", "broken-no-ala"])
+def test_fedala_local_models_beat_fedavg_under_dir_0_1(extra, beats, fmnist_subset, tmp_path, one_thread):
+    ours, baseline = against_fedavg(fedala, ["--dataset", fmnist_subset, *DIR], "test_acc", tmp_path, extra)
+    assert (ours >= baseline + FEDALA_MARGIN) is beats, f"FedALA {' '.join(extra)} {ours:.2f} vs FedAvg {baseline:.2f}"
 
 
 # FedPake and FedACD: their global models learn on the uniform test set, well above chance (10%), and not
@@ -109,13 +97,6 @@ def test_the_fedala_check_fails_without_ala(fmnist_subset, tmp_path, one_thread)
 # rounds at this size cannot separate them)
 GLOBAL = [*DIR, "--test-split", "global", "--join-ratio", "1", "--momentum", "0", "--weight-decay", "0"]
 ABOVE_CHANCE, GLOBAL_MARGIN = 40, 10
-
-
-def global_model_learns(module, fmnist_subset, tmp_path):
-    flags = ["--dataset", fmnist_subset, *GLOBAL]
-    ours = final(module, flags, tmp_path / module.__name__, "global_acc")
-    baseline = final(fedavg, flags, tmp_path / "fedavg", "global_acc")
-    return ours, baseline, ours >= ABOVE_CHANCE and ours >= baseline - GLOBAL_MARGIN
 
 
 def keep_first_client(module, monkeypatch):
@@ -131,15 +112,11 @@ def keep_first_client(module, monkeypatch):
         monkeypatch.setattr(fedacd, "server_update", lambda client_states, *a, **k: client_states[0].clone())
 
 
+@pytest.mark.parametrize("broken", [False, True], ids=["as-is", "broken-keeps-first-client"])
 @pytest.mark.parametrize("module", [fedpake, fedacd], ids=["fedpake", "fedacd"])
-def test_the_global_model_learns_on_real_images(module, fmnist_subset, tmp_path, one_thread):
-    ours, baseline, learns = global_model_learns(module, fmnist_subset, tmp_path)
-    assert learns, f"{module.__name__} {ours:.2f} vs FedAvg {baseline:.2f}"
-
-
-@pytest.mark.parametrize("module", [fedpake, fedacd], ids=["fedpake", "fedacd"])
-def test_the_global_model_check_fails_for_a_broken_aggregation(module, fmnist_subset, tmp_path, one_thread,
-                                                               monkeypatch):
-    keep_first_client(module, monkeypatch)
-    ours, baseline, learns = global_model_learns(module, fmnist_subset, tmp_path)
-    assert not learns, f"broken {module.__name__} {ours:.2f} vs FedAvg {baseline:.2f}"
+def test_the_global_model_learns_on_real_images(module, broken, fmnist_subset, tmp_path, one_thread, monkeypatch):
+    if broken:
+        keep_first_client(module, monkeypatch)
+    ours, baseline = against_fedavg(module, ["--dataset", fmnist_subset, *GLOBAL], "global_acc", tmp_path)
+    learns = ours >= ABOVE_CHANCE and ours >= baseline - GLOBAL_MARGIN
+    assert learns is not broken, f"{module.__name__} (broken: {broken}) {ours:.2f} vs FedAvg {baseline:.2f}"

@@ -290,7 +290,7 @@ CONFIG_SCHEMA = {
     "num_classes": (False, _is_int(1), "an integer >= 1"),
     "input_shape": (False, _list_of(_is_int(1)), "a list of integers >= 1"),
 }
-CONFIG_ARGS_SCHEMA = {
+CONFIG_ARGS_SCHEMA = {  # the flags read before the scripts' own checks (common.parse_args) see them
     "rounds": (True, _is_int(1), "an integer >= 1"),
     "seed": (True, _is_int(0, 2 ** 63 - 1), "an integer in [0, 2^63)"),
     "dataset": (True, _is_str, "a dataset's name or file"),
@@ -301,8 +301,6 @@ CONFIG_ARGS_SCHEMA = {
     "checkpoint_every": (False, _is_int(1), "an integer >= 1"),
     "local_epochs": (False, _is_int(1), "an integer >= 1"),
     "batch_size": (False, _is_int(1), "an integer >= 1"),
-    "join_ratio": (False, _is_number(above=0, hi=1), "a number in (0, 1]"),
-    "lr": (False, _optional(_is_number(above=0)), "a finite number > 0"),
     "data_dir": (False, _optional(lambda v: isinstance(v, str)), "a folder"),
     "device": (False, _optional(_is_str), "a device"),
 }

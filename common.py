@@ -44,7 +44,7 @@ import torch.nn.functional as F
 import datasets
 import run_folder
 # what the scripts use of the data and the run's errors, through common as ever (defined there)
-from datasets import (FedData, LOADERS, VISION, check_arrays, load_arrays, load_vision,  # noqa: F401
+from datasets import (FedData, LOADERS, VISION, check_arrays, check_fits, load_arrays, load_vision,  # noqa: F401
                       synthetic_setting, to_tensor)
 from run_folder import DivergedError, UserError, atomic_write  # noqa: F401
 

@@ -128,6 +128,9 @@ CASES = [
     ("--out below a file", "fedavg", [*SMALL, "--out", "FILE/sub"], None, "--out"),
     ("--p above the layers (after set-up)", "fedala", [*SMALL, "--p", "9", "--out", "OUT"], None, "--p 9"),
     ("--k above the layers (after set-up)", "pfedla", [*SMALL, "--k", "9", "--out", "OUT"], None, "--k 9"),
+    # sizes (issue 28): refused before anything is allocated, with the estimate
+    ("--hidden-dim 100000: hypernetworks beyond the memory", "pfedla", [*SMALL, "--hidden-dim", "100000", "--out", "OUT"],
+     None, "--hidden-dim 100000: 8004440"),
 ]
 
 
@@ -314,6 +317,21 @@ def truncated_mnist(data_dir):
             f.write(bytes([0, 0, 8, 3]) + (40).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2 + b"\0" * 100)
 
 
+def npz_declaring(shape):
+    """An .npz whose x.npy header declares ``shape`` (float32) but holds no data; y is real."""
+    def write(path):
+        import io
+        import zipfile
+        header = io.BytesIO()
+        np.lib.format.write_array_header_2_0(header, {"descr": "<f4", "fortran_order": False, "shape": shape})
+        y = io.BytesIO()
+        np.save(y, np.arange(40) % 4)
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("x.npy", header.getvalue())
+            z.writestr("y.npy", y.getvalue())
+    return write
+
+
 Y40 = np.arange(40) % 4
 DATA_CASES = [  # (case, file maker for --dataset FILE (.npz) or --data-dir DIR, dataset name, flags, expected)
     ("one NaN in x", npz(x=with_nan(rng_x(40, 8)), y=Y40), "FILE", [], "x has 1 non-finite value"),
@@ -363,6 +381,8 @@ DATA_CASES = [  # (case, file maker for --dataset FILE (.npz) or --data-dir DIR,
      "'x' is an array of Python objects"),
     ("--data-dir names a file", lambda d: (os.rmdir(d), open(d, "w").close()), "cifar10", [],
      "is a file; it must name the folder"),
+    ("an .npz declaring 8 TB", npz_declaring((2 ** 41, 1)), "FILE", [], "d.npz: its arrays would take about 8.0 TB, "
+     "more than the"),
 ]
 
 

@@ -129,6 +129,10 @@ def fedala_learning_rate(args):
 LR_HELP = "local learning rate (default: 0.1 on mnist and agnews and for fasttext and resnet18, else 0.005)"
 
 
+# the flags of the label partition, which synthetic data (generated per client) does not use
+PARTITION_FLAGS = ("partition", "beta", "classes_per_client", "balance", "samples_per_client")
+
+
 def parse_args(parser, argv=None, resolve=None, checks=()):
     """Parse and validate every flag before anything is written. ``resolve(args)`` fills the
     dataset-dependent defaults; ``checks`` are the script's own (ok, message) pairs as a
@@ -169,6 +173,13 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
     for ok, message in [*shared, *(checks(args) if callable(checks) else checks)]:
         if not ok:  # with --resume, a value read from the run's config.json is named as such
             raise UserError(run_folder.invalid_saved_value(parser, argv, message) if args.resume else message)
+    if not args.resume and synthetic_setting(args.dataset) is not None:
+        given = run_folder._given_flags(parser, argv)
+        ignored = [f"--{dest.replace('_', '-')}" for dest in PARTITION_FLAGS if dest in given]
+        if ignored:  # they would be recorded in config.json, and compare.py would label the runs by them
+            raise UserError(f"{', '.join(ignored)} does not apply to synthetic data: each client's data is generated "
+                            "as its own (set the heterogeneity with synthetic(ALPHA,BETA) or synthetic(iid)); "
+                            "leave the flag out")
     return args
 
 

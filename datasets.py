@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 import data_partition as dp
-from run_folder import UserError, quoted
+from run_folder import UserError, check_regular, quoted
 
 
 # ----------------------------------------------------------------------------- torchvision: MNIST family, CIFAR
@@ -641,7 +641,11 @@ def load_arrays(name, data_dir):
         arrays = LOADERS[name](data_dir)
     elif name.lower().endswith(".npz"):  # d.NPZ too
         if not os.path.isfile(name):
-            raise UserError(f"{name} is a folder, not an .npz file" if os.path.isdir(name) else f"no such file: {name}")
+            if os.path.isdir(name):
+                raise UserError(f"{quoted(name)} is a folder, not an .npz file")
+            if os.path.lexists(name):  # a named pipe would block the read, a device never end
+                check_regular(name, doing="--dataset")
+            raise UserError(f"no such file: {quoted(name)}")
         arrays = load_npz(name)
     else:
         raise UserError(f"unknown dataset '{name}'; choose {', '.join([*VISION, *LOADERS])}, "

@@ -129,7 +129,9 @@ class FileFault(OSError):
 
 
 def _say(line):
-    """One line on stderr; a terminal that is gone (SIGHUP) must not turn it into a traceback."""
+    """One line on stderr (a newline or control character in a name is written escaped: the line stays
+    one); a terminal that is gone (SIGHUP) must not turn it into a traceback."""
+    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in line.strip("\n"))
     with contextlib.suppress(OSError, ValueError):
         print(line, file=sys.stderr, flush=True)
 

@@ -131,6 +131,11 @@ CASES = [
     # sizes (issue 28): refused before anything is allocated, with the estimate
     ("--hidden-dim 100000: hypernetworks beyond the memory", "pfedla", [*SMALL, "--hidden-dim", "100000", "--out", "OUT"],
      None, "--hidden-dim 100000: 8004440"),
+    # files (issue 28): quoted odd names, flags that do not apply
+    ("a newline in the --dataset file name", "fedavg", [*SMALL, "--dataset", "FILE\n.npz", "--out", "OUT"], None,
+     "file\\n.npz'"),
+    ("--partition with synthetic data", "fedavg", [*SMALL, "--partition", "pat", "--out", "OUT"], None,
+     "--partition does not apply to synthetic data"),
 ]
 
 
@@ -381,6 +386,8 @@ DATA_CASES = [  # (case, file maker for --dataset FILE (.npz) or --data-dir DIR,
      "'x' is an array of Python objects"),
     ("--data-dir names a file", lambda d: (os.rmdir(d), open(d, "w").close()), "cifar10", [],
      "is a file; it must name the folder"),
+    ("--dataset a named pipe", lambda p: os.mkfifo(p), "FILE", [], "--dataset: " + "{tmp}/d.npz is a named pipe, "
+     "not a regular file"),
     ("an .npz declaring 8 TB", npz_declaring((2 ** 41, 1)), "FILE", [], "d.npz: its arrays would take about 8.0 TB, "
      "more than the"),
 ]
@@ -398,5 +405,5 @@ def test_bad_data_is_one_line_exit_2_before_any_run_folder(case, make, dataset, 
         run_folder.run_main(fedavg.main, ["--dataset", path if dataset == "FILE" else dataset, "--data-dir", str(data_dir),
                                       "--num-clients", "2", "--rounds", "1", *flags, "--out", str(tmp_path / "runs")])
     lines = capsys.readouterr().err.strip().splitlines()
-    assert stop.value.code == 2 and len(lines) == 1 and expected in lines[0], lines
+    assert stop.value.code == 2 and len(lines) == 1 and expected.format(tmp=tmp_path) in lines[0], lines
     assert not os.path.exists(tmp_path / "runs")

@@ -785,6 +785,9 @@ def load_federated_data(args, device):
     on = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64)).to(device)
     if x.dim() == 4:  # channels-last images: faster convolutions and pooling (index batches keep the layout);
         x = x.contiguous(memory_format=torch.channels_last)  # on the host: on the device it would take twice the data
+    if torch.device(device).type == "cuda":  # the host holds it already; the device may not
+        check_fits(f"the data of {quoted(args.dataset)} ({tuple(x.shape)}, {x.dtype})", x.numel() * x.element_size(),
+                   device)
     x = x.to(device)
     data = FedData(
         x=x, y=torch.from_numpy(y).to(device), num_classes=num_classes,

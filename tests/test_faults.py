@@ -431,7 +431,7 @@ def test_the_script_continues_a_flower_run(finished, copy_of, capsys):
     assert code == 2 and lines[0].startswith(f"error: cannot resume: {folder} has finished its"), lines
 
 
-# ----------------------------------------------------------------------------- one schema for what --resume reads (issue 28)
+# ----------------------------------------------------------------------------- one schema for --resume (issue 28)
 
 def _edit_json(name, edit):
     def make(folder):
@@ -482,7 +482,8 @@ RESUME_CASES = [
     ("config.json cut short", _cut("config.json"), "config.json cannot be read (not JSON: cut short or damaged)"),
     ("lock pid 0", _lock_text("0 host\n"), ".lock does not name a process (pid 0)"),
     ("lock pid -1", _lock_text("-1 host\n"), ".lock does not name a process (pid -1)"),
-    ("lock pid huge", _lock_text("99999999999999999999 host\n"), ".lock does not name a process (pid 99999999999999999999)"),
+    ("lock pid huge", _lock_text("99999999999999999999 host\n"),
+     ".lock does not name a process (pid 99999999999999999999)"),
     ("checkpoint of round 2 without rows", _edit_checkpoint(lambda b: b.update(rows=[])),
      "checkpoint.pt is a checkpoint of round 2 without the metric rows of round 1, 2"),
     ("checkpoint with duplicated rows", _edit_checkpoint(lambda b: b.update(rows=[b["rows"][0]] * 2)),

@@ -390,7 +390,8 @@ def test_a_config_cut_short_is_damaged_and_left_out_of_the_report(finished, tmp_
     before = sorted(os.walk(out))
     assert call(["tiny", "--seeds", *SEEDS, "--out", out], tables) == 2  # running: refused before anything starts
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "config.json is damaged (not a JSON object: cut short" in err and "other settings" not in err
+    assert err.count("\n") == 1 and "config.json is damaged (not a JSON object: cut short" in err
+    assert "other settings" not in err
     assert sorted(os.walk(out)) == before
     assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--report"], tables) == 0
     captured = capsys.readouterr()
@@ -460,7 +461,8 @@ def test_sigterm_and_sighup_are_passed_on_and_nothing_is_left_running(signum, st
     from run_folder import process_alive
     for d in seed_dirs:
         (folder,) = reproduce.run_folders(d)
-        assert os.path.exists(os.path.join(folder, "checkpoint.pt")) and not os.path.exists(os.path.join(folder, ".lock"))
+        assert os.path.exists(os.path.join(folder, "checkpoint.pt"))
+        assert not os.path.exists(os.path.join(folder, ".lock"))
         with open(d / "reproduce.json") as f:
             pid = json.load(f)["launches"][-1]["pid"]
         assert not process_alive(pid)  # waited for: nothing of the table is left running

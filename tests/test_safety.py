@@ -105,9 +105,10 @@ CASES = [
      lambda d: edit_checkpoint(d, lambda blob: blob["state"]["global_model"]["fc.weight"].fill_(float("nan"))),
      "non-finite weights"),
     ("a config value of the wrong type", "fedala", ["--resume", "RUN", "--rounds", "3"],
-     lambda d: config_with(d, batch_size=2.5), "--batch-size 2.5, which that flag does not take"),
+     lambda d: config_with(d, batch_size=2.5), "config.json has args.batch_size = 2.5, which must be an integer >= 1"),
     ("a config naming no script", "fedala", ["--resume", "RUN"],
-     lambda d: config_with(d, script=None, algorithm=None, top=True), "names no script"),
+     lambda d: config_with(d, script=None, algorithm=None, top=True),
+     "config.json has algorithm = None, which must be a name"),
     ("an empty --resume", "fedala", ["--resume", ""], None, "--resume needs the run folder"),
     ("an empty --out", "fedavg", [*SMALL, "--out", ""], None, "--out must name a folder"),
     ("--device mps", "fedavg", [*SMALL, "--device", "mps", "--out", "OUT"], None, "--device mps is not supported"),
@@ -129,7 +130,8 @@ CASES = [
     ("--p above the layers (after set-up)", "fedala", [*SMALL, "--p", "9", "--out", "OUT"], None, "--p 9"),
     ("--k above the layers (after set-up)", "pfedla", [*SMALL, "--k", "9", "--out", "OUT"], None, "--k 9"),
     # sizes (issue 28): refused before anything is allocated, with the estimate
-    ("--hidden-dim 100000: hypernetworks beyond the memory", "pfedla", [*SMALL, "--hidden-dim", "100000", "--out", "OUT"],
+    ("--hidden-dim 100000: hypernetworks beyond the memory", "pfedla",
+     [*SMALL, "--hidden-dim", "100000", "--out", "OUT"],
      None, "--hidden-dim 100000: 8004440"),
     # files (issue 28): quoted odd names, flags that do not apply
     ("a newline in the --dataset file name", "fedavg", [*SMALL, "--dataset", "FILE\n.npz", "--out", "OUT"], None,

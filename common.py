@@ -390,6 +390,15 @@ def float_state(model):
     return [v for v in model.state_dict().values() if v.is_floating_point()]
 
 
+def check_client_models(model, num_clients):
+    """Refuse, before they are allocated, ``num_clients`` flat copies of ``model`` (every client's own
+    model, kept by the server) that cannot fit in the memory of the model's device (check_fits)."""
+    state = float_state(model)
+    params = sum(v.numel() for v in state)
+    check_fits(f"{num_clients} client models of {params} parameters", num_clients * params * state[0].element_size(),
+               state[0].device)
+
+
 def flatten_state(model, out=None):
     """All floating-point parameters and buffers as one vector (written into ``out`` if given)."""
     return torch.cat([v.reshape(-1) for v in float_state(model)], out=out)

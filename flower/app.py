@@ -458,6 +458,7 @@ def fedala_setup(job, server):
                               max_init_epochs=args.max_init_epochs)
     except ValueError as e:
         raise common.UserError(f"--p {args.p}: {e}")
+    common.check_client_models(server["global_model"], args.num_clients)
     server["local_models"] = common.flatten_state(server["global_model"]).repeat(args.num_clients, 1)
 
 

@@ -409,3 +409,22 @@ def test_bad_data_is_one_line_exit_2_before_any_run_folder(case, make, dataset, 
     lines = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(lines) == 1 and expected.format(tmp=tmp_path) in lines[0], lines
     assert not os.path.exists(tmp_path / "runs")
+
+
+@pytest.mark.parametrize("script, flags, words", [
+    ("fedala", [], "4 client models of "),
+    ("fedavg", ["--local-training"], "4 client models of "),
+    ("pfedla", [], "the hypernetworks (4 x --embed-dim 100, --hidden-dim 100: "),
+])
+def test_client_models_beyond_the_memory_are_refused_before_allocating(script, flags, words, tmp_path, capsys,
+                                                                       monkeypatch):
+    """Every client's own model kept by the server (and pFedLA's hypernetworks), estimated before the
+    copies are made: here against a machine with 1 KB free."""
+    import datasets
+    monkeypatch.setattr(datasets, "memory_available", lambda device="cpu": 1024)
+    with pytest.raises(SystemExit) as stop:
+        run_folder.run_main(SCRIPTS[script].main, [*SMALL, *flags, "--out", str(tmp_path / "runs")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(lines) == 1 and words in lines[0] and \
+        "more than the 1.0 KB free in this machine's memory" in lines[0], lines
+    assert not os.path.exists(tmp_path / "runs")

@@ -15,6 +15,7 @@ import signal
 import sys
 
 SCRIPTS = ("fedavg.py", "fedala.py", "pfedla.py", "fedpake.py", "fedacd.py")
+STARTING = (*SCRIPTS, "reproduce.py")  # the programs whose start-up this handles (tools/reproduce.py too)
 
 
 def stop_while_starting(signum, frame):
@@ -27,7 +28,7 @@ stop_while_starting.while_starting = True  # run_folder.restore_signals ignores 
 
 # Only when a script is the program: the tests and other programs that import a script keep their
 # own handling of signals. A SIGTERM or SIGHUP ignored already (nohup) stays ignored, as in run_folder.
-if os.path.basename(getattr(sys.modules.get("__main__"), "__file__", None) or "") in SCRIPTS:
+if os.path.basename(getattr(sys.modules.get("__main__"), "__file__", None) or "") in STARTING:
     for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         if _signum == signal.SIGINT or signal.getsignal(_signum) is not signal.SIG_IGN:
             signal.signal(_signum, stop_while_starting)

@@ -469,3 +469,19 @@ def test_sigterm_and_sighup_are_passed_on_and_nothing_is_left_running(signum, st
         with open(d / "run.log") as f:
             assert f"{what} after round" in f.read()
     assert not os.path.exists(tmp_path / "tiny" / ".lock")
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_signal_while_reproduce_starts_is_one_line(signum, status, tmp_path):
+    """The real python tools/reproduce.py: a signal while numpy and torch load (common's start-up handler)."""
+    from test_faults import catches
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "tools", "reproduce.py"), "synthetic", "--dry-run",
+                             "--out", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while time.time() < deadline and not catches(proc.pid, signal.SIGTERM):
+        time.sleep(0.005)
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == status and len(stderr.splitlines()) == 1, stderr
+    assert stderr.startswith(f"stopped by {signal.Signals(signum).name}"), stderr
+    assert not (tmp_path / "out").exists()

@@ -15,25 +15,26 @@ summarises each run's metrics.csv as run_folder.py's summary.json does (best: ma
 last evaluation, last10: the mean of the last 10 evaluations), so partly run tables are
 reported too. Details: docs/results.md.
 """
-import argparse
-import contextlib
-import json
 import os
-import platform
-import re
-import shlex
-import signal
-import socket
-import stat
-import subprocess
 import sys
-import time
-
-import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root: the scripts
 sys.path.insert(0, ROOT)  # python tools/reproduce.py: common, run_folder and tools.* by name from the root
-import common  # noqa: E402
+import common  # noqa: E402  first: its start-up signal handling covers the seconds numpy and torch take to load
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import re  # noqa: E402
+import shlex  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import stat  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
 import run_folder  # noqa: E402
 from tools import compare, paper_tables  # noqa: E402
 DEFAULT_OUT = os.path.join("runs", "reproduce")

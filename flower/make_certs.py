@@ -40,6 +40,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def fail(message):
+    """One line and exit status 2; a newline or control character in a name is written escaped."""
+    message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message))
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
 

@@ -436,16 +436,23 @@ def start(job, device, env):
         job["running"] = pid
         return None
     command = new_command(job, device) if what == "new" else resume_command(job, folder, device)
-    os.makedirs(job["dir"], exist_ok=True)
-    record_launch(job, command, env, device)
     job["command"], job["log"] = command, os.path.join(job["dir"], "run.log")
-    with open(job["log"], "a") as log:
-        log.write(f"== {time.strftime('%Y-%m-%d %H:%M:%S')} reproduce.py: {shown(command)}\n")
-        log.flush()
-        # its own session: a Ctrl-C reaches the run once, forwarded by us (a second one stops it at once)
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
-    record_launch(job, command, env, device, proc.pid)  # a later reproduce.py sees that it runs (running_pid)
+    try:
+        os.makedirs(job["dir"], exist_ok=True)
+        record_launch(job, command, env, device)
+        with open(job["log"], "a") as log:
+            log.write(f"== {time.strftime('%Y-%m-%d %H:%M:%S')} reproduce.py: {shown(command)}\n")
+            log.flush()
+            # its own session: a Ctrl-C reaches the run once, forwarded by us (a second one stops it at once)
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, start_new_session=True)
+    except OSError as e:  # a full disk, a read-only folder: this job is not started, the others go on
+        run_folder._say(f"not started: {label(job)}: cannot write {run_folder.quoted(e.filename or job['dir'])} "
+                        f"({e.strerror or e})")
+        job["not_started"] = True
+        return None
+    with contextlib.suppress(OSError):  # the run is started: supervised, whether or not its pid is recorded
+        record_launch(job, command, env, device, proc.pid)  # a later reproduce.py sees that it runs (running_pid)
     return proc
 
 
@@ -517,7 +524,7 @@ def run_jobs(jobs, args, argv):
                 proc = start(job, device, env)
                 if proc is None:
                     slots.insert(0, slot)
-                    problems += bool(job.get("running"))  # it runs elsewhere: not finished by this command
+                    problems += bool(job.get("running") or job.get("not_started"))  # not finished by this command
                     continue
                 count += 1
                 running[slot] = (proc, job)
@@ -886,4 +893,8 @@ if __name__ == "__main__":
         sys.exit(128 + e.signum)
     except BrokenPipeError:  # output piped into head or the like: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    except OSError as e:  # a file reproduce.py writes (the report, a curve) cannot be written: a fault, one line
+        run_folder._say(f"error: cannot write {run_folder.quoted(e.filename or '?')} ({e.strerror or e}); "
+                        "the runs are kept")
         sys.exit(1)

@@ -15,6 +15,7 @@ import signal
 import sys
 
 SCRIPTS = ("fedavg.py", "fedala.py", "pfedla.py", "fedpake.py", "fedacd.py")
+STARTING = (*SCRIPTS, "reproduce.py")  # the programs whose start-up this handles (tools/reproduce.py too)
 
 
 def stop_while_starting(signum, frame):
@@ -27,7 +28,7 @@ stop_while_starting.while_starting = True  # run_folder.restore_signals ignores 
 
 # Only when a script is the program: the tests and other programs that import a script keep their
 # own handling of signals. A SIGTERM or SIGHUP ignored already (nohup) stays ignored, as in run_folder.
-if os.path.basename(getattr(sys.modules.get("__main__"), "__file__", None) or "") in SCRIPTS:
+if os.path.basename(getattr(sys.modules.get("__main__"), "__file__", None) or "") in STARTING:
     for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         if _signum == signal.SIGINT or signal.getsignal(_signum) is not signal.SIG_IGN:
             signal.signal(_signum, stop_while_starting)
@@ -44,7 +45,7 @@ import torch.nn.functional as F
 import datasets
 import run_folder
 # what the scripts use of the data and the run's errors, through common as ever (defined there)
-from datasets import (FedData, LOADERS, VISION, check_arrays, load_arrays, load_vision,  # noqa: F401
+from datasets import (FedData, LOADERS, VISION, check_arrays, check_fits, load_arrays, load_vision,  # noqa: F401
                       synthetic_setting, to_tensor)
 from run_folder import DivergedError, UserError, atomic_write  # noqa: F401
 
@@ -131,6 +132,10 @@ def fedala_learning_rate(args):
 LR_HELP = "local learning rate (default: 0.1 on mnist and agnews and for fasttext and resnet18, else 0.005)"
 
 
+# the flags of the label partition, which synthetic data (generated per client) does not use
+PARTITION_FLAGS = ("partition", "beta", "classes_per_client", "balance", "samples_per_client", "dominant_share")
+
+
 def parse_args(parser, argv=None, resolve=None, checks=()):
     """Parse and validate every flag before anything is written. ``resolve(args)`` fills the
     dataset-dependent defaults; ``checks`` are the script's own (ok, message) pairs as a
@@ -173,6 +178,13 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
     for ok, message in [*shared, *(checks(args) if callable(checks) else checks)]:
         if not ok:  # with --resume, a value read from the run's config.json is named as such
             raise UserError(run_folder.invalid_saved_value(parser, argv, message) if args.resume else message)
+    if not args.resume and synthetic_setting(args.dataset) is not None:
+        given = run_folder._given_flags(parser, argv)
+        ignored = [f"--{dest.replace('_', '-')}" for dest in PARTITION_FLAGS if dest in given]
+        if ignored:  # they would be recorded in config.json, and compare.py would label the runs by them
+            raise UserError(f"{', '.join(ignored)} does not apply to synthetic data: each client's data is generated "
+                            "as its own (set the heterogeneity with synthetic(ALPHA,BETA) or synthetic(iid)); "
+                            "leave the flag out")
     return args
 
 
@@ -381,6 +393,15 @@ def layer_state_keys(model):
 def float_state(model):
     """The model's floating-point parameters and buffers, in state_dict order (views, not copies)."""
     return [v for v in model.state_dict().values() if v.is_floating_point()]
+
+
+def check_client_models(model, num_clients):
+    """Refuse, before they are allocated, ``num_clients`` flat copies of ``model`` (every client's own
+    model, kept by the server) that cannot fit in the memory of the model's device (check_fits)."""
+    state = float_state(model)
+    params = sum(v.numel() for v in state)
+    check_fits(f"{num_clients} client models of {params} parameters", num_clients * params * state[0].element_size(),
+               state[0].device)
 
 
 def flatten_state(model, out=None):

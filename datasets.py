@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 import data_partition as dp
-from run_folder import UserError
+from run_folder import UserError, check_regular, quoted
 
 
 # ----------------------------------------------------------------------------- torchvision: MNIST family, CIFAR
@@ -490,6 +490,57 @@ def synthetic_clients(num_clients, rng, alpha=SYNTHETIC_ALPHA, beta=SYNTHETIC_BE
     return out
 
 
+# ----------------------------------------------------------------------------- sizes, before anything is allocated
+
+def memory_available(device="cpu"):
+    """Bytes that tensors may take on ``device`` now: the free memory of a CUDA device, else the host's
+    MemAvailable (Linux; None where it cannot be read)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        try:
+            return torch.cuda.mem_get_info(device)[0]
+        except (RuntimeError, AssertionError):
+            return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def human_bytes(n):
+    for unit, size in (("TB", 2 ** 40), ("GB", 2 ** 30), ("MB", 2 ** 20)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n / 2 ** 10:.1f} KB"
+
+
+def check_fits(what, nbytes, device="cpu"):
+    """Refuse, before it is allocated, ``what`` of about ``nbytes`` that cannot fit in the memory of
+    ``device`` (the host's for the CPU): one line with the estimate."""
+    free = memory_available(device)
+    if free is not None and nbytes > free:
+        where = "on " + str(device) if torch.device(device).type == "cuda" else "in this machine's memory"
+        raise UserError(f"{what} would take about {human_bytes(nbytes)}, more than the {human_bytes(free)} "
+                        f"free {where}")
+
+
+def npz_declared_bytes(d):
+    """The bytes the arrays x, y, x_test, y_test of an open .npz declare in their headers, read without
+    loading them (a header may declare terabytes that the file does not hold)."""
+    total = 0
+    for key in (k for k in ("x", "y", "x_test", "y_test") if k in d.files):
+        with d.zip.open(f"{key}.npy") as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(f, max_header_size=100000)
+        total += math.prod(shape) * dtype.itemsize
+    return total
+
+
 # ----------------------------------------------------------------------------- .npz files; checks of every dataset
 
 def load_npz(path):
@@ -499,6 +550,7 @@ def load_npz(path):
     arrays = {}
     try:
         with np.load(path, allow_pickle=False) as d:  # no pickles: nothing in the file can run code
+            check_fits(f"{quoted(path)}: its arrays", npz_declared_bytes(d))  # before any is read
             for key in (k for k in ("x", "y", "x_test", "y_test") if k in d.files):
                 try:
                     arrays[key] = d[key]
@@ -590,7 +642,11 @@ def load_arrays(name, data_dir):
         arrays = LOADERS[name](data_dir)
     elif name.lower().endswith(".npz"):  # d.NPZ too
         if not os.path.isfile(name):
-            raise UserError(f"{name} is a folder, not an .npz file" if os.path.isdir(name) else f"no such file: {name}")
+            if os.path.isdir(name):
+                raise UserError(f"{quoted(name)} is a folder, not an .npz file")
+            if os.path.lexists(name):  # a named pipe would block the read, a device never end
+                check_regular(name, doing="--dataset")
+            raise UserError(f"no such file: {quoted(name)}")
         arrays = load_npz(name)
     else:
         raise UserError(f"unknown dataset '{name}'; choose {', '.join([*VISION, *LOADERS])}, "
@@ -731,6 +787,9 @@ def load_federated_data(args, device):
     on = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64)).to(device)
     if x.dim() == 4:  # channels-last images: faster convolutions and pooling (index batches keep the layout);
         x = x.contiguous(memory_format=torch.channels_last)  # on the host: on the device it would take twice the data
+    if torch.device(device).type == "cuda":  # the host holds it already; the device may not
+        check_fits(f"the data of {quoted(args.dataset)} ({tuple(x.shape)}, {x.dtype})", x.numel() * x.element_size(),
+                   device)
     x = x.to(device)
     data = FedData(
         x=x, y=torch.from_numpy(y).to(device), num_classes=num_classes,

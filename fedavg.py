@@ -63,6 +63,8 @@ def main(argv=None):
     rng = common.seed_everything(args.seed)
     data = common.load_federated_data(args, device)
     global_model = common.build_model(args.model, data, auto_image=AUTO_IMAGE).to(device)
+    if args.local_training:  # before anything is allocated or written
+        common.check_client_models(global_model, args.num_clients)
     pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=AUTO_IMAGE), device,
                                    data)
     model_bytes = common.state_bytes(global_model)

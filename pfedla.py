@@ -95,6 +95,14 @@ class LayerHypernetworks(nn.Module):
         scores = torch.einsum("sh,shlj->slj", h, self.head_weight[clients]) + self.head_bias[clients]
         return scores.softmax(dim=-1)
 
+    @staticmethod
+    def count(num_clients, num_layers, embed_dim=100, hidden_dim=100, hidden_layers=3):
+        """The parameters __init__ makes, computed without making them."""
+        dims = [embed_dim] + [hidden_dim] * hidden_layers
+        per_client = (embed_dim + sum(a * b + b for a, b in zip(dims, dims[1:]))
+                      + hidden_dim * num_layers * num_clients + num_layers * num_clients)
+        return num_clients * per_client
+
     def params_per_client(self):
         return sum(p[0].numel() for p in self.parameters())
 
@@ -213,6 +221,12 @@ def main(argv=None):
     if args.k > len(sizes):
         raise common.UserError(f"--k {args.k} is more than the model's {len(sizes)} layers")
     # Alg. 1 l. 1: every client starts from the same initial model
+    # before anything is allocated: the hypernetworks' weights and gradients, and every client's model
+    hn_params = LayerHypernetworks.count(args.num_clients, len(sizes), args.embed_dim, args.hidden_dim)
+    model_params = sum(p.numel() for p in model.parameters())
+    common.check_fits(f"the hypernetworks ({args.num_clients} x --embed-dim {args.embed_dim}, --hidden-dim "
+                      f"{args.hidden_dim}: {hn_params} parameters, with their gradients) and the {args.num_clients} "
+                      "client models", (2 * hn_params + args.num_clients * model_params) * 4, device)
     client_models = common.flatten_state(model).detach().repeat(args.num_clients, 1)
     hypernetworks = LayerHypernetworks(args.num_clients, len(sizes), args.embed_dim, args.hidden_dim).to(device)
     pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=AUTO_IMAGE), device,

@@ -53,6 +53,10 @@ def current_host_mb():
         return 0.0
 
 
+# the largest pid Linux gives (/proc/sys/kernel/pid_max is at most 2^22)
+PID_MAX = 2 ** 22
+
+
 # open run folders (Run), released by run_main on the way out
 OPEN_RUNS = []
 
@@ -125,7 +129,9 @@ class FileFault(OSError):
 
 
 def _say(line):
-    """One line on stderr; a terminal that is gone (SIGHUP) must not turn it into a traceback."""
+    """One line on stderr (a newline or control character in a name is written escaped: the line stays
+    one); a terminal that is gone (SIGHUP) must not turn it into a traceback."""
+    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in line.strip("\n"))
     with contextlib.suppress(OSError, ValueError):
         print(line, file=sys.stderr, flush=True)
 
@@ -232,7 +238,7 @@ def check_regular(path, doing="cannot resume"):
     except OSError:  # unreadable: the read that follows says why
         return True
     if not stat.S_ISREG(mode):
-        raise UserError(f"{doing}: {path} is {_file_kind(mode)}, not a regular file; move it away")
+        raise UserError(f"{doing}: {quoted(path)} is {_file_kind(mode)}, not a regular file; move it away")
     return True
 
 
@@ -242,6 +248,166 @@ def _read_json(path):
         return json.load(f)
 
 
+# ----------------------------------------------------------------------------- what --resume and --report read
+# One written schema per file that --resume (run_folder.py, flower/app.py) and tools/reproduce.py read back:
+# each field's name, whether it must be there, and the values it may hold. check_* raise a UserError of one
+# line naming the file and the field; nothing is changed.
+
+def _is_int(lo=None, hi=None):
+    def test(v):
+        return isinstance(v, int) and not isinstance(v, bool) and (lo is None or v >= lo) and (hi is None or v <= hi)
+    return test
+
+
+def _is_number(lo=None, hi=None, above=None):
+    def test(v):
+        return (isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+                and (lo is None or v >= lo) and (hi is None or v <= hi) and (above is None or v > above))
+    return test
+
+
+def _is_str(v):
+    return isinstance(v, str) and v != ""
+
+
+def _auto_or(test):
+    return lambda v: v == "auto" or test(v)
+
+
+def _list_of(test):
+    return lambda v: isinstance(v, list) and all(test(x) for x in v)
+
+
+def _optional(test):
+    return lambda v: v is None or test(v)
+
+
+# field: (required, test, what it must be)
+CONFIG_SCHEMA = {
+    "algorithm": (True, _is_str, "a name"),
+    "script": (False, _is_str, "a script's name"),
+    "args": (True, lambda v: isinstance(v, dict), "a mapping of the flags"),
+    "command": (False, _list_of(lambda x: isinstance(x, str)), "a list of strings"),
+    "data_sha256": (False, lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) is not None,
+                    "64 hexadecimal digits"),
+    "num_classes": (False, _is_int(1), "an integer >= 1"),
+    "input_shape": (False, _list_of(_is_int(1)), "a list of integers >= 1"),
+}
+CONFIG_ARGS_SCHEMA = {  # the flags read before the scripts' own checks (common.parse_args) see them
+    "rounds": (True, _is_int(1), "an integer >= 1"),
+    "seed": (True, _is_int(0, 2 ** 63 - 1), "an integer in [0, 2^63)"),
+    "dataset": (True, _is_str, "a dataset's name or file"),
+    "num_clients": (False, _is_int(1), "an integer >= 1"),
+    "parallel_clients": (False, _auto_or(_is_int(1)), "'auto' or an integer >= 1"),
+    "samples_per_client": (False, _auto_or(_is_int(1)), "'auto' or an integer >= 1"),
+    "eval_every": (False, _is_int(1), "an integer >= 1"),
+    "checkpoint_every": (False, _is_int(1), "an integer >= 1"),
+    "local_epochs": (False, _is_int(1), "an integer >= 1"),
+    "batch_size": (False, _is_int(1), "an integer >= 1"),
+    "data_dir": (False, _optional(lambda v: isinstance(v, str)), "a folder"),
+    "device": (False, _optional(_is_str), "a device"),
+}
+LAUNCH_SCHEMA = {  # one entry of tools/reproduce.py's reproduce.json "launches"
+    "time": (True, lambda v: isinstance(v, str), "a time"),
+    "host": (False, lambda v: isinstance(v, str), "a host name"),
+    "cpu": (False, _optional(lambda v: isinstance(v, str)), "a CPU's name"),
+    "threads": (False, _optional(_is_int(1)), "an integer >= 1"),
+    "device": (False, _optional(lambda v: isinstance(v, str)), "a device"),
+    "command": (True, _list_of(lambda x: isinstance(x, str)), "a list of strings"),
+    "pid": (False, _optional(_is_int(1, PID_MAX)), f"a process id in [1, {PID_MAX}]"),
+}
+CHECKPOINT_SCHEMA = {
+    "algorithm": (True, _is_str, "a name"),
+    "round": (True, _is_int(1), "an integer >= 1"),
+    "rows": (True, lambda v: isinstance(v, list), "a list of the metric rows"),
+    "bytes": (True, lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(_is_int(0)(x) for x in v),
+              "two integers >= 0"),
+    "elapsed": (True, _is_number(lo=0), "a number of seconds >= 0"),
+    "state": (True, lambda v: isinstance(v, dict), "a mapping"),
+    "rng": (True, lambda v: isinstance(v, dict), "a numpy generator state"),
+    "torch_rng": (True, lambda v: isinstance(v, torch.Tensor) and v.dtype == torch.uint8, "a uint8 tensor"),
+    "args": (False, lambda v: isinstance(v, dict), "a mapping of the flags"),
+}
+
+
+def _shown(value, width=40):
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def check_fields(data, schema, path, prefix="", doing="cannot read"):
+    """Check the mapping ``data`` against ``schema``; a UserError of one line naming the file and the first
+    field that is missing or holds what it may not."""
+    where = quoted(path)
+    if not isinstance(data, dict):
+        raise UserError(f"{doing}: {where} holds {type(data).__name__}, not a mapping (the file is damaged)")
+    for key, (required, test, what) in schema.items():
+        if key not in data:
+            if required:
+                raise UserError(f"{doing}: {where} lacks the field {prefix}{key} (the file is damaged or edited)")
+            continue
+        if not test(data[key]):
+            raise UserError(f"{doing}: {where} has {prefix}{key} = {_shown(data[key])}, which must be {what} "
+                            "(the file is damaged or edited)")
+
+
+def check_config(config, path, doing="cannot read"):
+    """config.json of a run folder against CONFIG_SCHEMA and CONFIG_ARGS_SCHEMA."""
+    check_fields(config, CONFIG_SCHEMA, path, doing=doing)
+    check_fields(config["args"], CONFIG_ARGS_SCHEMA, path, prefix="args.", doing=doing)
+    return config
+
+
+def check_launches(record, path, doing="cannot read"):
+    """tools/reproduce.py's reproduce.json: {"launches": [LAUNCH_SCHEMA, ...]}."""
+    check_fields(record, {"launches": (True, lambda v: isinstance(v, list), "a list")}, path, doing=doing)
+    for i, launch in enumerate(record["launches"]):
+        if not isinstance(launch, dict):
+            raise UserError(f"{doing}: {quoted(path)} has launches[{i}] = {_shown(launch)}, which must be a mapping "
+                            "(the file is damaged or edited)")
+        check_fields(launch, LAUNCH_SCHEMA, path, prefix=f"launches[{i}].", doing=doing)
+    return record
+
+
+def check_checkpoint(blob, path, eval_every=1, doing="cannot resume"):
+    """checkpoint.pt against CHECKPOINT_SCHEMA, and its metric rows consistent with its round: rows of
+    plain values, rounds strictly increasing in [1, round], and every round that --eval-every evaluates
+    up to the checkpoint's round present (a checkpoint of round 2 without rows is refused)."""
+    check_fields(blob, CHECKPOINT_SCHEMA, path, doing=doing)
+    round_, seen = blob["round"], []
+    for i, row in enumerate(blob["rows"]):
+        plain = isinstance(row, dict) and all(isinstance(k, str) and (isinstance(v, str) or _is_number()(v))
+                                              for k, v in row.items())
+        if not plain or not _is_int(1)(row.get("round")):
+            raise UserError(f"{doing}: {quoted(path)} has rows[{i}] = {_shown(row)}, which is not a metric row "
+                            "(the file is damaged or edited)")
+        if seen and row["round"] <= seen[-1] or row["round"] > round_:
+            raise UserError(f"{doing}: {quoted(path)} has rows[{i}] of round {row['round']} after round "
+                            f"{seen[-1] if seen else 0}, in a checkpoint of round {round_} (duplicated or out "
+                            "of order; the file is damaged or edited)")
+        seen.append(row["round"])
+    missing = sorted(set(range(eval_every, round_ + 1, eval_every)) - set(seen))
+    if missing:
+        raise UserError(f"{doing}: {quoted(path)} is a checkpoint of round {round_} without the metric rows of "
+                        f"round {', '.join(map(str, missing[:5]))}{', ...' if len(missing) > 5 else ''} "
+                        "(the file is damaged or edited)")
+    return blob
+
+
+def read_config(path, doing="cannot resume"):
+    """A run folder's config.json, read and checked (check_config); a UserError of one line otherwise."""
+    check_regular(path, doing=doing)
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except FileNotFoundError:
+        raise UserError(f"{doing}: {quoted(path)} is missing") from None
+    except (OSError, ValueError) as e:
+        reason = e.strerror if isinstance(e, OSError) else "not JSON: cut short or damaged"
+        raise UserError(f"{doing}: {quoted(path)} cannot be read ({reason})") from None
+    return check_config(config, path, doing=doing)
+
+
 def resumed_args(parser, argv):
     """The saved arguments of ``--resume RUN_DIR``, with the flags given now that may change."""
     given = _given_flags(parser, argv)
@@ -249,14 +415,8 @@ def resumed_args(parser, argv):
     path = os.path.join(folder, "config.json")
     for name in RUN_FILES:  # before any of them is opened
         check_regular(os.path.join(folder, name))
-    try:
-        config = _read_json(path)
-        saved, script = config["args"], config.get("script")
-        if not isinstance(saved, dict):
-            raise ValueError("args is not a mapping")
-        saved = {**ADDED_FLAGS, **saved}
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"cannot resume: {path} is missing or not a run's config ({e.__class__.__name__}: {e})")
+    config = read_config(path)
+    saved, script = {**ADDED_FLAGS, **config["args"]}, config.get("script")
     if script is None:  # older run folders: the algorithm names the script
         script = {"heurpfedla": "pfedla"}.get(config.get("algorithm"), config.get("algorithm"))
     if not isinstance(script, str):
@@ -328,6 +488,55 @@ def _fmt_time(s):
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+def lock_owner(text):
+    """(pid, host) of a lock file's text "PID HOST"; (None, what it holds instead, quoted) when the pid
+    is no process's: 0, negative, beyond PID_MAX or not a number (os.kill would signal a process
+    group, or overflow)."""
+    parts = text.split()
+    first = parts[0] if parts else ""
+    if len(parts) == 2 and re.fullmatch(r"[0-9]{1,8}", first) and 1 <= int(first) <= PID_MAX:
+        return int(first), parts[1]
+    return None, quoted(first[:40] if len(parts) == 2 else text.strip()[:40])
+
+
+def process_alive(pid):
+    """Whether process ``pid`` (a valid pid, see lock_owner) runs on this host; a zombie counts as gone,
+    another user's process as alive."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    with contextlib.suppress(OSError, IndexError), open(f"/proc/{pid}/stat") as f:  # Linux: not a zombie
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+def lock_holder(folder):
+    """The pid of the live process on this host that holds ``folder``'s .lock, else None (no lock, a
+    stale one, one of another host, or one that names no process)."""
+    path = os.path.join(folder, ".lock")
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        with open(path) as f:
+            pid, host = lock_owner(f.read(256))
+    except OSError:
+        return None
+    return pid if pid is not None and host == socket.gethostname() and process_alive(pid) else None
+
+
+_PLAIN = re.compile(r"[\w@%+=:,./~-]+")
+
+
+def quoted(name):
+    """A file name for a one-line message: as it is when plain, else quoted as Python writes it (a
+    newline or a control character in it must not break the line)."""
+    name = str(name)
+    return name if _PLAIN.fullmatch(name) and name.isprintable() else repr(name)
+
+
 def _lock(folder):
     """Create the run folder's lock file: one process per run folder. A lock whose process is gone
     (killed, crashed; a zombie counts as gone) is stale and taken over. A lock that cannot be
@@ -338,20 +547,21 @@ def _lock(folder):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # as open(path, "x"): the umask applies
         except FileExistsError:
             check_regular(path, doing=f"cannot use {folder}")  # a named pipe would block the read below
-            pid, host, alive = "?", "?", True
             try:
                 with open(path) as f:
-                    pid, host = f.read().split()
-                os.kill(int(pid), 0)
-                with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:  # Linux: not a zombie
-                    alive = f.read().rsplit(")", 1)[1].split()[0] != "Z"
-            except (ProcessLookupError, FileNotFoundError):
-                alive = False
-            except (OSError, ValueError):  # another user's process, or a lock being written right now
-                pass
-            if pid == "?":  # empty or unreadable: perhaps being written this instant
+                    text = f.read(256)
+            except FileNotFoundError:  # removed this instant: try again
+                continue
+            except OSError:  # another user's file: the process may be alive
+                text = ""
+            if not text.strip():  # empty or unreadable: perhaps being written this instant
                 raise UserError(f"{folder} holds a lock file that names no process; delete {path} "
                                        "if no run is using the folder")
+            pid, host = lock_owner(text)
+            if pid is None:
+                raise UserError(f"{path} does not name a process (pid {host}); delete it if no run is using "
+                                f"{folder}")
+            alive = process_alive(pid)
             if alive or host != socket.gethostname():
                 raise UserError(f"{folder} is in use by process {pid} on {host}; wait for it to end "
                                 f"(or delete {path} if that process is gone)")
@@ -600,10 +810,7 @@ class Run:
         """With --resume: refuse data other than the data the run started with (an .npz overwritten
         since, another --data-dir): the rest of the run would silently compute something else.
         A config.json from before the fingerprint (2026-11) has none: resume() records it."""
-        try:
-            saved = _read_json(os.path.join(self.dir, "config.json")).get("data_sha256")
-        except (OSError, ValueError, AttributeError) as e:
-            raise UserError(f"cannot resume: {self.dir}/config.json is not a run's config ({e})")
+        saved = read_config(os.path.join(self.dir, "config.json")).get("data_sha256")
         if saved is not None and saved != self.data_sha256:
             d = self.args.dataset
             name = (f"{d}, generated from --seed {self.args.seed}" if self.data.info.get("generated") else
@@ -738,6 +945,11 @@ class Run:
                             "checkpoint; start it again)")
         try:
             blob = torch.load(path, map_location=self.device, weights_only=True)
+        except Exception as e:  # noqa: BLE001  anything wrong with the file is the same answer
+            message = str(e).splitlines()[0][:150] if str(e) else e.__class__.__name__
+            raise UserError(f"cannot resume: {quoted(path)} is not a valid checkpoint of this run ({message})")
+        check_checkpoint(blob, path, self.args.eval_every)
+        try:
             if set(blob["state"]) != set(state) or blob["algorithm"] != self.algo:
                 raise ValueError("it holds another algorithm's state")
             fixed = self._fixed_args()
@@ -770,7 +982,7 @@ class Run:
                             f"must be at least that")
         self.rows, self.bytes_down, self.bytes_up, self.elapsed = rows, int(down), int(up), elapsed
         self._last_round = self.checkpoint_round = round_
-        config = _read_json(os.path.join(self.dir, "config.json"))
+        config = read_config(os.path.join(self.dir, "config.json"))
         note = ""
         if "data_sha256" not in config:  # a run from before the fingerprint: checked from this resume on
             config["data_sha256"], note = self.data_sha256, " (its config.json had no data fingerprint: now recorded)"

@@ -458,6 +458,7 @@ def fedala_setup(job, server):
                               max_init_epochs=args.max_init_epochs)
     except ValueError as e:
         raise common.UserError(f"--p {args.p}: {e}")
+    common.check_client_models(server["global_model"], args.num_clients)
     server["local_models"] = common.flatten_state(server["global_model"]).repeat(args.num_clients, 1)
 
 
@@ -561,6 +562,8 @@ CHECKPOINTED = {"fedavg": ("global_model",), "fedpake": ("global_model",), "feda
 def saved_flower_run(folder):
     """(algorithm, the run's flags) of a Flower run folder, for ``--resume``."""
     path = os.path.join(folder, "config.json")
+    for name in run_folder.RUN_FILES:  # as the scripts: a named pipe or a device is refused, never opened
+        run_folder.check_regular(os.path.join(folder, name))
     try:
         with open(path) as f:
             config = json.load(f)
@@ -569,8 +572,8 @@ def saved_flower_run(folder):
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {algorithm!r}")
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise common.UserError(f"cannot resume: {path} is missing or not the config of a flower/app.py run "
-                               f"({e.__class__.__name__}: {e})") from None
+        raise common.UserError(f"cannot resume: {run_folder.quoted(path)} is missing or not the config of a "
+                               f"flower/app.py run ({e.__class__.__name__}: {str(e)[:100]!r})") from None
     return algorithm, flags
 
 

@@ -40,6 +40,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def fail(message):
+    """One line and exit status 2; a newline or control character in a name is written escaped."""
+    message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message))
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
 
@@ -94,6 +96,9 @@ def write(path, data, private=False, force=False):
         f.write(data)
 
 
+MAX_NODES = 10000
+
+
 def make(out="certificates", hosts=(), nodes=0, days=365, force=False):
     """Write the files above into ``out``; returns {file name: path}. ValueError for bad input or
     files that exist (without ``force``)."""
@@ -103,6 +108,13 @@ def make(out="certificates", hosts=(), nodes=0, days=365, force=False):
         names += [name] if name not in names else []
     if nodes < 0 or days < 1:
         raise ValueError("--nodes must be >= 0 and --days >= 1")
+    now = datetime.datetime.now(datetime.timezone.utc)
+    most = (datetime.datetime(9999, 12, 31, tzinfo=datetime.timezone.utc) - now).days - 1
+    if days > most:  # X.509 (GeneralizedTime) and Python's datetime end with the year 9999
+        raise ValueError(f"--days {days} would end after the year 9999, where certificate dates end; "
+                         f"at most {most} (today)")
+    if nodes > MAX_NODES:
+        raise ValueError(f"--nodes {nodes} is more than {MAX_NODES} (each is a key pair made one by one)")
     files = ["ca.crt", "ca.key", "server.pem", "server.key"]
     files += [f"supernode-{i}{end}" for i in range(nodes) for end in ("", ".pub")]
     paths = {name: os.path.join(out, name) for name in files}

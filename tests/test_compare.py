@@ -4,6 +4,7 @@ Most run folders are fabricated; one end-to-end case runs fedavg.py and fedala.p
 import json
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -303,6 +304,31 @@ def test_damaged_runs_are_listed_with_what_is_damaged_and_no_number_from_it(tmp_
     assert (row["3"]["best"], row["3"]["@round"], row["3"]["final"]) == ("40.00", "4", "35.00")  # round 3 left out
     assert row["5"]["best"] == "40.00" and row["7"]["best"] == row["8"]["best"] == "-"
     assert row["9"]["best"] == "40.00" and row["9"]["algorithm"] == "fedavg"  # metrics.csv itself is fine
+
+
+def test_symlinked_run_folders_are_followed_once(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    make_run(elsewhere, "fedavg-synthetic-s0-1", seed=0)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    os.symlink(elsewhere / "fedavg-synthetic-s0-1", runs / "linked")
+    os.symlink(runs, runs / "loop")  # a link back up: walked once, no endless walk
+    proc, rows = compare(str(runs))
+    assert proc.returncode == 0 and len(rows) == 1 and rows[0]["seeds"] == "0", proc.stdout + proc.stderr
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path):
+    for seed in range(600):  # more than a pipe's buffer (64 KB) of table: the write after head exits fails
+        make_run(tmp_path, f"fedavg-synthetic-s{seed}-1", seed=seed, lr=0.001 * (seed + 1))
+    proc = subprocess.run(f"{shlex.quote(sys.executable)} tools/compare.py {shlex.quote(str(tmp_path))} | head -1",
+                          shell=True, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.stderr == "" and len(proc.stdout.splitlines()) == 1, proc.stderr
+
+
+def test_a_newline_in_a_path_keeps_the_error_on_one_line(tmp_path):
+    proc, _ = compare(str(tmp_path / "no\nsuch"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no\\nsuch" in proc.stderr, proc.stderr
 
 
 def test_paths_that_are_files_and_folders_with_only_damaged_runs(tmp_path):

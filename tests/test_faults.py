@@ -429,3 +429,95 @@ def test_the_script_continues_a_flower_run(finished, copy_of, capsys):
     json.dump(config, open(path, "w"))
     code, lines = run(capsys, "--resume", folder)
     assert code == 2 and lines[0].startswith(f"error: cannot resume: {folder} has finished its"), lines
+
+
+# ----------------------------------------------------------------------------- one schema for --resume (issue 28)
+
+def _edit_json(name, edit):
+    def make(folder):
+        path = os.path.join(folder, name)
+        with open(path) as f:
+            data = json.load(f)
+        edit(data)
+        with open(path, "w") as f:
+            json.dump(data, f)
+    return make
+
+
+def _cut(name):
+    def make(folder):
+        path = os.path.join(folder, name)
+        with open(path, "rb") as f:
+            data = f.read()
+        with open(path, "wb") as f:
+            f.write(data[:len(data) // 2])
+    return make
+
+
+def _lock_text(text):
+    def make(folder):
+        with open(os.path.join(folder, ".lock"), "w") as f:
+            f.write(text)
+    return make
+
+
+def _edit_checkpoint(edit):
+    def make(folder):
+        path = os.path.join(folder, "checkpoint.pt")
+        blob = torch.load(path, weights_only=True)
+        edit(blob)
+        torch.save(blob, path)
+    return make
+
+
+# each a file --resume reads, off in one field: one line naming the file and the field, exit 2, nothing changed
+RESUME_CASES = [
+    ("config.json without rounds", _edit_json("config.json", lambda c: c["args"].pop("rounds")),
+     "config.json lacks the field args.rounds"),
+    ("data_sha256 a number", _edit_json("config.json", lambda c: c.update(data_sha256=5)),
+     "config.json has data_sha256 = 5, which must be 64 hexadecimal digits"),
+    ("parallel_clients abc", _edit_json("config.json", lambda c: c["args"].update(parallel_clients="abc")),
+     "config.json has args.parallel_clients = 'abc', which must be 'auto' or an integer >= 1"),
+    ("args a list", _edit_json("config.json", lambda c: c.update(args=[1])), "config.json has args = [1]"),
+    ("config.json cut short", _cut("config.json"), "config.json cannot be read (not JSON: cut short or damaged)"),
+    ("lock pid 0", _lock_text("0 host\n"), ".lock does not name a process (pid 0)"),
+    ("lock pid -1", _lock_text("-1 host\n"), ".lock does not name a process (pid -1)"),
+    ("lock pid huge", _lock_text("99999999999999999999 host\n"),
+     ".lock does not name a process (pid 99999999999999999999)"),
+    ("checkpoint of round 2 without rows", _edit_checkpoint(lambda b: b.update(rows=[])),
+     "checkpoint.pt is a checkpoint of round 2 without the metric rows of round 1, 2"),
+    ("checkpoint with duplicated rows", _edit_checkpoint(lambda b: b.update(rows=[b["rows"][0]] * 2)),
+     "checkpoint.pt has rows[1] of round 1 after round 1, in a checkpoint of round 2 (duplicated or out of order"),
+    ("checkpoint with a garbage row", _edit_checkpoint(lambda b: b["rows"].__setitem__(1, "garbage")),
+     "checkpoint.pt has rows[1] = 'garbage', which is not a metric row"),
+    ("checkpoint round a string", _edit_checkpoint(lambda b: b.update(round="2")),
+     "checkpoint.pt has round = '2', which must be an integer >= 1"),
+    ("checkpoint bytes negative", _edit_checkpoint(lambda b: b.update(bytes=[-1, 0])),
+     "checkpoint.pt has bytes = [-1, 0], which must be two integers >= 0"),
+]
+
+
+def _snapshot(folder):
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), "rb") as f:
+            out[name] = f.read()
+    return out
+
+
+@pytest.mark.parametrize("name, make, words", RESUME_CASES, ids=[c[0] for c in RESUME_CASES])
+def test_what_resume_reads_is_checked_against_one_schema(name, make, words, finished, copy_of, capsys):
+    folder = copy_of(finished)
+    make(folder)
+    before = _snapshot(folder)
+    code, lines = run(capsys, "--resume", folder, "--rounds", "3")
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], lines
+    assert _snapshot(folder) == before
+
+
+def test_the_schemas_pass_what_the_scripts_write(finished):
+    with open(os.path.join(finished, "config.json")) as f:
+        run_folder.check_config(json.load(f), "config.json")
+    blob = torch.load(os.path.join(finished, "checkpoint.pt"), weights_only=True)
+    run_folder.check_checkpoint(blob, "checkpoint.pt")
+    run_folder.check_launches({"launches": [{"time": "t", "command": ["python"], "pid": 12, "threads": None}]}, "r")

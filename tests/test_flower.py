@@ -101,6 +101,26 @@ def test_refusals_exit_2_with_one_line(tmp_path):
     assert os.listdir(tmp_path) == ["no_flwr"]  # no run folder, no runs/
 
 
+@pytest.mark.parametrize("name", ["config.json", "checkpoint.pt"])
+def test_resume_refuses_a_named_pipe_in_the_run_folder_never_opens_it(name, tmp_path):
+    """As the scripts: flower/app.py --resume DIR with a named pipe in DIR is one line, and never blocks."""
+    import signal
+    folder = tmp_path / "run"
+    folder.mkdir()
+    if name != "config.json":
+        (folder / "config.json").write_text(json.dumps({"flower": {"algorithm": "fedavg", "flags": []}}))
+    os.mkfifo(folder / name)
+    previous = signal.signal(signal.SIGALRM, lambda *_: pytest.fail(f"blocked opening the named pipe {name}"))
+    signal.alarm(30)
+    try:
+        with pytest.raises(common.UserError) as refused:
+            flower_app.plan(["fedavg", "--resume", str(folder)])
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert str(refused.value) == f"cannot resume: {folder / name} is a named pipe, not a regular file; move it away"
+
+
 def test_help_prints_the_usage_and_exits_0(capsys):
     assert flower_app.main(["--help"]) == 0
     assert capsys.readouterr().out.startswith("usage: python flower/app.py {fedavg,fedala,pfedla,fedpake,fedacd}")

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -318,3 +319,169 @@ def test_data_dir_goes_to_every_run_and_is_no_setting(finished, tmp_path, capsys
     assert call(["tiny", "--seeds", "7", "--out", out, "--dry-run", "--data-dir", data_dir], tables) == 0
     text = capsys.readouterr().out
     assert text.count("[new]: python ") == 2 and text.count(f"--data-dir {data_dir}") == 2
+
+
+# ----------------------------------------------------------------------------------------- supervision (issue 28)
+
+def test_workers_beyond_the_bound_is_one_line_before_anything_is_made(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert call(["tiny", "--out", out, "--workers", "1000000000000000"], tiny_tables()) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"is more than {reproduce.max_workers()}" in err and "per CPU" in err, err
+    assert not out.exists()
+
+
+def _seed_dir(out, seed=0, method="fedavg"):
+    return out / "tiny" / "syn-4" / method / f"seed{seed}"
+
+
+def _file(path, text=""):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _folder(path):
+    path.mkdir(parents=True)
+
+
+# every path reproduce.py reads or writes, made what it must not be: one line naming it, exit 2, nothing changed
+PATH_CASES = [
+    ("seed folder a regular file", lambda out: _file(_seed_dir(out)), "seed0 must be a folder but is a regular file"),
+    ("method folder a regular file", lambda out: _file(_seed_dir(out).parent), "fedavg must be a folder"),
+    ("TABLE.md a folder", lambda out: _folder(out / "tiny.md"), "tiny.md must be a regular file but is a folder"),
+    ("run.log a named pipe", lambda out: (_folder(_seed_dir(out)), os.mkfifo(_seed_dir(out) / "run.log")),
+     "run.log must be a regular file but is a named pipe"),
+    ("reproduce.json launches [null]", lambda out: _file(_seed_dir(out) / "reproduce.json", '{"launches": [null]}'),
+     "reproduce.json has launches[0] = None, which must be a mapping"),
+    ("reproduce.json launches a number", lambda out: _file(_seed_dir(out) / "reproduce.json", '{"launches": 5}'),
+     "reproduce.json has launches = 5, which must be a list"),
+    ("reproduce.json a list", lambda out: _file(_seed_dir(out) / "reproduce.json", "[1, 2]"),
+     "reproduce.json cannot be read (unreadable)"),
+    ("reproduce.json a launch without its command",
+     lambda out: _file(_seed_dir(out) / "reproduce.json", '{"launches": [{"time": "now"}]}'),
+     "reproduce.json lacks the field launches[0].command"),
+    ("a newline in --out", lambda out: _file(_seed_dir(out)), "must be a folder"),
+]
+
+
+@pytest.mark.parametrize("mode", [[], ["--report"], ["--dry-run"]])
+@pytest.mark.parametrize("name, make, words", PATH_CASES, ids=[c[0] for c in PATH_CASES])
+def test_a_path_that_is_not_what_it_must_be_is_one_line(name, make, words, mode, tmp_path, capsys):
+    out = tmp_path / ("out\nx" if "newline" in name else "out")
+    make(out)
+    before = sorted(os.walk(tmp_path))
+    assert call(["tiny", "--seeds", "0", "--out", out, *mode], tiny_tables()) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and words in err, err
+    assert sorted(os.walk(tmp_path)) == before
+
+
+def test_a_config_cut_short_is_damaged_and_left_out_of_the_report(finished, tmp_path, capsys):
+    out = tmp_path / "out"
+    shutil.copytree(finished[0], out)
+    tables = tiny_tables()
+    job = jobs_of(tables, out)[0]
+    (folder,) = reproduce.run_folders(job["dir"])
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write(text[:len(text) // 2])
+    before = sorted(os.walk(out))
+    assert call(["tiny", "--seeds", *SEEDS, "--out", out], tables) == 2  # running: refused before anything starts
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "config.json is damaged (not a JSON object: cut short" in err
+    assert "other settings" not in err
+    assert sorted(os.walk(out)) == before
+    assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--report"], tables) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and captured.err.startswith("left out of the report: ") and \
+        "config.json" in captured.err, captured.err
+    assert table_rows(captured.out)["FedAvg"][4] == "1"  # the other seed is reported
+
+
+@pytest.mark.parametrize("holder", ["lock", "launch"])
+def test_a_job_running_already_is_never_started_again(holder, finished, tmp_path, capsys):
+    """A run folder locked by a live process (the run of a reproduce.py killed with kill -9), or the
+    process reproduce.json last started and still running that job: one line, the others go on."""
+    out = tmp_path / "out"
+    shutil.copytree(finished[0], out)
+    tables = tiny_tables()
+    job = jobs_of(tables, out)[0]
+    (folder,) = reproduce.run_folders(job["dir"])
+    os.remove(os.path.join(folder, "summary.json"))  # resumable: reproduce.py would continue it
+    # a live process that is not ours to stop; for "launch" its command line names the job's script and folder
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "fedavg.py", job["dir"]])
+    try:
+        if holder == "lock":
+            with open(os.path.join(folder, ".lock"), "w") as f:
+                f.write(f"{sleeper.pid} {socket.gethostname()}\n")
+        else:
+            with open(os.path.join(job["dir"], "reproduce.json"), "w") as f:
+                json.dump({"launches": [{"time": "x", "host": socket.gethostname(), "command": ["python"],
+                                         "pid": sleeper.pid}]}, f)
+        before = os.listdir(job["dir"])
+        assert call(["tiny", "--seeds", *SEEDS, "--out", out], tables) == 1
+        err = capsys.readouterr().err
+        assert f"already running (process {sleeper.pid}), not started again: syn-4 / FedAvg / seed 0" in err, err
+        assert sorted(os.listdir(job["dir"])) == sorted(before)  # no second run folder, no run.log line
+        assert sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def _reproduce_process(tables, out, *argv):
+    """A real ``python tools/reproduce.py`` (run as __main__, with the tiny tables in place of the papers')."""
+    code = ("import json, os, runpy, sys; sys.path.insert(0, os.environ['ROOT']); from tools import paper_tables; "
+            "paper_tables.TABLES.clear(); paper_tables.TABLES.update(json.loads(os.environ['TABLES'])); "
+            "sys.argv = ['tools/reproduce.py', *sys.argv[1:]]; "
+            "runpy.run_path(os.path.join(os.environ['ROOT'], 'tools', 'reproduce.py'), run_name='__main__')")
+    return subprocess.Popen([sys.executable, "-c", code, "tiny", "--out", str(out), *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "ROOT": ROOT, "TABLES": json.dumps(tables), "OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.slow  # real runs end to end, tens of seconds
+@pytest.mark.parametrize("signum, status, what", [(signal.SIGTERM, 143, "stopped by SIGTERM"),
+                                                  (signal.SIGHUP, 129, "stopped by SIGHUP")])
+def test_sigterm_and_sighup_are_passed_on_and_nothing_is_left_running(signum, status, what, tmp_path):
+    tables = tiny_tables(rounds=100000)
+    proc = _reproduce_process(tables, tmp_path, "--seeds", "0", "--workers", "2")
+    seed_dirs = [_seed_dir(tmp_path, 0, m) for m in ("fedavg", "fedala")]
+    deadline = time.time() + 90
+    while time.time() < deadline and not all(any(os.path.exists(os.path.join(f, "metrics.csv"))
+                                                 for f in reproduce.run_folders(d)) for d in seed_dirs):
+        time.sleep(0.1)
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=90)
+    assert proc.returncode == status, stderr
+    assert stderr.strip().splitlines()[-1] == (f"{what}: the stopped runs kept their checkpoints; continue with: "
+                                               f"python tools/reproduce.py tiny --out {tmp_path} --seeds 0 --workers 2")
+    from run_folder import process_alive
+    for d in seed_dirs:
+        (folder,) = reproduce.run_folders(d)
+        assert os.path.exists(os.path.join(folder, "checkpoint.pt"))
+        assert not os.path.exists(os.path.join(folder, ".lock"))
+        with open(d / "reproduce.json") as f:
+            pid = json.load(f)["launches"][-1]["pid"]
+        assert not process_alive(pid)  # waited for: nothing of the table is left running
+        with open(d / "run.log") as f:
+            assert f"{what} after round" in f.read()
+    assert not os.path.exists(tmp_path / "tiny" / ".lock")
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_signal_while_reproduce_starts_is_one_line(signum, status, tmp_path):
+    """The real python tools/reproduce.py: a signal while numpy and torch load (common's start-up handler)."""
+    from test_faults import catches
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "tools", "reproduce.py"), "synthetic", "--dry-run",
+                             "--out", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while time.time() < deadline and not catches(proc.pid, signal.SIGTERM):
+        time.sleep(0.005)
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == status and len(stderr.splitlines()) == 1, stderr
+    assert stderr.startswith(f"stopped by {signal.Signals(signum).name}"), stderr
+    assert not (tmp_path / "out").exists()

@@ -105,9 +105,10 @@ CASES = [
      lambda d: edit_checkpoint(d, lambda blob: blob["state"]["global_model"]["fc.weight"].fill_(float("nan"))),
      "non-finite weights"),
     ("a config value of the wrong type", "fedala", ["--resume", "RUN", "--rounds", "3"],
-     lambda d: config_with(d, batch_size=2.5), "--batch-size 2.5, which that flag does not take"),
+     lambda d: config_with(d, batch_size=2.5), "config.json has args.batch_size = 2.5, which must be an integer >= 1"),
     ("a config naming no script", "fedala", ["--resume", "RUN"],
-     lambda d: config_with(d, script=None, algorithm=None, top=True), "names no script"),
+     lambda d: config_with(d, script=None, algorithm=None, top=True),
+     "config.json has algorithm = None, which must be a name"),
     ("an empty --resume", "fedala", ["--resume", ""], None, "--resume needs the run folder"),
     ("an empty --out", "fedavg", [*SMALL, "--out", ""], None, "--out must name a folder"),
     ("--device mps", "fedavg", [*SMALL, "--device", "mps", "--out", "OUT"], None, "--device mps is not supported"),
@@ -128,6 +129,15 @@ CASES = [
     ("--out below a file", "fedavg", [*SMALL, "--out", "FILE/sub"], None, "--out"),
     ("--p above the layers (after set-up)", "fedala", [*SMALL, "--p", "9", "--out", "OUT"], None, "--p 9"),
     ("--k above the layers (after set-up)", "pfedla", [*SMALL, "--k", "9", "--out", "OUT"], None, "--k 9"),
+    # sizes (issue 28): refused before anything is allocated, with the estimate
+    ("--hidden-dim 100000: hypernetworks beyond the memory", "pfedla",
+     [*SMALL, "--hidden-dim", "100000", "--out", "OUT"],
+     None, "--hidden-dim 100000: 8004440"),
+    # files (issue 28): quoted odd names, flags that do not apply
+    ("a newline in the --dataset file name", "fedavg", [*SMALL, "--dataset", "FILE\n.npz", "--out", "OUT"], None,
+     "file\\n.npz'"),
+    ("--partition with synthetic data", "fedavg", [*SMALL, "--partition", "pat", "--out", "OUT"], None,
+     "--partition does not apply to synthetic data"),
 ]
 
 
@@ -314,6 +324,21 @@ def truncated_mnist(data_dir):
             f.write(bytes([0, 0, 8, 3]) + (40).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2 + b"\0" * 100)
 
 
+def npz_declaring(shape):
+    """An .npz whose x.npy header declares ``shape`` (float32) but holds no data; y is real."""
+    def write(path):
+        import io
+        import zipfile
+        header = io.BytesIO()
+        np.lib.format.write_array_header_2_0(header, {"descr": "<f4", "fortran_order": False, "shape": shape})
+        y = io.BytesIO()
+        np.save(y, np.arange(40) % 4)
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("x.npy", header.getvalue())
+            z.writestr("y.npy", y.getvalue())
+    return write
+
+
 Y40 = np.arange(40) % 4
 DATA_CASES = [  # (case, file maker for --dataset FILE (.npz) or --data-dir DIR, dataset name, flags, expected)
     ("one NaN in x", npz(x=with_nan(rng_x(40, 8)), y=Y40), "FILE", [], "x has 1 non-finite value"),
@@ -363,6 +388,10 @@ DATA_CASES = [  # (case, file maker for --dataset FILE (.npz) or --data-dir DIR,
      "'x' is an array of Python objects"),
     ("--data-dir names a file", lambda d: (os.rmdir(d), open(d, "w").close()), "cifar10", [],
      "is a file; it must name the folder"),
+    ("--dataset a named pipe", lambda p: os.mkfifo(p), "FILE", [], "--dataset: " + "{tmp}/d.npz is a named pipe, "
+     "not a regular file"),
+    ("an .npz declaring 8 TB", npz_declaring((2 ** 41, 1)), "FILE", [], "d.npz: its arrays would take about 8.0 TB, "
+     "more than the"),
 ]
 
 
@@ -378,5 +407,24 @@ def test_bad_data_is_one_line_exit_2_before_any_run_folder(case, make, dataset, 
         run_folder.run_main(fedavg.main, ["--dataset", path if dataset == "FILE" else dataset, "--data-dir", str(data_dir),
                                       "--num-clients", "2", "--rounds", "1", *flags, "--out", str(tmp_path / "runs")])
     lines = capsys.readouterr().err.strip().splitlines()
-    assert stop.value.code == 2 and len(lines) == 1 and expected in lines[0], lines
+    assert stop.value.code == 2 and len(lines) == 1 and expected.format(tmp=tmp_path) in lines[0], lines
+    assert not os.path.exists(tmp_path / "runs")
+
+
+@pytest.mark.parametrize("script, flags, words", [
+    ("fedala", [], "4 client models of "),
+    ("fedavg", ["--local-training"], "4 client models of "),
+    ("pfedla", [], "the hypernetworks (4 x --embed-dim 100, --hidden-dim 100: "),
+])
+def test_client_models_beyond_the_memory_are_refused_before_allocating(script, flags, words, tmp_path, capsys,
+                                                                       monkeypatch):
+    """Every client's own model kept by the server (and pFedLA's hypernetworks), estimated before the
+    copies are made: here against a machine with 1 KB free."""
+    import datasets
+    monkeypatch.setattr(datasets, "memory_available", lambda device="cpu": 1024)
+    with pytest.raises(SystemExit) as stop:
+        run_folder.run_main(SCRIPTS[script].main, [*SMALL, *flags, "--out", str(tmp_path / "runs")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(lines) == 1 and words in lines[0] and \
+        "more than the 1.0 KB free in this machine's memory" in lines[0], lines
     assert not os.path.exists(tmp_path / "runs")

@@ -32,7 +32,9 @@ OLD_NAME = re.compile(r"^([^-]+)-(.+)-s(\d+)(?:-.*)?$")  # <algo>-<dataset>-s<se
 
 
 def fail(message):
-    """Report bad input as one line on stderr and exit with status 2."""
+    """Report bad input as one line on stderr and exit with status 2 (a newline or control character
+    in a name is written escaped: the line stays one)."""
+    message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message))
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
 
@@ -167,9 +169,15 @@ def find_runs(paths):
         if not os.path.isdir(path):
             fail(f"not a folder: {path}")
         before = len(found)
-        for folder, subdirs, files in os.walk(path, onerror=unreadable):
+        seen = set()  # symlinked folders are followed, each real folder once (a link loop ends)
+        for folder, subdirs, files in os.walk(path, onerror=unreadable, followlinks=True):
+            real = os.path.realpath(folder)
+            if real in seen:
+                subdirs[:] = []
+                continue
+            seen.add(real)
             if {"metrics.csv", "config.json"} & set(files + subdirs):
-                found.add(os.path.realpath(folder))
+                found.add(real)
                 subdirs[:] = []  # a run folder holds no further runs
             subdirs.sort()
         if len(found) == before:
@@ -425,4 +433,9 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # output piped into head or the like: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

@@ -15,24 +15,26 @@ summarises each run's metrics.csv as run_folder.py's summary.json does (best: ma
 last evaluation, last10: the mean of the last 10 evaluations), so partly run tables are
 reported too. Details: docs/results.md.
 """
-import argparse
-import contextlib
-import json
 import os
-import platform
-import re
-import shlex
-import signal
-import socket
-import subprocess
 import sys
-import time
-
-import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root: the scripts
 sys.path.insert(0, ROOT)  # python tools/reproduce.py: common, run_folder and tools.* by name from the root
-import common  # noqa: E402
+import common  # noqa: E402  first: its start-up signal handling covers the seconds numpy and torch take to load
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import re  # noqa: E402
+import shlex  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import stat  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
 import run_folder  # noqa: E402
 from tools import compare, paper_tables  # noqa: E402
 DEFAULT_OUT = os.path.join("runs", "reproduce")
@@ -79,6 +81,10 @@ def parse_args(argv, tables):
     if any(s >= 2 ** 63 for s in args.seeds):
         fail("--seeds must be integers in [0, 2^63)")
     args.workers = whole_number("--workers", args.workers, 1)
+    if args.workers > max_workers():
+        fail(f"--workers {args.workers} is more than {max_workers()}: each run is a process with its own torch "
+             f"(hundreds of MB) and threads, and more than {WORKERS_PER_CPU} per CPU ({cpu_count()} here) or "
+             f"{MAX_WORKERS} in all only wait for each other")
     args.rounds = None if args.rounds is None else whole_number("--rounds", args.rounds, 1)
     if args.dry_run and args.report:
         fail("--dry-run and --report exclude each other")
@@ -91,6 +97,18 @@ def parse_args(argv, tables):
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", d):
             fail(f"--device: unknown device {d!r}; use auto, cpu, cuda or cuda:N, comma-separated")
     return args
+
+
+WORKERS_PER_CPU, MAX_WORKERS = 4, 64
+
+
+def cpu_count():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def max_workers():
+    """The most runs at once --workers may ask for."""
+    return min(MAX_WORKERS, WORKERS_PER_CPU * cpu_count())
 
 
 def table_id(name, tables):
@@ -180,12 +198,38 @@ def shown(command):
     return shlex.join(["python", *command[1:]])
 
 
-def run_folders(seed_dir):
-    """The run folders (holding config.json) in a run's seed folder, oldest first."""
+def run_folders(seed_dir, damaged=False):
+    """The run folders (holding a config.json) in a run's seed folder, oldest first; those whose
+    config.json is damaged (cut short, hand-edited: run_folder.check_config) are left out, or with
+    ``damaged`` the only ones returned, as (folder, the one line that says what is wrong)."""
     if not os.path.isdir(seed_dir):
         return []
-    return [os.path.join(seed_dir, d) for d in sorted(os.listdir(seed_dir))
-            if os.path.isfile(os.path.join(seed_dir, d, "config.json"))]
+    found = []
+    for d in sorted(os.listdir(seed_dir)):
+        folder = os.path.join(seed_dir, d)
+        path = os.path.join(folder, "config.json")
+        if not os.path.isdir(folder) or not os.path.lexists(path):
+            continue
+        problem = config_problem(path)
+        if damaged and problem:
+            found.append((folder, problem))
+        elif not damaged and not problem:
+            found.append(folder)
+    return found
+
+
+def config_problem(path):
+    """None for a readable config.json of a run, else one line naming the file and what is wrong."""
+    config, problem = compare.read_json(path)
+    if problem:
+        if problem == "unreadable":
+            problem = "is damaged (not a JSON object: cut short or edited)"
+        return f"{run_folder.quoted(path)} {problem}"
+    try:
+        run_folder.check_config(config, path)
+    except run_folder.UserError as e:
+        return str(e)
+    return None
 
 
 def folder_state(folder, rounds):
@@ -240,9 +284,9 @@ def other_settings(job, folder):
     """What makes the run in ``folder`` another setting than ``job``: the script, a flag of its
     command line (except those run_folder lets change on --resume), or more rounds than asked
     for ('--flag saved (now new)'); an empty list when it is a run of this job."""
-    config, _ = compare.read_json(os.path.join(folder, "config.json"))
-    if not config or not isinstance(config.get("command"), list) or not isinstance(config.get("args"), dict):
-        return ["an unreadable config.json"]
+    config, _ = compare.read_json(os.path.join(folder, "config.json"))  # checked by run_folders
+    if not isinstance(config.get("command"), list):
+        return ["a config.json without its command line"]
     if f"{config.get('script')}.py" != job["script"]:
         return [f"a run of {config.get('script')}.py (now {job['script']})"]
     saved = given_flags([str(t) for t in config["command"][1:]])
@@ -259,14 +303,91 @@ def other_settings(job, folder):
     return differ
 
 
-def check_settings(jobs):
-    """Exit 2 if a seed folder holds a run of other settings than its job's."""
+def check_settings(jobs, report_only=False):
+    """Exit 2 if a seed folder holds a run of other settings than its job's, or one whose config.json
+    is damaged (for --report: one line each, and the report goes on without them)."""
     for job in jobs:
+        for folder, problem in run_folders(job["dir"], damaged=True):
+            if report_only:
+                print(f"left out of the report: {problem}", file=sys.stderr)
+            else:
+                fail(f"{problem}; move {run_folder.quoted(folder)} away (or use another --out)")
         for folder in run_folders(job["dir"]):
             differ = other_settings(job, folder)
             if differ:
                 fail(f"{folder} holds a run of other settings: {'; '.join(differ)}; use another --out "
                      f"or move that folder away")
+
+
+def check_paths(table_id, table, jobs, args):
+    """Exit 2 with one line naming the path unless every folder and file reproduce.py reads or writes is
+    what it must be: --out, the table's, cells', methods' and seed folders are folders (or absent),
+    TABLE.md, the curves, run.log and reproduce.json regular files (or absent), and reproduce.json
+    holds what run_folder.LAUNCH_SCHEMA says. Checked before anything is made or started."""
+    folders, files = {args.out, os.path.join(args.out, table_id)}, {os.path.join(args.out, f"{table_id}.md")}
+    for job in jobs:
+        seed_dir = job["dir"]
+        folders.update({seed_dir, os.path.dirname(seed_dir), os.path.dirname(os.path.dirname(seed_dir))})
+        files.update({os.path.join(seed_dir, "run.log"), os.path.join(seed_dir, "reproduce.json")})
+    for cell in table["cells"]:
+        files.add(os.path.join(args.out, f"{table_id}-{slug(cell['name'])}.png"))
+    for folder in sorted(folders):
+        if os.path.lexists(folder) and not os.path.isdir(folder):
+            fail(f"{run_folder.quoted(folder)} must be a folder but is {kind_of(folder)}; move it away")
+    for path in sorted(files):
+        if os.path.lexists(path) and (not os.path.isfile(path) or os.path.islink(path) and not os.path.exists(path)):
+            fail(f"{run_folder.quoted(path)} must be a regular file but is {kind_of(path)}; move it away")
+    for job in jobs:
+        read_launches(job)
+
+
+def kind_of(path):
+    """What a path is, in words: 'a regular file', 'a folder', 'a named pipe', ..."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "a broken link" if os.path.islink(path) else "unreadable"
+    return ("a regular file" if stat.S_ISREG(mode) else "a folder" if stat.S_ISDIR(mode) else
+            "a named pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device")
+
+
+def read_launches(job):
+    """The launches of the job's reproduce.json (run_folder.LAUNCH_SCHEMA); [] when there is none; bad
+    input (one line, exit 2) when it is damaged."""
+    path = os.path.join(job["dir"], "reproduce.json")
+    record, problem = compare.read_json(path)
+    if problem:
+        fail(f"{run_folder.quoted(path)} {problem if problem.startswith('is') else 'cannot be read (' + problem + ')'}"
+             "; move it away")
+    if record is None:
+        return []
+    try:
+        return run_folder.check_launches(record, path)["launches"]
+    except run_folder.UserError as e:
+        fail(f"{e}; move it away")
+
+
+def running_pid(job):
+    """The pid of a live process that runs the job already (started by a reproduce.py that was killed, or
+    by another one): the process that holds the lock of one of its run folders, or the last one
+    reproduce.json recorded while it still runs this job's script and has no run folder yet; else None."""
+    for folder in run_folders(job["dir"]) + [f for f, _ in run_folders(job["dir"], damaged=True)]:
+        pid = run_folder.lock_holder(folder)
+        if pid:
+            return pid
+    launches = read_launches(job)
+    last = launches[-1] if launches else {}
+    pid = last.get("pid")
+    if pid and last.get("host") == socket.gethostname() and run_folder.process_alive(pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().split(b"\0")
+        except OSError:
+            return None
+        if any(c.endswith(os.fsencode(job["script"])) for c in command) and \
+                any(os.fsencode(job["dir"]) in c for c in command):
+            return pid
+    return None
 
 
 def action(job):
@@ -296,7 +417,7 @@ def cpu_model():
 def child_env(workers):
     """The environment of a run: torch threads (and so --parallel-clients auto) shared out over
     the workers, unless OMP_NUM_THREADS is set already."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpus = cpu_count()
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, cpus // workers)))
     return env
@@ -308,27 +429,45 @@ def start(job, device, env):
     what, folder = action(job)
     if what in ("done", "diverged"):
         return None
+    pid = running_pid(job)
+    if pid:
+        print(f"already running (process {pid}), not started again: {label(job)} in {run_folder.quoted(job['dir'])}",
+              file=sys.stderr, flush=True)
+        job["running"] = pid
+        return None
     command = new_command(job, device) if what == "new" else resume_command(job, folder, device)
-    os.makedirs(job["dir"], exist_ok=True)
-    record_launch(job, command, env, device)
     job["command"], job["log"] = command, os.path.join(job["dir"], "run.log")
-    with open(job["log"], "a") as log:
-        log.write(f"== {time.strftime('%Y-%m-%d %H:%M:%S')} reproduce.py: {shown(command)}\n")
-        log.flush()
-        # its own session: a Ctrl-C reaches the run once, forwarded by us (a second one stops it at once)
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+    try:
+        os.makedirs(job["dir"], exist_ok=True)
+        record_launch(job, command, env, device)
+        with open(job["log"], "a") as log:
+            log.write(f"== {time.strftime('%Y-%m-%d %H:%M:%S')} reproduce.py: {shown(command)}\n")
+            log.flush()
+            # its own session: a Ctrl-C reaches the run once, forwarded by us (a second one stops it at once)
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, start_new_session=True)
+    except OSError as e:  # a full disk, a read-only folder: this job is not started, the others go on
+        run_folder._say(f"not started: {label(job)}: cannot write {run_folder.quoted(e.filename or job['dir'])} "
+                        f"({e.strerror or e})")
+        job["not_started"] = True
+        return None
+    with contextlib.suppress(OSError):  # the run is started: supervised, whether or not its pid is recorded
+        record_launch(job, command, env, device, proc.pid)  # a later reproduce.py sees that it runs (running_pid)
     return proc
 
 
-def record_launch(job, command, env, device):
-    """Append where and how a run was (re)started to reproduce.json in its seed folder."""
+def record_launch(job, command, env, device, pid=None):
+    """Append where and how a run was (re)started to reproduce.json in its seed folder; with ``pid``, add
+    the started process's pid to that last entry."""
     path = os.path.join(job["dir"], "reproduce.json")
-    record, _ = compare.read_json(path)
-    launches = (record or {}).get("launches", [])
-    launches.append({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "host": socket.gethostname(), "cpu": cpu_model(),
-                     "threads": int(env["OMP_NUM_THREADS"]) if env.get("OMP_NUM_THREADS", "").isdigit() else None,
-                     "device": device, "command": command})
+    launches = read_launches(job)
+    if pid is not None and launches:
+        launches[-1]["pid"] = pid
+    else:
+        threads = int(env["OMP_NUM_THREADS"]) if env.get("OMP_NUM_THREADS", "").isdigit() else None
+        launches.append({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "host": socket.gethostname(), "cpu": cpu_model(),
+                         "threads": threads if threads and threads >= 1 else None, "device": device,
+                         "command": command})
     common.atomic_write(path, json.dumps({"launches": launches}, indent=1))
 
 
@@ -346,9 +485,11 @@ def last_line(path):
 
 
 def run_jobs(jobs, args, argv):
-    """Run the jobs, ``--workers`` at a time, worker k on device k mod len(devices). Returns
-    (problems, interrupted): the number of runs that failed or did not finish, and whether
-    Ctrl-C stopped the table."""
+    """Run the jobs, ``--workers`` at a time, worker k on device k mod len(devices). Ctrl-C, SIGTERM
+    and SIGHUP are passed on to the running runs (each stops at the end of its round with a
+    checkpoint; a second signal stops them at once), no further run starts, and every run started is
+    waited for. Returns (problems, signal): the number of runs that failed or did not finish, and the
+    signal that stopped the table (0: none)."""
     env = child_env(args.workers)
     todo = [job for job in jobs if action(job)[0] in ("new", "resume")]
     done = sum(action(job)[0] == "done" for job in jobs)
@@ -361,16 +502,20 @@ def run_jobs(jobs, args, argv):
             print(f"diverged before (not run again): {label(job)}; see {current_run(job)[0]}", file=sys.stderr)
     running, slots, count, interrupts = {}, list(range(args.workers)), 0, [0]
 
-    def on_sigint(signum, frame):
-        interrupts[0] += 1
-        if interrupts[0] == 1:
-            print("\nCtrl-C: the running runs stop at the end of their round and write a checkpoint "
-                  "(Ctrl-C again stops them at once)", file=sys.stderr, flush=True)
+    def on_signal(signum, frame):
+        if signum == signal.SIGHUP:
+            run_folder._detach_from_terminal()  # the terminal is gone: what is still printed must not fail
+        if not interrupts[0]:
+            interrupts[0] = signum
+            name = run_folder._signal_name(signum)
+            run_folder._say(f"\n{name}: the running runs stop at the end of their round and write a checkpoint "
+                            f"(a second {name} stops them at once)")
         for proc, _ in running.values():
             if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
+                with contextlib.suppress(OSError):
+                    proc.send_signal(signum)
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    previous = run_folder.handle_stop_signals(on_signal)
     try:
         while (todo and not interrupts[0]) or running:
             while todo and slots and not interrupts[0]:
@@ -379,11 +524,12 @@ def run_jobs(jobs, args, argv):
                 proc = start(job, device, env)
                 if proc is None:
                     slots.insert(0, slot)
+                    problems += bool(job.get("running") or job.get("not_started"))  # not finished by this command
                     continue
                 count += 1
                 running[slot] = (proc, job)
-                if interrupts[0]:  # Ctrl-C came while it was starting
-                    proc.send_signal(signal.SIGINT)
+                if interrupts[0]:  # a signal came while it was starting
+                    proc.send_signal(interrupts[0])
                 print(f"[{count}/{count + len(todo)}] start {label(job)} on {device}: {shown(job['command'])}",
                       flush=True)
             time.sleep(0.1)
@@ -393,20 +539,21 @@ def run_jobs(jobs, args, argv):
                     continue
                 del running[slot]
                 slots.append(slot)
-                problems += report_end(job, code)
+                problems += report_end(job, code, interrupts[0])
     finally:
-        signal.signal(signal.SIGINT, previous)
+        run_folder.restore_signals(previous)
     if interrupts[0]:
-        print(f"interrupted: the stopped runs kept their checkpoints; continue with: "
-              f"python tools/reproduce.py {shlex.join(argv)}", file=sys.stderr, flush=True)
-    return problems, bool(interrupts[0])
+        run_folder._say(f"{run_folder.stopped_by(interrupts[0])}: the stopped runs kept their checkpoints; "
+                        f"continue with: python tools/reproduce.py {shlex.join(argv)}")
+    return problems, interrupts[0]
 
 
-def report_end(job, code):
-    """One line on how a run ended; 1 if it failed or did not finish, else 0."""
+def report_end(job, code, passed_on=0):
+    """One line on how a run ended; 1 if it failed or did not finish, else 0. ``passed_on``: the signal
+    reproduce.py passed on to its runs (0: none)."""
     folder, state = current_run(job)
-    if code in (130, -signal.SIGINT):  # Ctrl-C: a checkpoint was written (or it stopped while starting)
-        print(f"stopped: {label(job)} ({folder or 'no run folder yet'})", file=sys.stderr, flush=True)
+    if passed_on and code in (128 + passed_on, -passed_on):  # a checkpoint was written (or it stopped while starting)
+        run_folder._say(f"stopped: {label(job)} ({run_folder.quoted(folder or 'no run folder yet')})")
         return 0
     if code in (143, 129, -signal.SIGTERM, -signal.SIGHUP):  # stopped from outside (a scheduler): resumable
         print(f"stopped by a signal (exit {code}): {label(job)} ({folder or 'no run folder yet'}); run the same "
@@ -460,8 +607,7 @@ def hardware(run, job):
     config = config or {}
     if str(config.get("device", "")).startswith("cuda"):
         return str(config.get("device_name", "GPU"))
-    record, _ = compare.read_json(os.path.join(job["dir"], "reproduce.json"))
-    launches = (record or {}).get("launches") or [{}]
+    launches = read_launches(job) or [{}]
     cpu, threads = launches[-1].get("cpu"), launches[-1].get("threads")
     if cpu and threads:
         return f"{cpu}, {threads} torch thread{'s' if threads > 1 else ''}"
@@ -687,8 +833,8 @@ def write_paper_tables(tables, target):
 # ----------------------------------------------------------------------------- main
 
 def main(argv=None, tables=None):
-    """Returns the exit status: 0, 1 (a run failed or did not finish), 130 (Ctrl-C); bad input
-    exits with status 2 and one line."""
+    """Returns the exit status: 0, 1 (a run failed or did not finish), 130, 143, 129 (Ctrl-C, SIGTERM, SIGHUP,
+    passed on to the runs); bad input exits with status 2 and one line."""
     argv = sys.argv[1:] if argv is None else list(argv)
     tables = paper_tables.TABLES if tables is None else tables
     args = parse_args(argv, tables)
@@ -700,7 +846,8 @@ def main(argv=None, tables=None):
         return 0
     table = tables[args.table]
     jobs = table_jobs(args.table, table, args)
-    check_settings(jobs)
+    check_paths(args.table, table, jobs, args)
+    check_settings(jobs, report_only=args.report)
     if args.dry_run:
         dry_run(args.table, table, jobs, args)
         return 0
@@ -721,12 +868,12 @@ def main(argv=None, tables=None):
     except OSError as e:
         fail(f"cannot create {table_dir} ({e.strerror})")
     try:
-        problems, interrupted = run_jobs(jobs, args, argv)
+        problems, stopped = run_jobs(jobs, args, argv)
     finally:
         with contextlib.suppress(OSError):
             os.remove(lock)
-    if interrupted:
-        return 130
+    if stopped:
+        return 128 + stopped
     report(args.table, table, jobs, args)
     if problems:
         print(f"{problems} of {len(jobs)} runs failed or did not finish; see the lines above", file=sys.stderr)
@@ -735,8 +882,19 @@ def main(argv=None, tables=None):
 
 
 if __name__ == "__main__":
+    # Ctrl-C, SIGTERM, SIGHUP outside run_jobs (which passes them on to the runs): one line, 130, 143, 129
+    run_folder.handle_stop_signals(run_folder._stop_at_once)
     try:
         sys.exit(main())
+    except run_folder.Stopped as e:
+        run_folder.handle_stop_signals(signal.SIG_IGN)
+        run_folder._say(f"{run_folder.stopped_by(e.signum)}; no run of the table is running (the same command "
+                        "continues it)")
+        sys.exit(128 + e.signum)
     except BrokenPipeError:  # output piped into head or the like: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    except OSError as e:  # a file reproduce.py writes (the report, a curve) cannot be written: a fault, one line
+        run_folder._say(f"error: cannot write {run_folder.quoted(e.filename or '?')} ({e.strerror or e}); "
+                        "the runs are kept")
         sys.exit(1)

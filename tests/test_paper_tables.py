@@ -73,7 +73,9 @@ def test_table_ids_and_keys():
 
 
 def check_metric(metric, where):
-    assert isinstance(metric, dict) and set(metric) == {"summary", "column", "protocol"}, where
+    assert isinstance(metric, dict) and {"summary", "column", "protocol"} <= set(metric), where
+    assert set(metric) - {"summary", "column", "protocol"} <= {"compare"}, where
+    assert metric.get("compare", "ratio to the first method") == "ratio to the first method", where
     assert metric["summary"] in SUMMARIES, where
     assert isinstance(metric["column"], str) and metric["column"], where
     assert isinstance(metric["protocol"], str) and len(metric["protocol"]) > 20, where

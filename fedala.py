@@ -46,8 +46,8 @@ def parse_args(argv=None):
     a("--s", type=float, default=80, help="percent of the client's train data used by ALA each round")
     a("--p", type=int, default=1, help="ALA range: the top p layers (p=1: the last Linear layer)")
     a("--threshold", type=float, default=0.01,
-      help="initial stage stops when the std of the last --num-pre-loss epoch losses is below this; 0.01 is the "
-           "paper's: \"we set it to 0.01 in our paper by default\" (TsingZ0/FedALA README.md @ a7a9b21)")
+      help="initial stage stops when the std of the last --num-pre-loss epoch losses is below this (default: "
+           "0.01, the paper's: \"we set it to 0.01 in our paper by default\" TsingZ0/FedALA README.md @ a7a9b21)")
     a("--num-pre-loss", type=int, default=10, help="epoch losses looked at by the initial-stage rule")
     a("--max-init-epochs", type=int, default=100,
       help="ours, not the paper's: hard cap on the initial stage's weight-learning epochs, because \"a small "

@@ -1,6 +1,7 @@
 """FedALA: Eq. (4) initialisation, Eq. (5)/(7) weight learning, the range p, Alg. 1's stages,
 the subset, personalisation against FedAvg, and the command line (quick start, resume)."""
 import copy
+import inspect
 import json
 import os
 import time
@@ -351,6 +352,17 @@ def test_defaults_follow_the_paper():
     for flags in (["mnist"], ["agnews"], ["tinyimagenet", "--model", "resnet18"]):
         assert fedala.parse_args(["--dataset", *flags]).lr == 0.1
     assert fedala.parse_args(["--dataset", "mnist", "--lr", "0.01"]).lr == 0.01
+
+
+def test_threshold_is_the_papers_and_help_cites_it(capsys):
+    """0.01: "we set it to 0.01 in our paper by default" (TsingZ0/FedALA README.md); the cap is ours."""
+    assert fedala.parse_args(["--dataset", "synthetic"]).threshold == 0.01
+    assert inspect.signature(fedala.ALA).parameters["threshold"].default == 0.01
+    with pytest.raises(SystemExit):
+        fedala.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "default: 0.01" in text and "we set it to 0.01 in our paper by default" in text
+    assert "TsingZ0/FedALA README.md" in text and "ours, not the paper's" in text
 
 
 def test_clients_in_parallel_give_the_same_rounds_as_one_at_a_time():

@@ -367,3 +367,10 @@ def test_one_run_is_singular(capsys):
     reproduce.list_tables(tables)
     assert "(1 cell, 1 run per seed, 2 rounds)" in capsys.readouterr().out
     assert reproduce.plural(2, "run") == "2 runs" and reproduce.plural(0, "cell") == "0 cells"
+
+
+def test_a_flag_with_several_values_is_one_setting():
+    """fedpake.py --ablate micro macro (Table 4's row without both) is another setting than --ablate micro."""
+    assert reproduce.given_flags(["--ablate", "micro", "macro", "--lr", "-0.5", "--no-ala"]) == \
+        {"ablate": ["micro", "macro"], "lr": "-0.5", "no_ala": True}
+    assert reproduce.given_flags(["--ablate", "micro"]) == {"ablate": "micro"}

@@ -212,16 +212,18 @@ def current_run(job):
 
 def given_flags(tokens):
     """{dest: value} of a command line's flags as argparse would take them (the last one wins);
-    a flag without a value is True."""
+    a flag without a value is True, one with several (``--ablate micro macro``) a list."""
     flags, i = {}, 0
     while i < len(tokens):
         token = tokens[i]
         if token.startswith("--"):
             name, eq, value = token[2:].partition("=")
             if not eq:
-                has_value = i + 1 < len(tokens) and not tokens[i + 1].startswith("--")
-                value = tokens[i + 1] if has_value else True
-                i += has_value
+                values = []
+                while i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+                    i += 1
+                    values.append(tokens[i])
+                value = True if not values else values[0] if len(values) == 1 else values
             flags[name.replace("-", "_")] = value
         i += 1
     return flags

@@ -19,7 +19,9 @@ aggregation of the trained local models (l. 16-18).
 
 Evaluated model: each joining client's ALA-initialised model, before local training, on the
 client's own test data; a client not joining the round is evaluated with its current local
-model (its last trained one). Headline: the best pooled test accuracy over rounds.
+model (its last trained one). Headline: the best pooled test accuracy over rounds. Also logged:
+global_model_acc, the aggregated global model (l. 18) on every client's test data, pooled, which
+is how FedPake's Tables 1-3 report FedALA (FedPake App. C.2: the global model of every method).
 
     python fedala.py --dataset synthetic --rounds 20        # offline quick start
     python fedala.py --dataset cifar10 --beta 0.1           # Table 2, Dir(0.1) CIFAR-10
@@ -181,6 +183,12 @@ def client_update(model, global_model, local_state, ala, data, client, args, rou
     return common.flatten_state(model, out=out), loss, ala_epochs, result
 
 
+def global_model_accuracy(global_model, data):
+    """The aggregated global model Theta (Alg. 1 l. 18) on every client's own test data, pooled
+    (correct over all test samples, %): FedALA as FedPake's Tables 1-3 evaluate it."""
+    return common.accuracy_metrics(*common.evaluate(global_model, data, data.test_idx))["test_acc"]
+
+
 def main(argv=None):
     args = parse_args(argv)
     device = common.resolve_device(args.device)
@@ -225,7 +233,8 @@ def main(argv=None):
                 results[client] = common.evaluate(pool.models[0], data, [data.test_idx[client]])
             totals = [torch.cat([results[c][i] for c in range(args.num_clients)]) for i in range(3)]
             run.log(round_, {**common.accuracy_metrics(*totals), "train_loss": sum(losses) / len(losses),
-                             "ala_epochs": sum(u[2] for u in updates) / len(updates)})
+                             "ala_epochs": sum(u[2] for u in updates) / len(updates),
+                             "global_model_acc": global_model_accuracy(global_model, data)})
         run.checkpoint(round_, state, rng)
         if run.stop_requested(round_):  # Ctrl-C: this round's checkpoint is written
             return run.stop(round_)

@@ -492,7 +492,8 @@ def fedala_round(job, server, clients, round_, evaluate, send):
                                                                        for c in others}).items()})
     totals = [torch.cat([results[c][k] for c in sorted(results)]) for k in EVAL_KEYS]
     return ({**common.accuracy_metrics(*totals), "train_loss": sum(losses) / len(losses),
-             "ala_epochs": sum(replies[c][1]["ala_epochs"] for c in clients) / len(clients)}, *traffic)
+             "ala_epochs": sum(replies[c][1]["ala_epochs"] for c in clients) / len(clients),
+             "global_model_acc": job.module.global_model_accuracy(global_model, job.data)}, *traffic)
 
 
 def pfedla_setup(job, server):

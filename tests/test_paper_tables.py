@@ -21,7 +21,7 @@ SUMMARIES = {"best", "final", "last10"}
 COMMON_COLUMNS = {"round", "test_acc", "test_acc_mean", "test_acc_std", "test_loss", "train_loss", "seconds",
                   "sec_per_round", "mb_down", "mb_up", "host_mb", "mb_total"}
 COLUMNS = {"fedavg.py": COMMON_COLUMNS,
-           "fedala.py": COMMON_COLUMNS | {"ala_epochs"},
+           "fedala.py": COMMON_COLUMNS | {"ala_epochs", "global_model_acc"},
            "pfedla.py": COMMON_COLUMNS | {"self_weight"},
            "fedpake.py": COMMON_COLUMNS | {"high_fraction", "macro_classes", "agg_seconds"},
            "fedacd.py": COMMON_COLUMNS | {"local_kl", "score_min", "score_max", "local_risk"}}

@@ -428,7 +428,9 @@ def fedavg_round(job, server, clients, round_, evaluate, send):
     metrics, up = {}, 0
     if job.algorithm == "fedacd":
         scores = [torch.tensor(replies[c][1]["score"], dtype=torch.float64, device=job.device) for c in clients]
-        new_global, up = m.server_update(states, scores, args.uniform_agg), 8 * len(clients)  # + the score V_m
+        num_samples = [len(job.data.train_idx[c]) for c in clients] if args.fedavg else None
+        new_global = m.server_update(states, scores, args.uniform_agg, num_samples)
+        up = 0 if args.fedavg else 8 * len(clients)  # + the score V_m, which FedAvg's server does not need
         if evaluate:
             kls, risks = ([replies[c][1][k] for c in clients] for k in ("kl", "local_risk"))
             mean = lambda values: float(torch.tensor(values, dtype=torch.float64).mean())

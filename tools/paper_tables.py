@@ -984,8 +984,8 @@ TABLES = {
              ]},
         ],
     },
-    # FedAvg's row (0.41, 0.57, 0.70 / 0.69, 0.77, 0.82 / 0.68, 0.79, 0.86) is left out: fedavg.py does not
-    # write local_risk (LEFT_OUT).
+    # FedAvg's row is fedacd.py --fedavg --no-mixup: FedAvg (cross-entropy, sample-weighted mean, no mixup) with
+    # FedACD's local_risk.
     "fedacd-t3": {
         "title": "FedACD (IJCAI 2025) Table 3: average risk of the local models on the distributions "
                  "over clients, 20 clients, 40% participation, Dir(beta)",
@@ -1004,54 +1004,72 @@ TABLES = {
                        "--weight-decay", "1e-5"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.25, "paper_std": 0.017},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.41,
+                  "paper_std": 0.033},
              ]},
             {"name": "cifar10-dir0.1",
              "flags": ["--dataset", "cifar10", "--beta", "0.1", "--model", "simplecnn",
                        "--weight-decay", "1e-5"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.31, "paper_std": 0.012},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.57,
+                  "paper_std": 0.019},
              ]},
             {"name": "cifar10-dir0.05",
              "flags": ["--dataset", "cifar10", "--beta", "0.05", "--model", "simplecnn",
                        "--weight-decay", "1e-5"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.39, "paper_std": 0.031},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.70,
+                  "paper_std": 0.02},
              ]},
             {"name": "cifar100-dir0.3",
              "flags": ["--dataset", "cifar100", "--beta", "0.3", "--model", "simplecnn",
                        "--weight-decay", "1e-5"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.60, "paper_std": 0.003},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.69,
+                  "paper_std": 0.006},
              ]},
             {"name": "cifar100-dir0.1",
              "flags": ["--dataset", "cifar100", "--beta", "0.1", "--model", "simplecnn",
                        "--weight-decay", "1e-5"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.67, "paper_std": 0.005},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.77,
+                  "paper_std": 0.006},
              ]},
             {"name": "cifar100-dir0.05",
              "flags": ["--dataset", "cifar100", "--beta", "0.05", "--model", "simplecnn",
                        "--weight-decay", "1e-5"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.74, "paper_std": 0.01},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.82,
+                  "paper_std": 0.001},
              ]},
             {"name": "tinyimagenet-dir0.3",
              "flags": ["--dataset", "tinyimagenet", "--beta", "0.3", "--model", "resnet18",
                        "--weight-decay", "1e-3"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.64, "paper_std": 0.001},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.68,
+                  "paper_std": 0.004},
              ]},
             {"name": "tinyimagenet-dir0.1",
              "flags": ["--dataset", "tinyimagenet", "--beta", "0.1", "--model", "resnet18",
                        "--weight-decay", "1e-3"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.73, "paper_std": 0.002},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.79,
+                  "paper_std": 0.006},
              ]},
             {"name": "tinyimagenet-dir0.05",
              "flags": ["--dataset", "tinyimagenet", "--beta", "0.05", "--model", "resnet18",
                        "--weight-decay", "1e-3"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.80, "paper_std": 0.004},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.86,
+                  "paper_std": 0.004},
              ]},
         ],
     },
@@ -1115,8 +1133,9 @@ TABLES = {
              ]},
         ],
     },
-    # Table 5: FedAvg w/ Input Mixup is left out (fedavg.py has no mixup; LEFT_OUT), as are FedROD, FedLC and
-    # FedNH. FedACD w/ Input Mixup and FedAvg w/o Input Mixup are Table 1's rows, the same runs.
+    # Table 5: FedAvg w/ Input Mixup is fedacd.py --fedavg (FedAvg's loss and aggregation, FedACD's mixup); its
+    # CIFAR-10 Dir(0.05) and Tiny-ImageNet Dir(0.1), Dir(0.05) numbers are not legible. FedROD, FedLC and FedNH
+    # are not implemented. FedACD w/ Input Mixup and FedAvg w/o Input Mixup are Table 1's rows, the same runs.
     "fedacd-t5": {
         "title": "FedACD (IJCAI 2025) Table 5: accuracy (%) of the global model on the uniform test "
                  "set, with and without input mixup, Dir(beta)",
@@ -1133,6 +1152,8 @@ TABLES = {
                   "paper_std": 0.41},
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 79.57, "paper_std": 0.02},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 75.63, "paper_std": 0.75},
+                 {"method": "FedAvg w/ Input Mixup", "script": "fedacd.py", "flags": ["--fedavg"], "paper": 73.44,
+                  "paper_std": 2.2},
              ]},
             {"name": "cifar10-dir0.1",
              "flags": ["--dataset", "cifar10", "--beta", "0.1", "--model", "simplecnn",
@@ -1142,6 +1163,8 @@ TABLES = {
                   "paper_std": 0.38},
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 73.13, "paper_std": 0.52},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 68.35, "paper_std": 2.43},
+                 {"method": "FedAvg w/ Input Mixup", "script": "fedacd.py", "flags": ["--fedavg"], "paper": 66.13,
+                  "paper_std": 2.62},
              ]},
             {"name": "cifar10-dir0.05",
              "flags": ["--dataset", "cifar10", "--beta", "0.05", "--model", "simplecnn",
@@ -1160,6 +1183,8 @@ TABLES = {
                   "paper_std": 0.30},
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 49.08, "paper_std": 0.08},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 41.97, "paper_std": 0.24},
+                 {"method": "FedAvg w/ Input Mixup", "script": "fedacd.py", "flags": ["--fedavg"], "paper": 46.43,
+                  "paper_std": 0.49},
              ]},
             {"name": "cifar100-dir0.1",
              "flags": ["--dataset", "cifar100", "--beta", "0.1", "--model", "simplecnn",
@@ -1169,6 +1194,8 @@ TABLES = {
                   "paper_std": 0.26},
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 46.24, "paper_std": 0.17},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 39.57, "paper_std": 0.60},
+                 {"method": "FedAvg w/ Input Mixup", "script": "fedacd.py", "flags": ["--fedavg"], "paper": 41.41,
+                  "paper_std": 0.54},
              ]},
             {"name": "cifar100-dir0.05",
              "flags": ["--dataset", "cifar100", "--beta", "0.05", "--model", "simplecnn",
@@ -1178,6 +1205,8 @@ TABLES = {
                   "paper_std": 0.24},
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 43.22, "paper_std": 0.46},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 38.12, "paper_std": 0.11},
+                 {"method": "FedAvg w/ Input Mixup", "script": "fedacd.py", "flags": ["--fedavg"], "paper": 37.17,
+                  "paper_std": 1.13},
              ]},
             {"name": "tinyimagenet-dir0.3",
              "flags": ["--dataset", "tinyimagenet", "--beta", "0.3", "--model", "resnet18",
@@ -1187,6 +1216,8 @@ TABLES = {
                   "paper_std": 0.36},
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 49.62, "paper_std": 0.32},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 45.76, "paper_std": 0.21},
+                 {"method": "FedAvg w/ Input Mixup", "script": "fedacd.py", "flags": ["--fedavg"], "paper": 47.36,
+                  "paper_std": 0.36},
              ]},
             {"name": "tinyimagenet-dir0.1",
              "flags": ["--dataset", "tinyimagenet", "--beta", "0.1", "--model", "resnet18",
@@ -1323,8 +1354,8 @@ TABLES = {
              ]},
         ],
     },
-    # Table 9: FedAvg's row (4.06, 4.99, 5.59) is left out: fedavg.py does not write local_kl (LEFT_OUT); the
-    # other rows are methods we do not implement.
+    # Table 9: FedAvg's row is fedacd.py --fedavg --no-mixup (FedAvg with FedACD's local_kl); the other rows are
+    # methods we do not implement.
     "fedacd-t9": {
         "title": "FedACD (IJCAI 2025) Table 9: KL divergence between the probability matrix P^m and the template "
                  "matrix Q, CIFAR-100, Dir(beta)",
@@ -1340,16 +1371,22 @@ TABLES = {
              "flags": ["--dataset", "cifar100", "--beta", "0.3", "--model", "simplecnn", "--weight-decay", "1e-5"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.83, "paper_std": 0.01},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 4.06,
+                  "paper_std": 0.05},
              ]},
             {"name": "cifar100-dir0.1",
              "flags": ["--dataset", "cifar100", "--beta", "0.1", "--model", "simplecnn", "--weight-decay", "1e-5"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.70, "paper_std": 0.02},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 4.99,
+                  "paper_std": 0.09},
              ]},
             {"name": "cifar100-dir0.05",
              "flags": ["--dataset", "cifar100", "--beta", "0.05", "--model", "simplecnn", "--weight-decay", "1e-5"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.60, "paper_std": 0.03},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 5.59,
+                  "paper_std": 0.16},
              ]},
         ],
     },
@@ -1387,41 +1424,4 @@ LEFT_OUT = [
      "why": _MID_BETA},
     {"table": "fedpake-t3", "cell": "cifar100-middle-beta", "method": "FedALA", "paper": 36.32, "paper_std": 0.15,
      "why": _MID_BETA},
-    {"table": "fedacd-t3", "cell": "cifar10-dir0.3", "method": "FedAvg", "paper": 0.41, "paper_std": 0.033,
-     "why": "fedavg.py does not write local_risk"},
-    {"table": "fedacd-t3", "cell": "cifar10-dir0.1", "method": "FedAvg", "paper": 0.57, "paper_std": 0.019,
-     "why": "fedavg.py does not write local_risk"},
-    {"table": "fedacd-t3", "cell": "cifar10-dir0.05", "method": "FedAvg", "paper": 0.70, "paper_std": 0.020,
-     "why": "fedavg.py does not write local_risk"},
-    {"table": "fedacd-t3", "cell": "cifar100-dir0.3", "method": "FedAvg", "paper": 0.69, "paper_std": 0.006,
-     "why": "fedavg.py does not write local_risk"},
-    {"table": "fedacd-t3", "cell": "cifar100-dir0.1", "method": "FedAvg", "paper": 0.77, "paper_std": 0.006,
-     "why": "fedavg.py does not write local_risk"},
-    {"table": "fedacd-t3", "cell": "cifar100-dir0.05", "method": "FedAvg", "paper": 0.82, "paper_std": 0.001,
-     "why": "fedavg.py does not write local_risk"},
-    {"table": "fedacd-t3", "cell": "tinyimagenet-dir0.3", "method": "FedAvg", "paper": 0.68, "paper_std": 0.004,
-     "why": "fedavg.py does not write local_risk"},
-    {"table": "fedacd-t3", "cell": "tinyimagenet-dir0.1", "method": "FedAvg", "paper": 0.79, "paper_std": 0.006,
-     "why": "fedavg.py does not write local_risk"},
-    {"table": "fedacd-t3", "cell": "tinyimagenet-dir0.05", "method": "FedAvg", "paper": 0.86, "paper_std": 0.004,
-     "why": "fedavg.py does not write local_risk"},
-    # Table 5's FedAvg w/ Input Mixup: CIFAR-10 Dir(0.05) and Tiny-ImageNet Dir(0.1), Dir(0.05) are not legible.
-    {"table": "fedacd-t5", "cell": "cifar10-dir0.3", "method": "FedAvg w/ Input Mixup", "paper": 73.44,
-     "paper_std": 2.20, "why": "fedavg.py has no input mixup"},
-    {"table": "fedacd-t5", "cell": "cifar10-dir0.1", "method": "FedAvg w/ Input Mixup", "paper": 66.13,
-     "paper_std": 2.62, "why": "fedavg.py has no input mixup"},
-    {"table": "fedacd-t5", "cell": "cifar100-dir0.3", "method": "FedAvg w/ Input Mixup", "paper": 46.43,
-     "paper_std": 0.49, "why": "fedavg.py has no input mixup"},
-    {"table": "fedacd-t5", "cell": "cifar100-dir0.1", "method": "FedAvg w/ Input Mixup", "paper": 41.41,
-     "paper_std": 0.54, "why": "fedavg.py has no input mixup"},
-    {"table": "fedacd-t5", "cell": "cifar100-dir0.05", "method": "FedAvg w/ Input Mixup", "paper": 37.17,
-     "paper_std": 1.13, "why": "fedavg.py has no input mixup"},
-    {"table": "fedacd-t5", "cell": "tinyimagenet-dir0.3", "method": "FedAvg w/ Input Mixup", "paper": 47.36,
-     "paper_std": 0.36, "why": "fedavg.py has no input mixup"},
-    {"table": "fedacd-t9", "cell": "cifar100-dir0.3", "method": "FedAvg", "paper": 4.06, "paper_std": 0.05,
-     "why": "fedavg.py does not write local_kl"},
-    {"table": "fedacd-t9", "cell": "cifar100-dir0.1", "method": "FedAvg", "paper": 4.99, "paper_std": 0.09,
-     "why": "fedavg.py does not write local_kl"},
-    {"table": "fedacd-t9", "cell": "cifar100-dir0.05", "method": "FedAvg", "paper": 5.59, "paper_std": 0.16,
-     "why": "fedavg.py does not write local_kl"},
 ]

@@ -53,8 +53,8 @@ def parse_args(argv=None):
       help="turn input mixup off (Table 5, w/o Input Mixup; default: mixup on)")
     a("--uniform-agg", action="store_true", help="plain mean of the local models (FedACD_base)")
     a("--fedavg", action="store_true",
-      help="FedAvg with FedACD's diagnostics (Tables 3, 5, 9): cross-entropy and the sample-weighted mean in "
-           "place of Eq. (9) and (11); local_risk and local_kl still logged; mixup as --no-mixup says")
+      help="FedAvg with FedACD's diagnostics (Tables 3, 5, 9): cross-entropy and the sample-weighted mean in place of "
+           "FedACD's loss and score weights; local_risk and local_kl still logged; mixup as --no-mixup says")
     a("--score-kl", default="mean", choices=["mean", "sum"],
       help="KL(P^m||Q) in the score V_m: mean over the client's present rows (Table 9's scale) or their sum")
     return common.parse_args(parser, argv, resolve, checks=lambda args: [
@@ -101,16 +101,17 @@ def fedacd_loss(logits, y, delta, lam):
     return flattening_loss(logits, y) + lam * adjusted_margin_loss(logits, y, delta)
 
 
-def batch_loss(logits, y_a, y_b, mix, delta, args):
-    """The minibatch loss of the local update: the batch mean of FedACD's L (Eq. 9) or, under
-    --fedavg, of FedAvg's cross-entropy; with input mixup, mix * loss(y_a) + (1 - mix) * loss(y_b)."""
-    if args.fedavg and not args.mixup:
+def batch_loss(logits, y_a, y_b, mix, delta, lam, fedavg=False, mixup=True):
+    """The minibatch loss of the local update: the batch mean of FedACD's L (Eq. 9) or, with
+    ``fedavg`` (--fedavg), of FedAvg's cross-entropy; with input mixup, mix * loss(y_a) +
+    (1 - mix) * loss(y_b)."""
+    if fedavg and not mixup:
         return F.cross_entropy(logits, y_a)  # fedavg.py's loss, to the bit
 
     def per_sample(logits, y):
-        return F.cross_entropy(logits, y, reduction="none") if args.fedavg else fedacd_loss(logits, y, delta, args.lam)
+        return F.cross_entropy(logits, y, reduction="none") if fedavg else fedacd_loss(logits, y, delta, lam)
 
-    if not args.mixup:
+    if not mixup:
         return per_sample(logits, y_a).mean()
     per_label = per_sample(logits.repeat(2, 1), torch.cat([y_a, y_b])).view(2, -1).mean(1)  # both labels, one call
     return mix * per_label[0] + (1 - mix) * per_label[1]
@@ -211,7 +212,7 @@ def local_train(model, data, idx, present, args, batch_seed, mixup_seed):
             mix, perm = mixes[step], perms[step]
             x, y_b = mix * x + (1 - mix) * x[perm], y_a[perm]
         logits = model(x)
-        loss = batch_loss(logits, y_a, y_b, mix, delta, args)
+        loss = batch_loss(logits, y_a, y_b, mix, delta, args.lam, args.fedavg, args.mixup)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -187,17 +187,15 @@ def test_local_training_mixes_losses_and_accumulates_p_with_mixup_weights(mixup)
 def test_fedavg_flag_loss_is_cross_entropy_mixed_as_input_mixup_mixes_it():
     """--fedavg (Tables 3, 5, 9): FedAvg's cross-entropy, no L1 and no margins; with input mixup
     (Table 5) mix * CE(y_a) + (1 - mix) * CE(y_b), computed here by hand from log-softmax."""
-    args = fedacd.parse_args(["--dataset", "synthetic", "--fedavg"])
     g = torch.Generator().manual_seed(3)
     logits, y_a, y_b = torch.randn(7, 5, generator=g), torch.randint(5, (7,), generator=g), torch.randint(5, (7,), generator=g)
     delta = torch.rand(5, 5, generator=g) + 0.5  # would change FedACD's L2; FedAvg ignores it
     by_hand = lambda y: -F.log_softmax(logits, 1)[torch.arange(7), y].mean()
-    assert args.mixup and fedacd.batch_loss(logits, y_a, y_b, 0.3, delta, args).item() == \
+    assert fedacd.batch_loss(logits, y_a, y_b, 0.3, delta, 1.0, fedavg=True, mixup=True).item() == \
         pytest.approx((0.3 * by_hand(y_a) + 0.7 * by_hand(y_b)).item(), rel=1e-6)
-    args.mixup = False
-    assert torch.equal(fedacd.batch_loss(logits, y_a, y_a, 1.0, delta, args), F.cross_entropy(logits, y_a))
-    fedacd_args = fedacd.parse_args(["--dataset", "synthetic", "--no-mixup"])
-    assert fedacd.batch_loss(logits, y_a, y_a, 1.0, delta, fedacd_args).item() == \
+    assert torch.equal(fedacd.batch_loss(logits, y_a, y_a, 1.0, delta, 1.0, fedavg=True, mixup=False),
+                       F.cross_entropy(logits, y_a))
+    assert fedacd.batch_loss(logits, y_a, y_a, 1.0, delta, 1.0, fedavg=False, mixup=False).item() == \
         pytest.approx(fedacd.fedacd_loss(logits, y_a, delta, 1.0).mean().item())
 
 

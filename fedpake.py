@@ -255,7 +255,8 @@ def main(argv=None):
     print(f"[fedpake] model {global_model.__class__.__name__}: {common.flatten_state(global_model).numel()} "
           f"parameters, {model_bytes / 2**20:.2f} MB; {len(pool)} client(s) at a time; kappa {args.kappa}, "
           f"n_micro {args.n_micro}, n_macro {args.n_macro}, delta {args.delta}"
-          + (f", ablate {' and '.join(args.ablate)}" if args.ablate else ""))
+          + (f", ablate {' and '.join([args.ablate] if isinstance(args.ablate, str) else args.ablate)}"
+             if args.ablate else ""))  # a run made before --ablate took two values saved one string
 
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)

@@ -173,7 +173,9 @@ RESUME_MAY_CHANGE = {"rounds", "device", "parallel_clients", "data_dir", "out", 
                      "checkpoint_every"}
 # flags added after run folders were made, with the value that runs made before them ran with: their
 # config.json and checkpoint lack the flag (--deterministic changes GPU results, so it may not change)
-ADDED_FLAGS = {"deterministic": "off"}  # before the flag, torch's own settings
+ADDED_FLAGS = {"deterministic": "off",  # before the flag, torch's own settings
+               "agnews_vocab": "train",  # AG News runs before the flag built the vocabulary from train texts
+               "fedavg": False}  # fedacd.py before --fedavg: FedACD
 
 
 def _given_flags(parser, argv):
@@ -740,7 +742,8 @@ class Run:
             if set(blob["state"]) != set(state) or blob["algorithm"] != self.algo:
                 raise ValueError("it holds another algorithm's state")
             fixed = self._fixed_args()
-            saved = {**ADDED_FLAGS, **blob["args"]} if "args" in blob else fixed  # checkpoints before 2026-11: none
+            added = {k: v for k, v in ADDED_FLAGS.items() if k in fixed}  # a flag of this script
+            saved = {**added, **blob["args"]} if "args" in blob else fixed  # checkpoints before 2026-11: none
             if saved != fixed:
                 differ = [k for k in fixed if saved.get(k) != fixed[k]]
                 raise ValueError(f"it was written by a run with other settings: {', '.join(differ) or 'other flags'}")

@@ -374,3 +374,23 @@ def test_a_flag_with_several_values_is_one_setting():
     assert reproduce.given_flags(["--ablate", "micro", "macro", "--lr", "-0.5", "--no-ala"]) == \
         {"ablate": ["micro", "macro"], "lr": "-0.5", "no_ala": True}
     assert reproduce.given_flags(["--ablate", "micro"]) == {"ablate": "micro"}
+
+
+def test_a_run_under_a_changed_default_is_another_setting(tmp_path):
+    """A finished FedALA run made at the former default --threshold 0.1: the same command line now runs
+    0.01 (the paper's), so the run is named as another setting, not taken as done."""
+    import fedala
+    (job,) = [j for j in jobs_of(tiny_tables(), tmp_path, seeds=(0,)) if j["method"] == "FedALA"]
+    command = reproduce.new_command(job, "auto")
+    args = vars(fedala.parse_args(command[2:]))
+    folder = tmp_path / "run"
+    os.makedirs(folder)
+
+    def write(threshold):
+        with open(folder / "config.json", "w") as f:
+            json.dump({"script": "fedala", "command": command[1:], "args": {**args, "threshold": threshold}}, f)
+
+    write(0.01)
+    assert reproduce.other_settings(job, str(folder)) == []
+    write(0.1)
+    assert reproduce.other_settings(job, str(folder)) == ["--threshold 0.1 (now 0.01; a default changed)"]

@@ -17,6 +17,7 @@ reported too. Details: docs/results.md.
 """
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import platform
@@ -255,10 +256,26 @@ def other_settings(job, folder):
     differ = [f"--{k.replace('_', '-')} {saved.get(k, 'not given')} (now {now.get(k, 'not given')})"
               for k in sorted(set(saved) | set(now))
               if k not in run_folder.RESUME_MAY_CHANGE and not same_value(saved.get(k), now.get(k))]
+    differ += changed_defaults(job, config["args"], set(saved) | set(now))
     planned = config["args"].get("rounds")
     if isinstance(planned, int) and planned > job["rounds"]:
         differ.append(f"--rounds {planned} (now {job['rounds']}; --rounds may only extend a run)")
     return differ
+
+
+def changed_defaults(job, saved_args, given):
+    """'--flag saved (now new)' for each setting the run took that the same command line would now
+    take otherwise: a default changed since (e.g. fedala.py --threshold 0.1, now 0.01). Settings
+    the run's config.json lacks (flags added since) take the value runs before them ran with."""
+    module = importlib.import_module(job["script"].removesuffix(".py"))
+    try:
+        now = vars(module.parse_args(new_command(job, "auto")[2:]))
+    except (common.UserError, SystemExit):
+        return []  # the command itself is refused when it runs, with its own line
+    saved = {**run_folder.ADDED_FLAGS, **saved_args}
+    return [f"--{k.replace('_', '-')} {saved[k]} (now {v}; a default changed)" for k, v in sorted(now.items())
+            if k not in run_folder.RESUME_MAY_CHANGE and k not in given and k in saved
+            and not same_value(saved[k], v)]
 
 
 def check_settings(jobs):

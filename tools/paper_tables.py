@@ -3,7 +3,8 @@
 #
 #   FedALA  Zhang et al., AAAI 2023: Tables 1, 2, 4, 6, 7 (Table 3 is time, Table 5 has no results)
 #   pFedLA  Ma et al., CVPR 2022: Tables 1, 2, 3
-#   FedPake "The Key of Parameter Skew in Federated Learning", arXiv 2408.11278 v2: Tables 1, 2, 3, 4
+#   FedPake "The Key of Parameter Skew in Federated Learning", arXiv 2408.11278 v2: Tables 1-4, appendix Table 6
+#           (appendix Table 5: NOT_RUN_TABLES)
 #   FedACD  Zhou et al., IJCAI 2025: Tables 1-9
 #
 # One run is

@@ -78,6 +78,10 @@ def base_parser(description, script=None, helps=None, **defaults):
       "synthetic (FedProx's Synthetic(1,1)), synthetic(ALPHA,BETA), synthetic(iid), or path/to/file.npz with x, y "
       "(optional x_test, y_test)")
     a("--data-dir", default="./data", help="where datasets are downloaded and read")
+    a("--agnews-vocab", default="authors", choices=["authors", "train"],
+      help="AG News vocabulary. authors (default): every word of the train and test texts, id 0 both padding "
+      "and unknown, as TsingZ0/PFLlib dataset/generate_agnews.py @ 45e310d; train (ours): the train texts' words, "
+      "unknown test words get id 1")
     a("--partition", default="dir", choices=["iid", "pat", "dir", "pfedla1", "pfedla2"], help="label partition")
     a("--beta", type=float, default=0.1, help="Dirichlet concentration for --partition dir")
     a("--classes-per-client", type=int, default=None,
@@ -280,17 +284,28 @@ class MLP(nn.Module):
 
 
 class FastText(nn.Module):
-    """Embedding(vocab, 32), mean over the non-padding tokens (id 0 pads), fc(32, 32), fc(32, classes)."""
+    """Embedding(vocab, 32), the mean embedding, fc(32, 32), fc(32, classes): the authors' fastText
+    (TsingZ0/FedALA system/flcore/trainmodel/models.py @ 7939ca7). ``mean_over="positions"`` (theirs,
+    what the scripts build) averages over all L positions of the (N, L) ids, padding included: id 0
+    embeds to zeros, so a text of n tokens gets its token sum / L. ``"tokens"`` (our earlier choice,
+    kept for comparison) averages over the n non-padding tokens."""
 
-    def __init__(self, vocab_size, num_classes, embed_dim=32, hidden=32):
+    def __init__(self, vocab_size, num_classes, embed_dim=32, hidden=32, mean_over="positions"):
         super().__init__()
+        if mean_over not in ("positions", "tokens"):
+            raise ValueError(f"mean_over is 'positions' or 'tokens', not {mean_over!r}")
+        self.mean_over = mean_over
         self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=0)
         self.fc1 = nn.Linear(embed_dim, hidden)
         self.fc = nn.Linear(hidden, num_classes)
 
     def forward(self, tokens):
-        mask = (tokens != 0).unsqueeze(-1).float()
-        mean = (self.embedding(tokens) * mask).sum(1) / mask.sum(1).clamp_min(1)
+        embedded = self.embedding(tokens)
+        if self.mean_over == "positions":
+            mean = embedded.mean(1)
+        else:
+            mask = (tokens != 0).unsqueeze(-1).float()
+            mean = (embedded * mask).sum(1) / mask.sum(1).clamp_min(1)
         return self.fc(self.fc1(mean))
 
 

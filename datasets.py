@@ -191,7 +191,7 @@ TINY_CACHE = "tiny-imagenet-200-uint8.npz"  # decoded once, then reused (delete 
 AGNEWS_URL = "https://raw.githubusercontent.com/mhjabreel/CharCnn_Keras/master/data/ag_news_csv/"
 AGNEWS_MAX_LEN = 200  # tokens per text: cut, or padded with PAD_ID (PFLlib's max_len for FedALA)
 AGNEWS_MIN_COUNT = 1  # a training word is in the vocabulary if seen this often; no size cap (torchtext default)
-PAD_ID, UNK_ID = 0, 1  # FastText averages over tokens != PAD_ID; UNK_ID is a learned embedding
+PAD_ID, UNK_ID = 0, 1  # id 0 pads (a zero embedding); UNK_ID: unknown words under --agnews-vocab train
 
 
 def _fetch(what, folder, expected, download):
@@ -382,20 +382,21 @@ def basic_english_tokens(text):
     return text.split()
 
 
-def build_vocab(token_lists, min_count=AGNEWS_MIN_COUNT):
+def build_vocab(token_lists, min_count=AGNEWS_MIN_COUNT, first_id=UNK_ID + 1):
     """word -> id for words seen at least ``min_count`` times, most frequent first (ties in
-    alphabetical order, as torchtext's build_vocab_from_iterator); ids start after PAD_ID, UNK_ID."""
+    alphabetical order, as torchtext's build_vocab_from_iterator); ids start at ``first_id``
+    (after PAD_ID and UNK_ID; 1 for the authors' vocabulary, whose only special, id 0, pads)."""
     from collections import Counter
     counts = Counter(t for tokens in token_lists for t in tokens)
     words = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
-    return {w: i for i, w in enumerate(words, start=UNK_ID + 1)}
+    return {w: i for i, w in enumerate(words, start=first_id)}
 
 
-def encode_tokens(token_lists, vocab, max_len=AGNEWS_MAX_LEN):
-    """(N, max_len) int64 ids: the first ``max_len`` tokens, unknown words -> UNK_ID, padded with PAD_ID."""
+def encode_tokens(token_lists, vocab, max_len=AGNEWS_MAX_LEN, unknown=UNK_ID):
+    """(N, max_len) int64 ids: the first ``max_len`` tokens, unknown words -> ``unknown``, padded with PAD_ID."""
     x = np.full((len(token_lists), max_len), PAD_ID, dtype=np.int64)
     for row, tokens in enumerate(token_lists):
-        ids = [vocab.get(t, UNK_ID) for t in tokens[:max_len]]
+        ids = [vocab.get(t, unknown) for t in tokens[:max_len]]
         x[row, :len(ids)] = ids
     return x
 
@@ -417,10 +418,13 @@ def _read_agnews_csv(path):
     return texts, np.array(labels, dtype=np.int64)
 
 
-def load_agnews(data_dir):
+def load_agnews(data_dir, vocabulary="authors"):
     """AG News (Zhang et al. 2015): 120k train and 7.6k test news texts, 4 classes, as
-    (N, 200) int64 token ids. The vocabulary is built from the training texts only; a test
-    word not in it becomes UNK_ID. Files: ``<data_dir>/ag_news_csv/{train,test}.csv``."""
+    (N, 200) int64 token ids. ``vocabulary="authors"``: built from the train and test texts
+    together, words from id 1, id 0 the "<unk>" that also pads (TsingZ0/PFLlib
+    dataset/generate_agnews.py @ 45e310d; no word is unknown then); ``"train"`` (ours): from the
+    training texts only, a test word not in it becomes UNK_ID.
+    Files: ``<data_dir>/ag_news_csv/{train,test}.csv``."""
     folder = os.path.join(data_dir, "ag_news_csv")
     paths = [os.path.join(folder, name) for name in ("train.csv", "test.csv")]
     for path in paths:
@@ -429,9 +433,13 @@ def load_agnews(data_dir):
                    lambda: _download(AGNEWS_URL + os.path.basename(path), path))
     (train_texts, y_train), (test_texts, y_test) = (_read_agnews_csv(p) for p in paths)
     train_tokens = [basic_english_tokens(t) for t in train_texts]
-    vocab = build_vocab(train_tokens)
-    return (encode_tokens(train_tokens, vocab), y_train,
-            encode_tokens([basic_english_tokens(t) for t in test_texts], vocab), y_test)
+    test_tokens = [basic_english_tokens(t) for t in test_texts]
+    if vocabulary == "authors":
+        vocab, unknown = build_vocab(train_tokens + test_tokens, first_id=PAD_ID + 1), PAD_ID
+    else:
+        vocab, unknown = build_vocab(train_tokens), UNK_ID
+    return (encode_tokens(train_tokens, vocab, unknown=unknown), y_train,
+            encode_tokens(test_tokens, vocab, unknown=unknown), y_test)
 
 
 LOADERS = {"tinyimagenet": load_tinyimagenet, "agnews": load_agnews}
@@ -631,15 +639,15 @@ def check_arrays(name, xtr, ytr, xte, yte, npz=False):
 
 # ----------------------------------------------------------------------------- every dataset, as tensors on clients
 
-def load_arrays(name, data_dir):
+def load_arrays(name, data_dir, agnews_vocab="authors"):
     """(x_train, y_train, x_test, y_test) as numpy arrays for a named dataset or an .npz file,
-    checked (``check_arrays``); labels int64."""
+    checked (``check_arrays``); labels int64. ``agnews_vocab``: see ``load_agnews``."""
     if (name in VISION or name in LOADERS) and os.path.exists(data_dir) and not os.path.isdir(data_dir):
         raise UserError(f"--data-dir {data_dir} is a file; it must name the folder the datasets are read from")
     if name in VISION:
         arrays = load_vision(name, data_dir)
     elif name in LOADERS:
-        arrays = LOADERS[name](data_dir)
+        arrays = load_agnews(data_dir, agnews_vocab) if name == "agnews" else LOADERS[name](data_dir)
     elif name.lower().endswith(".npz"):  # d.NPZ too
         if not os.path.isfile(name):
             if os.path.isdir(name):
@@ -752,7 +760,7 @@ def load_federated_data(args, device):
         # no official test set: under 'global' the union of the clients' test data stands in for it
         global_test = np.concatenate(test) if args.test_split == "global" else None
     else:
-        xtr, ytr, xte, yte = load_arrays(args.dataset, args.data_dir)
+        xtr, ytr, xte, yte = load_arrays(args.dataset, args.data_dir, getattr(args, "agnews_vocab", "authors"))
         num_classes = int(max(ytr.max(), yte.max() if len(yte) else 0)) + 1
         x = np.concatenate([xtr, xte]) if len(xte) else xtr
         y = np.concatenate([ytr, yte])

@@ -9,6 +9,10 @@ Each round (Eq. 11, Appendix A.1; our choices where the paper is silent: docs/fe
      averaged over the client's classes (Table 9's scale; --score-kl sum sums them);
   4. the server averages the local models with weights V_m / sum_k V_k (Eq. 11);
      --uniform-agg gives the plain mean (FedACD_base, Table 8).
+--fedavg is the FedAvg of FedACD's Tables 3, 5 and 9: plain cross-entropy in step 2 and the
+sample-weighted mean in step 4 (FedAvg, as fedavg.py), with step 3's diagnostics still logged;
+input mixup stays on unless --no-mixup (Table 5's "FedAvg w/ Input Mixup" keeps it, Tables 3
+and 9's plain FedAvg turn it off).
 Evaluation (--test-split global): the global model on the uniform test set (Table 1, the
 headline), on per-client test sets with each client's label proportions (Table 2), and
 the average risk of the round's local models over the client distributions (Table 3).
@@ -48,13 +52,17 @@ def parse_args(argv=None):
     a("--no-mixup", dest="mixup", action="store_false",
       help="turn input mixup off (Table 5, w/o Input Mixup; default: mixup on)")
     a("--uniform-agg", action="store_true", help="plain mean of the local models (FedACD_base)")
+    a("--fedavg", action="store_true",
+      help="FedAvg with FedACD's diagnostics (Tables 3, 5, 9): cross-entropy and the sample-weighted mean in place of "
+           "FedACD's loss and score weights; local_risk and local_kl still logged; mixup as --no-mixup says")
     a("--score-kl", default="mean", choices=["mean", "sum"],
       help="KL(P^m||Q) in the score V_m: mean over the client's present rows (Table 9's scale) or their sum")
     return common.parse_args(parser, argv, resolve, checks=lambda args: [
         (0 < args.tau < 1, f"--tau must be in (0, 1), got {args.tau}"),
         (math.isfinite(args.missing_delta) and args.missing_delta > 0,
          f"--missing-delta must be a finite number > 0, got {args.missing_delta}"),
-        (math.isfinite(args.lam) and args.lam >= 0, f"--lam must be a finite number >= 0, got {args.lam}")])
+        (math.isfinite(args.lam) and args.lam >= 0, f"--lam must be a finite number >= 0, got {args.lam}"),
+        (not (args.fedavg and args.uniform_agg), "--fedavg aggregates by sample counts: drop --uniform-agg")])
 
 
 # ----------------------------------------------------------------------------- local objective (Eq. 7-9)
@@ -91,6 +99,22 @@ def adjusted_margin_loss(logits, y, delta):
 def fedacd_loss(logits, y, delta, lam):
     """L = L1 + lambda L2, Eq. (9), per sample."""
     return flattening_loss(logits, y) + lam * adjusted_margin_loss(logits, y, delta)
+
+
+def batch_loss(logits, y_a, y_b, mix, delta, lam, fedavg=False, mixup=True):
+    """The minibatch loss of the local update: the batch mean of FedACD's L (Eq. 9) or, with
+    ``fedavg`` (--fedavg), of FedAvg's cross-entropy; with input mixup, mix * loss(y_a) +
+    (1 - mix) * loss(y_b)."""
+    if fedavg and not mixup:
+        return F.cross_entropy(logits, y_a)  # fedavg.py's loss, to the bit
+
+    def per_sample(logits, y):
+        return F.cross_entropy(logits, y, reduction="none") if fedavg else fedacd_loss(logits, y, delta, lam)
+
+    if not mixup:
+        return per_sample(logits, y_a).mean()
+    per_label = per_sample(logits.repeat(2, 1), torch.cat([y_a, y_b])).view(2, -1).mean(1)  # both labels, one call
+    return mix * per_label[0] + (1 - mix) * per_label[1]
 
 
 # ----------------------------------------------------------------------------- probability matrix P^m
@@ -188,11 +212,7 @@ def local_train(model, data, idx, present, args, batch_seed, mixup_seed):
             mix, perm = mixes[step], perms[step]
             x, y_b = mix * x + (1 - mix) * x[perm], y_a[perm]
         logits = model(x)
-        if args.mixup:  # mix * L(y_a) + (1 - mix) * L(y_b), both label sets in one call
-            per_label = fedacd_loss(logits.repeat(2, 1), torch.cat([y_a, y_b]), delta, args.lam).view(2, -1).mean(1)
-            loss = mix * per_label[0] + (1 - mix) * per_label[1]
-        else:
-            loss = fedacd_loss(logits, y_a, delta, args.lam).mean()
+        loss = batch_loss(logits, y_a, y_b, mix, delta, args.lam, args.fedavg, args.mixup)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -234,9 +254,11 @@ def client_update(model, global_state, data, client, present, args, round_, risk
     return common.flatten_state(model, out=out), loss, score, kl, local_risk
 
 
-def server_update(client_states, scores, uniform=False):
-    """The server's step: the score-weighted average of the local models (FedACD_base: the mean)."""
-    return common.weighted_average(common.as_rows(client_states), aggregation_weights(torch.stack(scores), uniform))
+def server_update(client_states, scores, uniform=False, num_samples=None):
+    """The server's step: the score-weighted average of the local models (FedACD_base: the mean);
+    given the clients' ``num_samples`` (--fedavg), FedAvg's sample-weighted mean instead."""
+    weights = num_samples if num_samples is not None else aggregation_weights(torch.stack(scores), uniform)
+    return common.weighted_average(common.as_rows(client_states), weights)
 
 
 def main(argv=None):
@@ -258,11 +280,13 @@ def main(argv=None):
     priors = counts / counts.sum(1, keepdim=True)  # pi^n of the average risk
     risk_test = data.global_test_idx if data.global_test_idx is not None else torch.cat(data.test_idx)
     class_test_idx = [risk_test[data.y[risk_test] == c] for c in range(data.num_classes)]
-    run = run_folder.Run("fedacd", args, data, device, headline_metric=HEADLINE_METRIC, headline=HEADLINE)
+    run = run_folder.Run("fedacd-fedavg" if args.fedavg else "fedacd", args, data, device, script="fedacd",
+                         headline_metric=HEADLINE_METRIC, headline=HEADLINE)
     state = {"global_model": global_model}
     start = run.resume(state, rng)
     print(f"[fedacd] model {global_model.__class__.__name__}: {common.flatten_state(global_model).numel()} "
-          f"parameters, {model_bytes / 2**20:.2f} MB; {len(pool)} client(s) at a time")
+          f"parameters, {model_bytes / 2**20:.2f} MB; {len(pool)} client(s) at a time"
+          + ("; --fedavg: FedAvg's loss and aggregation, FedACD's diagnostics" if args.fedavg else ""))
 
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
@@ -274,8 +298,11 @@ def main(argv=None):
                                                                round_, risk, out=row[client]), clients)
         losses = [common.check_finite(u[1], round_, client) for client, u in zip(clients, updates)]
         _, _, scores, kls, risks = zip(*updates)
-        common.load_flat_state(global_model, server_update(client_stack[:len(clients)], scores, args.uniform_agg))
-        run.add_bytes(down=model_bytes * len(clients), up=(model_bytes + 8) * len(clients))  # + the score V_m
+        num_samples = [len(data.train_idx[client]) for client in clients] if args.fedavg else None
+        common.load_flat_state(global_model, server_update(client_stack[:len(clients)], scores, args.uniform_agg,
+                                                           num_samples))
+        score_bytes = 0 if args.fedavg else 8  # FedAvg's server does not need the score V_m
+        run.add_bytes(down=model_bytes * len(clients), up=(model_bytes + score_bytes) * len(clients))
         if evaluate:
             scores = torch.stack(scores)
             run.log(round_, {**common.evaluate_global(global_model, data), "train_loss": sum(losses) / len(losses),

@@ -22,10 +22,11 @@ implemented exactly (docs/fedpake.md says what was reconstructed and why). Over 
      clients with MIC_kj = T_cj; the global value is the mean of the Macro-Class values
      weighted by each Macro-Class's sample count. Each client's weight is counted once.
 
-kappa = inf makes H empty and gives FedAvg bit for bit. --ablate micro|macro replaces the
-Micro- or Macro-Classes by random ones (Table 4), drawn afresh each round from (seed, round):
-micro, a uniform class in [0, n_micro) per client and parameter; macro, each client in a
-uniform one of n_macro Macro-Classes (empty ones dropped). Logged per evaluated round: the
+kappa = inf makes H empty and gives FedAvg bit for bit. --ablate micro, macro or both
+(`--ablate micro macro`) replaces the Micro-Classes, the Macro-Classes or both by random ones
+(Table 4's three ablated rows), drawn afresh each round from (seed, round): micro, a uniform
+class in [0, n_micro) per client and parameter; macro, each client in a uniform one of n_macro
+Macro-Classes (empty ones dropped). Logged per evaluated round: the
 share of parameters in H, the number of Macro-Classes and the aggregation time. The global
 model is evaluated on every client's test data; the paper reports the mean over the last
 10 rounds (the headline: last10_mean of test_acc).
@@ -62,8 +63,9 @@ def parse_args(argv=None):
       "(default: 4 on cifar10, 5 on cifar100, 8 on tinyimagenet, 4 otherwise)")
     a("--n-macro", type=int, default=None, help="maximum Macro-Classes (default: as --n-micro)")
     a("--delta", type=float, default=0.2, help="merge clusters whose dissimilarity D is at most this")
-    a("--ablate", choices=["micro", "macro"], default=None,
-      help="replace Micro- or Macro-Classes by random ones (Table 4; default: none)")
+    a("--ablate", choices=["micro", "macro"], nargs="+", default=None,
+      help="replace the Micro-Classes, the Macro-Classes or both (--ablate micro macro) by random ones "
+           "(Table 4; default: none)")
     return common.parse_args(parser, argv, resolve, checks=lambda args: [
         (args.kappa >= 0, f"--kappa must be >= 0 (inf for FedAvg), got {args.kappa}"),
         (1 <= args.n_micro <= 255, f"--n-micro must be in [1, 255], got {args.n_micro}"),
@@ -80,7 +82,8 @@ def fedpake_aggregate(stacked, weights, kappa=0.2, n_micro=4, n_macro=4, delta=0
     the clients' sample counts. Columns go in chunks of about ``chunk_elems`` values, in two
     passes (Micro-Classes are recomputed, not stored); on a GPU the host waits twice, whatever
     the number of chunks: for |H| of every chunk and for the disagreements the clustering needs.
-    ``ablate`` 'micro' or 'macro' draws random classes from ``seed`` (Table 4). ``stats``, if a
+    ``ablate`` 'micro', 'macro' or both (a list) draws those classes at random from ``seed``
+    (Table 4). ``stats``, if a
     dict, receives the share of high-dispersion parameters and the number of Macro-Classes.
     Needs only torch: its stages are defined inside it, so it can be pasted alone;
     ``fedpake_aggregate(None, None)`` returns them by name instead of aggregating (for tests and
@@ -175,6 +178,7 @@ def fedpake_aggregate(stacked, weights, kappa=0.2, n_micro=4, n_macro=4, delta=0
     if stacked is None:
         return {f.__name__: f for f in (parameter_division, micro_classes, micro_class_disagreements,
                                          macro_classes, tendency, macro_class_members, aggregation_weights)}
+    ablate = {ablate} if isinstance(ablate, str) else set(ablate or ())
     num_clients, dim = stacked.shape
     sizes = torch.as_tensor(weights, dtype=stacked.dtype).to(stacked.device, non_blocking=True)
     out = (sizes / sizes.sum()) @ stacked  # Eq. (10) on L; H is overwritten below
@@ -195,11 +199,11 @@ def fedpake_aggregate(stacked, weights, kappa=0.2, n_micro=4, n_macro=4, delta=0
         for c, high_in_c, num in zip(chunks, high, num_high_by_chunk):
             columns = torch.nonzero_static(high_in_c, size=num).flatten() + c.start  # size known: no sync
             values = stacked.index_select(1, columns)
-            mic = micro_classes(values, n_micro) if ablate != "micro" else torch.randint(
+            mic = micro_classes(values, n_micro) if "micro" not in ablate else torch.randint(
                 n_micro, values.shape, generator=g, dtype=torch.uint8).to(values.device, non_blocking=True)
             yield columns, values, mic
 
-    if ablate == "macro":
+    if "macro" in ablate:
         draw = torch.randint(min(n_macro, num_clients), (num_clients,), generator=torch.Generator().manual_seed(seed))
         labels = torch.unique(draw, return_inverse=True)[1]
     else:
@@ -251,7 +255,8 @@ def main(argv=None):
     print(f"[fedpake] model {global_model.__class__.__name__}: {common.flatten_state(global_model).numel()} "
           f"parameters, {model_bytes / 2**20:.2f} MB; {len(pool)} client(s) at a time; kappa {args.kappa}, "
           f"n_micro {args.n_micro}, n_macro {args.n_macro}, delta {args.delta}"
-          + (f", ablate {args.ablate}" if args.ablate else ""))
+          + (f", ablate {' and '.join([args.ablate] if isinstance(args.ablate, str) else args.ablate)}"
+             if args.ablate else ""))  # a run made before --ablate took two values saved one string
 
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)

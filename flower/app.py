@@ -428,7 +428,9 @@ def fedavg_round(job, server, clients, round_, evaluate, send):
     metrics, up = {}, 0
     if job.algorithm == "fedacd":
         scores = [torch.tensor(replies[c][1]["score"], dtype=torch.float64, device=job.device) for c in clients]
-        new_global, up = m.server_update(states, scores, args.uniform_agg), 8 * len(clients)  # + the score V_m
+        num_samples = [len(job.data.train_idx[c]) for c in clients] if args.fedavg else None
+        new_global = m.server_update(states, scores, args.uniform_agg, num_samples)
+        up = 0 if args.fedavg else 8 * len(clients)  # + the score V_m, which FedAvg's server does not need
         if evaluate:
             kls, risks = ([replies[c][1][k] for c in clients] for k in ("kl", "local_risk"))
             mean = lambda values: float(torch.tensor(values, dtype=torch.float64).mean())
@@ -493,7 +495,8 @@ def fedala_round(job, server, clients, round_, evaluate, send):
                                                                        for c in others}).items()})
     totals = [torch.cat([results[c][k] for c in sorted(results)]) for k in EVAL_KEYS]
     return ({**common.accuracy_metrics(*totals), "train_loss": sum(losses) / len(losses),
-             "ala_epochs": sum(replies[c][1]["ala_epochs"] for c in clients) / len(clients)}, *traffic)
+             "ala_epochs": sum(replies[c][1]["ala_epochs"] for c in clients) / len(clients),
+             "global_model_acc": job.module.global_model_accuracy(global_model, job.data)}, *traffic)
 
 
 def pfedla_setup(job, server):

@@ -6,6 +6,7 @@ import shutil
 import time
 import types
 import zipfile
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -205,8 +206,9 @@ def write_agnews(folder):
 
 
 def test_agnews_vocab_from_train_only(tmp_path):
+    """--agnews-vocab train, our choice: the training words only, test-only words unknown (id 1)."""
     train, test = write_agnews(str(tmp_path / "ag_news_csv"))
-    xtr, ytr, xte, yte = common.load_arrays("agnews", str(tmp_path))
+    xtr, ytr, xte, yte = common.load_arrays("agnews", str(tmp_path), "train")
     assert xtr.dtype == xte.dtype == np.int64 and xtr.shape == (41, 200) and xte.shape == (12, 200)
     assert ytr.tolist() == [int(r[0]) - 1 for r in train] and set(yte.tolist()) == {0, 1, 2, 3}
 
@@ -227,11 +229,53 @@ def test_agnews_vocab_from_train_only(tmp_path):
     assert (xtr[40, 1:] == long_row["goal"]).all() and xtr[40, 0] == long_row["long"]  # 251 tokens cut to 200
 
     args = fedavg.parse_args(["--dataset", "agnews", "--data-dir", str(tmp_path), "--partition", "iid",
-                              "--num-clients", "2"])
+                              "--num-clients", "2", "--agnews-vocab", "train"])
     data = common.load_federated_data(args, torch.device("cpu"))
     assert data.x.dtype == torch.int64 and data.vocab_size == len(train_words) + 2
     model = common.build_model("auto", data)
     assert isinstance(model, common.FastText) and model.embedding.num_embeddings == data.vocab_size
+
+
+def test_agnews_vocab_as_the_authors_built_it(tmp_path):
+    """The default: one vocabulary over the train and test texts (TsingZ0/PFLlib dataset/generate_agnews.py
+    @ 45e310d): by count, ties alphabetical, words from id 1, id 0 padding; its size + 1 is the embedding
+    size (98,635 on the real files, FedALA's fastText). Recomputed here with a Counter."""
+    train, test = write_agnews(str(tmp_path / "ag_news_csv"))
+    xtr, _, xte, _ = common.load_arrays("agnews", str(tmp_path))
+    texts = [datasets.basic_english_tokens(" ".join(r[1:])) for r in train + test]
+    counts = Counter(t for tokens in texts for t in tokens)
+    words = sorted(counts, key=lambda w: (-counts[w], w))
+    expected = np.zeros((len(texts), 200), dtype=np.int64)
+    for row, tokens in enumerate(texts):
+        ids = [words.index(t) + 1 for t in tokens[:200]]
+        expected[row, :len(ids)] = ids
+    assert np.array_equal(np.concatenate([xtr, xte]), expected)
+    zebra = words.index("zebra") + 1  # a test-only word has its own id: nothing is unknown
+    assert (xte == zebra).any() and not (xtr == zebra).any() and max(xtr.max(), xte.max()) == len(words)
+    args = fedavg.parse_args(["--dataset", "agnews", "--data-dir", str(tmp_path), "--partition", "iid",
+                              "--num-clients", "2"])
+    data = common.load_federated_data(args, torch.device("cpu"))
+    assert data.vocab_size == len(words) + 1 == common.build_model("auto", data).embedding.num_embeddings
+
+
+def test_fasttext_averages_over_all_positions_padding_included():
+    """The authors' fastText (TsingZ0/FedALA models.py @ 7939ca7): embedding(text).mean(1) over all L
+    positions; a padded batch checked by hand against the embedding table. Ours ("tokens") divides by
+    the number of non-padding tokens instead."""
+    torch.manual_seed(0)
+    model = common.FastText(10, 4, embed_dim=3, hidden=5)
+    ours = common.FastText(10, 4, embed_dim=3, hidden=5, mean_over="tokens")
+    ours.load_state_dict(model.state_dict())
+    tokens = torch.tensor([[4, 7, 0, 0, 0], [2, 0, 0, 0, 0], [1, 2, 3, 4, 5]])
+    table = model.embedding.weight.detach()
+    assert torch.equal(table[0], torch.zeros(3))  # padding embeds to zeros
+    head = lambda mean: model.fc(model.fc1(mean))
+    with torch.no_grad():
+        authors = head(torch.stack([(table[4] + table[7]) / 5, table[2] / 5, table[1:6].sum(0) / 5]))
+        by_token = head(torch.stack([(table[4] + table[7]) / 2, table[2], table[1:6].sum(0) / 5]))
+        torch.testing.assert_close(model(tokens), authors)
+        torch.testing.assert_close(ours(tokens), by_token)
+        assert not torch.allclose(model(tokens[:2]), ours(tokens[:2]))
 
 
 # ----------------------------------------------------------------------------- models on 64x64

@@ -127,3 +127,24 @@ def test_resume_keeps_the_mode_and_refuses_another(tmp_path, capsys, restore_tor
     assert run_in_process("fedavg.py", "--resume", folder) == 0
     assert torch.are_deterministic_algorithms_enabled()  # the run's saved mode, on
     assert len(metrics_rows(folder)) == 2
+
+
+@pytest.mark.parametrize("script, added", [("fedacd", ["agnews_vocab", "fedavg"]), ("fedavg", ["agnews_vocab"])])
+def test_a_run_made_before_the_newer_flags_resumes_with_the_values_it_ran_with(script, added, tmp_path):
+    """config.json and checkpoint.pt of a run made before --agnews-vocab (and fedacd.py's --fedavg) lack
+    them; the run resumes as it ran (vocabulary from the train texts, FedACD) and ends like an
+    uninterrupted run."""
+    flags = ["--dataset", "synthetic", *TINY, "--checkpoint-every", "1"]
+    assert run_in_process(f"{script}.py", *flags, "--out", tmp_path / "full") == 0
+    assert run_in_process(f"{script}.py", *flags, "--out", tmp_path / "old", "--stop-after", "1") == 0
+    folder = run_dir(tmp_path / "old")
+    config_path, checkpoint_path = os.path.join(folder, "config.json"), os.path.join(folder, "checkpoint.pt")
+    config = json.load(open(config_path))
+    blob = torch.load(checkpoint_path, weights_only=False)
+    for key in added:
+        del config["args"][key], blob["args"][key]
+    json.dump(config, open(config_path, "w"))
+    torch.save(blob, checkpoint_path)
+    assert run_in_process(f"{script}.py", "--resume", folder) == 0
+    keep = lambda rows: [{k: v for k, v in r.items() if k not in MEASURED} for r in rows]
+    assert keep(metrics_rows(folder)) == keep(metrics_rows(run_dir(tmp_path / "full")))

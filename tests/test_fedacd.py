@@ -184,6 +184,47 @@ def test_local_training_mixes_losses_and_accumulates_p_with_mixup_weights(mixup)
         assert torch.allclose(P, fedacd.probability_matrix(model, data.x, data.y, idx, 10), atol=1e-5)
 
 
+def test_fedavg_flag_loss_is_cross_entropy_mixed_as_input_mixup_mixes_it():
+    """--fedavg (Tables 3, 5, 9): FedAvg's cross-entropy, no L1 and no margins; with input mixup
+    (Table 5) mix * CE(y_a) + (1 - mix) * CE(y_b), computed here by hand from log-softmax."""
+    g = torch.Generator().manual_seed(3)
+    logits, y_a, y_b = torch.randn(7, 5, generator=g), torch.randint(5, (7,), generator=g), torch.randint(5, (7,), generator=g)
+    delta = torch.rand(5, 5, generator=g) + 0.5  # would change FedACD's L2; FedAvg ignores it
+    by_hand = lambda y: -F.log_softmax(logits, 1)[torch.arange(7), y].mean()
+    assert fedacd.batch_loss(logits, y_a, y_b, 0.3, delta, 1.0, fedavg=True, mixup=True).item() == \
+        pytest.approx((0.3 * by_hand(y_a) + 0.7 * by_hand(y_b)).item(), rel=1e-6)
+    assert torch.equal(fedacd.batch_loss(logits, y_a, y_a, 1.0, delta, 1.0, fedavg=True, mixup=False),
+                       F.cross_entropy(logits, y_a))
+    assert fedacd.batch_loss(logits, y_a, y_a, 1.0, delta, 1.0, fedavg=False, mixup=False).item() == \
+        pytest.approx(fedacd.fedacd_loss(logits, y_a, delta, 1.0).mean().item())
+
+
+def test_fedavg_flag_gives_fedavg_py_metrics_and_fedacd_diagnostics(tmp_path):
+    """fedacd.py --fedavg --no-mixup is FedAvg: every column fedavg.py writes is equal on the same
+    settings (timing aside), and local_risk and local_kl are written besides."""
+    import fedavg
+    flags = ["--dataset", "synthetic", "--num-clients", "6", "--rounds", "3", "--join-ratio", "0.5",
+             "--local-epochs", "2", "--batch-size", "16", "--lr", "0.01", "--momentum", "0.9", "--weight-decay", "1e-5",
+             "--partition", "dir", "--beta", "0.1", "--test-split", "global", "--parallel-clients", "1"]
+    fedavg.main(flags + ["--out", str(tmp_path / "fedavg")])
+    fedacd.main(flags + ["--fedavg", "--no-mixup", "--out", str(tmp_path / "diag")])
+    fedacd.main(flags + ["--no-mixup", "--out", str(tmp_path / "fedacd")])
+    plain, diag, acd = (metrics_rows(run_dir(tmp_path / name)) for name in ("fedavg", "diag", "fedacd"))
+    timing = {"seconds", "sec_per_round", "host_mb", "device_mb"}
+    columns = [c for c in plain[0] if c not in timing]
+    assert "global_acc" in columns and "mb_up" in columns
+    assert [{c: r[c] for c in columns} for r in diag] == [{c: r[c] for c in columns} for r in plain]
+    assert [{c: r[c] for c in columns} for r in acd] != [{c: r[c] for c in columns} for r in plain]
+    for r in diag:
+        assert 0 <= float(r["local_risk"]) <= 1 and math.isfinite(float(r["local_kl"])) and float(r["local_kl"]) > 0
+    assert os.path.basename(run_dir(tmp_path / "diag")).startswith("fedacd-fedavg-")
+
+
+def test_fedavg_flag_excludes_uniform_aggregation():
+    with pytest.raises(common.UserError, match="--uniform-agg"):
+        fedacd.parse_args(["--dataset", "synthetic", "--fedavg", "--uniform-agg"])
+
+
 def test_p_matrix_is_replaced_at_every_epoch_end_when_a_single_sample_batch_is_merged():
     args, data = _tiny_data()
     args.local_epochs, args.lr, args.momentum, args.weight_decay, args.mixup = 3, 0.0, 0.0, 0.0, False

@@ -1,6 +1,7 @@
 """FedALA: Eq. (4) initialisation, Eq. (5)/(7) weight learning, the range p, Alg. 1's stages,
 the subset, personalisation against FedAvg, and the command line (quick start, resume)."""
 import copy
+import inspect
 import json
 import os
 import time
@@ -269,6 +270,25 @@ def test_no_ala_is_fedavg_evaluated_before_training():
         assert torch.equal(common.flatten_state(global_model), common.flatten_state(avg_model))
 
 
+def test_global_model_acc_is_the_aggregated_global_model_pooled_over_the_clients_tests(tmp_path):
+    """metrics.csv's global_model_acc (FedPake's Tables 1-3 evaluate FedALA so): the global model of
+    Alg. 1 l. 18 after the round, checkpointed, evaluated here by hand on every client's test data."""
+    flags = ["--dataset", "synthetic", "--num-clients", "4", "--rounds", "3", "--num-pre-loss", "3"]
+    fedala.main(flags + ["--out", str(tmp_path)])
+    folder = run_dir(tmp_path)
+    last = metrics_rows(folder)[-1]
+    state = torch.load(os.path.join(folder, "checkpoint.pt"), weights_only=False)["state"]["global_model"]
+    data = common.load_federated_data(fedala.parse_args(flags), torch.device("cpu"))
+    model = common.build_model("auto", data, auto_image=fedala.AUTO_IMAGE)
+    model.load_state_dict(state)
+    model.eval()
+    test = torch.cat([torch.as_tensor(idx) for idx in data.test_idx])
+    with torch.no_grad():
+        correct = (model(data.x[test]).argmax(1) == data.y[test]).sum().item()
+    assert float(last["global_model_acc"]) == pytest.approx(100 * correct / len(test), abs=1e-4)
+    assert float(last["global_model_acc"]) != float(last["test_acc"])  # not the local models' number
+
+
 def test_personalised_accuracy_beats_fedavg_on_label_skew():
     """Synthetic data is label-skewed per client. Measured with 8 clients, 20 rounds, seed 0, lr 0.005:
     FedALA (ALA-initialised models) 93.2% client mean / 94.0% pooled, FedAvg's global model 48.5% / 73.5%."""
@@ -351,6 +371,17 @@ def test_defaults_follow_the_paper():
     for flags in (["mnist"], ["agnews"], ["tinyimagenet", "--model", "resnet18"]):
         assert fedala.parse_args(["--dataset", *flags]).lr == 0.1
     assert fedala.parse_args(["--dataset", "mnist", "--lr", "0.01"]).lr == 0.01
+
+
+def test_threshold_is_the_papers_and_help_cites_it(capsys):
+    """0.01: "we set it to 0.01 in our paper by default" (TsingZ0/FedALA README.md); the cap is ours."""
+    assert fedala.parse_args(["--dataset", "synthetic"]).threshold == 0.01
+    assert inspect.signature(fedala.ALA).parameters["threshold"].default == 0.01
+    with pytest.raises(SystemExit):
+        fedala.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "default: 0.01" in text and "we set it to 0.01 in our paper by default" in text
+    assert "TsingZ0/FedALA README.md" in text and "ours, not the paper's" in text
 
 
 def test_clients_in_parallel_give_the_same_rounds_as_one_at_a_time():

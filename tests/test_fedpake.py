@@ -237,6 +237,45 @@ def test_ablations_change_the_result_and_are_reproducible(ablate):
     assert not torch.allclose(a, plain) and not torch.allclose(a, c)
 
 
+def test_both_ablated_matches_an_independent_computation_of_eq_11_on_random_classes():
+    """Table 4's row without Micro- and Macro-Classes: H by Eq. (2)-(5) (the CV computed here in
+    numpy), random Micro-Classes (uniform in [0, n_micro)) and random Macro-Classes (uniform in
+    [0, n_macro), empty ones dropped) drawn from the seed as the flag documents, then Eq. (9)/(11)
+    computed column by column in plain Python; L is FedAvg."""
+    x, w = skewed_stack(num_clients=9, dim=150, seed=3)
+    both = fedpake.fedpake_aggregate(x, w, n_micro=4, n_macro=3, ablate=["micro", "macro"], seed=5)
+    values, sizes = x.double().numpy(), np.array(w, dtype=float)
+    cv = values.std(0) / (np.abs(values.mean(0)) + 1e-12)
+    high = np.flatnonzero(cv > 0.2)
+    assert 0 < len(high) < x.shape[1]
+    mic = torch.randint(4, (9, len(high)), generator=torch.Generator().manual_seed(5), dtype=torch.uint8).numpy()
+    draw = torch.randint(3, (9,), generator=torch.Generator().manual_seed(5)).tolist()
+    classes = [[k for k in range(9) if draw[k] == c] for c in sorted(set(draw))]
+    expected = sizes @ values / sizes.sum()
+    for i, j in enumerate(high):
+        total = 0.0
+        for members in classes:
+            column = [int(mic[k, i]) for k in members]
+            counts = Counter(column)
+            modes = [m for m in counts if counts[m] == max(counts.values())]
+            mode = min(modes, key=lambda m: (abs(m - statistics.median(column)), m))  # Eq. (9)
+            matching = [k for k in members if mic[k, i] == mode]
+            mean = sum(sizes[k] * values[k, j] for k in matching) / sum(sizes[k] for k in matching)
+            total += mean * sum(sizes[k] for k in members) / sizes.sum()  # Eq. (11)
+        expected[j] = total
+    assert np.allclose(both.double().numpy(), expected, atol=1e-5)
+    for one in ("micro", "macro"):
+        assert not torch.allclose(both, fedpake.fedpake_aggregate(x, w, n_micro=4, n_macro=3, ablate=one, seed=5))
+
+
+def test_ablate_takes_micro_macro_or_both():
+    parse = lambda *flags: fedpake.parse_args(["--dataset", "synthetic", *flags]).ablate
+    assert (parse(), parse("--ablate", "micro"), parse("--ablate", "micro", "macro")) == \
+        (None, ["micro"], ["micro", "macro"])
+    with pytest.raises(common.UserError, match="--ablate"):  # one line, exit status 2
+        parse("--ablate", "micro", "meso")
+
+
 def test_ablated_micro_classes_come_from_a_cpu_generator_on_every_device(monkeypatch):
     # A generator made for the data's device would be a CUDA one on a GPU, whose stream differs
     # from the CPU's for the same seed: the classes are drawn on the CPU and then moved.

@@ -49,7 +49,7 @@ def call(argv, tables=None):
 
 
 def table_rows(text):
-    """The report's markdown table as {method: [cells...]} (cell, method, paper, ours, n, ours - paper,
+    """The report's markdown table as {method: [cells...]} (cell, method, paper, ours, n, ours vs paper,
     rounds, s/round, hardware, notes)."""
     rows = [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in text.splitlines()
             if line.startswith("| ") and not line.startswith("| cell ")]
@@ -99,7 +99,7 @@ def test_tiny_table_end_to_end(finished):
         assert rows[method][4] == "2" and rows[method][6] == "2/2"
     assert rows["FedAvg"][9] == "-" and rows["FedALA"][9] == "metric: best test_acc_mean"
     avg = [summary_of(j)[1]["test_acc"]["last10_mean"] for j in jobs_of(tables, out) if j["method"] == "FedAvg"]
-    assert rows["FedAvg"][5] == f"{sum(avg) / 2 - 50:+.2f}"  # ours - paper
+    assert rows["FedAvg"][5] == f"{sum(avg) / 2 - 50:+.2f}"  # ours vs paper: the difference
     assert os.path.isfile(out / "tiny-syn-4.png")
     # exactly the runs' own numbers: summary.json's for the finished runs, metrics.csv's for mb_total
     collected = reproduce.collect(jobs_of(tables, out))
@@ -485,3 +485,79 @@ def test_a_signal_while_reproduce_starts_is_one_line(signum, status, tmp_path):
     assert proc.returncode == status and len(stderr.splitlines()) == 1, stderr
     assert stderr.startswith(f"stopped by {signal.Signals(signum).name}"), stderr
     assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------------------- reports that could mislead
+
+def fabricated_row(values, seeds=(0, 1)):
+    """A report row's collected runs: finished runs with these values (no run folders needed)."""
+    return {"jobs": [{"seed": s} for s in seeds],
+            "seeds": [{"seed": s, "value": v, "done": 2, "state": "finished", "sec_per_round": 1.0,
+                       "hardware": "cpu"} for s, v in zip(seeds, values)]}
+
+
+def test_every_row_of_a_reconstructed_algorithm_says_so():
+    table = paper_tables.TABLES["fedpake-t1"]
+    cell = table["cells"][0]
+    scripts = {m["script"]: m for m in cell["methods"]}
+    assert {"fedpake.py", "fedavg.py"} <= set(scripts)
+    notes = {script: reproduce.report_row(table, cell, method, fabricated_row([80.0, 82.0]), 1000).split(" | ")[-1]
+             for script, method in scripts.items()}
+    assert "reconstructed by us" in notes["fedpake.py"] and "docs/fedpake.md" in notes["fedpake.py"]
+    assert "reconstructed" not in notes["fedavg.py"]
+
+
+def test_communication_cost_is_compared_by_the_ratio_the_paper_shows_never_by_difference():
+    """pFedLA Table 3: ours (every transfer of every round) and the paper's (about 1500 models) count
+    different things, so the row shows ours / k=0 beside the paper's 418.97 / 693.98, computed here by hand."""
+    table = paper_tables.TABLES["pfedla-t3-cost"]
+    cell = next(c for c in table["cells"] if c["name"] == "cifar10")
+    k0, k1 = cell["methods"][0], cell["methods"][1]
+    assert (k0["paper"], k1["paper"]) == (693.98, 418.97)
+    first = ([5000.0, 5100.0], 693.98)
+    row = reproduce.report_row(table, cell, k1, fabricated_row([3000.0, 3030.0]), 600, first).split(" | ")
+    assert row[5] == f"ratio to the first: ours {3015 / 5050:.3f}, paper {418.97 / 693.98:.3f}"
+    assert row[5] == "ratio to the first: ours 0.597, paper 0.604"
+    row = reproduce.report_row(table, cell, k0, fabricated_row([5000.0, 5100.0]), 600, first).split(" | ")
+    assert row[5] == "ratio to the first: ours 1.000, paper 1.000"
+    # a table that measures the same quantity keeps the difference
+    accuracy = paper_tables.TABLES["pfedla-t1"]
+    acc_cell = accuracy["cells"][0]
+    method = next(m for m in acc_cell["methods"] if m["paper"] is not None)
+    row = reproduce.report_row(accuracy, acc_cell, method, fabricated_row([50.0, 52.0]), 600).split(" | ")
+    assert row[5] == f"{51.0 - method['paper']:+.2f}"
+
+
+def test_one_run_is_singular(capsys):
+    tables = tiny_tables()
+    tables["tiny"]["cells"][0]["methods"] = tables["tiny"]["cells"][0]["methods"][:1]
+    reproduce.list_tables(tables)
+    assert "(1 cell, 1 run per seed, 2 rounds)" in capsys.readouterr().out
+    assert reproduce.plural(2, "run") == "2 runs" and reproduce.plural(0, "cell") == "0 cells"
+
+
+def test_a_flag_with_several_values_is_one_setting():
+    """fedpake.py --ablate micro macro (Table 4's row without both) is another setting than --ablate micro."""
+    assert reproduce.given_flags(["--ablate", "micro", "macro", "--lr", "-0.5", "--no-ala"]) == \
+        {"ablate": ["micro", "macro"], "lr": "-0.5", "no_ala": True}
+    assert reproduce.given_flags(["--ablate", "micro"]) == {"ablate": "micro"}
+
+
+def test_a_run_under_a_changed_default_is_another_setting(tmp_path):
+    """A finished FedALA run made at the former default --threshold 0.1: the same command line now runs
+    0.01 (the paper's), so the run is named as another setting, not taken as done."""
+    import fedala
+    (job,) = [j for j in jobs_of(tiny_tables(), tmp_path, seeds=(0,)) if j["method"] == "FedALA"]
+    command = reproduce.new_command(job, "auto")
+    args = vars(fedala.parse_args(command[2:]))
+    folder = tmp_path / "run"
+    os.makedirs(folder)
+
+    def write(threshold):
+        with open(folder / "config.json", "w") as f:
+            json.dump({"script": "fedala", "command": command[1:], "args": {**args, "threshold": threshold}}, f)
+
+    write(0.01)
+    assert reproduce.other_settings(job, str(folder)) == []
+    write(0.1)
+    assert reproduce.other_settings(job, str(folder)) == ["--threshold 0.1 (now 0.01; a default changed)"]

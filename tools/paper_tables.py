@@ -3,7 +3,8 @@
 #
 #   FedALA  Zhang et al., AAAI 2023: Tables 1, 2, 4, 6, 7 (Table 3 is time, Table 5 has no results)
 #   pFedLA  Ma et al., CVPR 2022: Tables 1, 2, 3
-#   FedPake "The Key of Parameter Skew in Federated Learning", arXiv 2408.11278 v2: Tables 1, 2, 3, 4
+#   FedPake "The Key of Parameter Skew in Federated Learning", arXiv 2408.11278 v2: Tables 1-4, appendix Table 6
+#           (appendix Table 5: NOT_RUN_TABLES)
 #   FedACD  Zhou et al., IJCAI 2025: Tables 1-9
 #
 # One run is
@@ -62,6 +63,12 @@ _FEDPAKE_COMMON = ["--num-clients", "20", "--join-ratio", "1.0", "--local-epochs
 _FEDPAKE_METRIC = {"summary": "last10", "column": "test_acc",
                    "protocol": "the global model (every method, Appendix C.2) on every client's own test data, "
                                "pooled over clients; mean of the last 10 rounds (Sec. 4.1), 3 runs in the paper"}
+
+# FedPake's FedALA rows: the global model of every method (Appendix C.2), i.e. FedALA's aggregated global
+# model (its Alg. 1 l. 18), not FedALA's own metric (the clients' ALA-initialised models).
+_FEDALA_GLOBAL_METRIC = {"summary": "last10", "column": "global_model_acc",
+                         "protocol": "FedALA's aggregated global model on every client's own test data, pooled over "
+                                     "clients; mean of the last 10 rounds, as FedPake reports every method"}
 
 # FedACD, Sec. 4.1: simple CNN (ResNet-18 for Tiny-ImageNet), 20 clients, participation 40%, 5 local epochs,
 # batch 64, SGD lr 0.01 momentum 0.9, weight decay 1e-5 (1e-3 Tiny-ImageNet), 200 rounds, Dir(beta); only
@@ -670,7 +677,10 @@ TABLES = {
                                "paper's numbers are about 1500 x the model size (1500 x 121,278 float32 of the "
                                "CIFAR-10 CNN = 693.96 MiB, printed 693.98; 1500 x 85,822 for EMNIST = 491.08) "
                                "and it does not say how it counts; ours counts every transfer of every round, "
-                               "so only the ratios between k values compare"},
+                               "so only the ratios between k values compare",
+                   # the report prints, per method, ours / the cell's first method beside the paper's same ratio,
+                   # never ours minus the paper's number (two different quantities)
+                   "compare": "ratio to the first method"},
         "rounds": 600,
         "common": list(_PFEDLA_COMMON_10),
         "cells": [
@@ -693,9 +703,8 @@ TABLES = {
     },
 
     # ----------------------------------------------------------------------------------------- FedPake
-    # Rows we do not implement: FedProx, MOON, FedGen, FedNTD, Ditto, FedBABU. FedALA's row is left out too:
-    # the paper evaluates FedALA's aggregated global model (Appendix C.2), which fedala.py does not evaluate
-    # (it evaluates the clients' ALA-initialised models); its numbers are in LEFT_OUT.
+    # Rows we do not implement: FedProx, MOON, FedGen, FedNTD, Ditto, FedBABU. FedALA's row is the paper's
+    # evaluation of FedALA's aggregated global model (Appendix C.2), fedala.py's column global_model_acc.
     "fedpake-t1": {
         "title": "FedPake (arXiv 2408.11278 v2) Table 1: test accuracy (%) of the global model, ResNet-18 "
                  "(ResNet-34 for CIFAR-100*), 20 clients, rho 1, pathological and practical Dir(0.1) settings",
@@ -711,6 +720,8 @@ TABLES = {
              "methods": [
                  {"method": "FedPake", "script": "fedpake.py", "flags": [], "paper": 91.36, "paper_std": 0.23},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 90.79, "paper_std": 0.08},
+                 {"method": "FedALA", "script": "fedala.py", "flags": [], "paper": 90.47, "paper_std": 0.28,
+                  "metric": dict(_FEDALA_GLOBAL_METRIC)},
              ]},
             {"name": "cifar100-pat",
              "flags": ["--dataset", "cifar100", "--partition", "pat", "--classes-per-client", "10",
@@ -718,6 +729,8 @@ TABLES = {
              "methods": [
                  {"method": "FedPake", "script": "fedpake.py", "flags": [], "paper": 69.72, "paper_std": 0.25},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 50.19, "paper_std": 0.31},
+                 {"method": "FedALA", "script": "fedala.py", "flags": [], "paper": 50.10, "paper_std": 0.28,
+                  "metric": dict(_FEDALA_GLOBAL_METRIC)},
              ]},
             {"name": "tinyimagenet-pat",
              "flags": ["--dataset", "tinyimagenet", "--partition", "pat", "--classes-per-client", "20",
@@ -725,6 +738,8 @@ TABLES = {
              "methods": [
                  {"method": "FedPake", "script": "fedpake.py", "flags": [], "paper": 39.27, "paper_std": 0.39},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 33.58, "paper_std": 0.15},
+                 {"method": "FedALA", "script": "fedala.py", "flags": [], "paper": 33.26, "paper_std": 0.25,
+                  "metric": dict(_FEDALA_GLOBAL_METRIC)},
              ]},
             # practical: Dir(0.1)
             {"name": "cifar10-dir0.1",
@@ -732,18 +747,24 @@ TABLES = {
              "methods": [
                  {"method": "FedPake", "script": "fedpake.py", "flags": [], "paper": 90.41, "paper_std": 0.17},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 88.55, "paper_std": 0.10},
+                 {"method": "FedALA", "script": "fedala.py", "flags": [], "paper": 88.81, "paper_std": 0.15,
+                  "metric": dict(_FEDALA_GLOBAL_METRIC)},
              ]},
             {"name": "cifar100-dir0.1",
              "flags": ["--dataset", "cifar100", "--partition", "dir", "--beta", "0.1", "--model", "resnet18"],
              "methods": [
                  {"method": "FedPake", "script": "fedpake.py", "flags": [], "paper": 39.09, "paper_std": 0.19},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 33.57, "paper_std": 0.09},
+                 {"method": "FedALA", "script": "fedala.py", "flags": [], "paper": 33.75, "paper_std": 0.04,
+                  "metric": dict(_FEDALA_GLOBAL_METRIC)},
              ]},
             {"name": "tinyimagenet-dir0.1",
              "flags": ["--dataset", "tinyimagenet", "--partition", "dir", "--beta", "0.1", "--model", "resnet18"],
              "methods": [
                  {"method": "FedPake", "script": "fedpake.py", "flags": [], "paper": 25.41, "paper_std": 0.37},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 19.86, "paper_std": 0.20},
+                 {"method": "FedALA", "script": "fedala.py", "flags": [], "paper": 19.62, "paper_std": 0.22,
+                  "metric": dict(_FEDALA_GLOBAL_METRIC)},
              ]},
             # CIFAR-100*: ResNet-34
             {"name": "cifar100-resnet34-dir0.1",
@@ -751,6 +772,8 @@ TABLES = {
              "methods": [
                  {"method": "FedPake", "script": "fedpake.py", "flags": [], "paper": 39.12, "paper_std": 0.04},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 34.39, "paper_std": 0.31},
+                 {"method": "FedALA", "script": "fedala.py", "flags": [], "paper": 34.80, "paper_std": 0.07,
+                  "metric": dict(_FEDALA_GLOBAL_METRIC)},
              ]},
         ],
     },
@@ -772,6 +795,8 @@ TABLES = {
              "methods": [
                  {"method": "FedPake", "script": "fedpake.py", "flags": [], "paper": 87.24, "paper_std": 0.14},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 84.80, "paper_std": 0.24},
+                 {"method": "FedALA", "script": "fedala.py", "flags": [], "paper": 84.18, "paper_std": 0.26,
+                  "metric": dict(_FEDALA_GLOBAL_METRIC)},
              ]},
             {"name": "cifar10-50clients-rho0.5",
              "flags": ["--dataset", "cifar10", "--partition", "dir", "--beta", "0.1", "--model", "resnet18",
@@ -779,6 +804,8 @@ TABLES = {
              "methods": [
                  {"method": "FedPake", "script": "fedpake.py", "flags": [], "paper": 84.53, "paper_std": 0.13},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 84.91, "paper_std": 0.31},
+                 {"method": "FedALA", "script": "fedala.py", "flags": [], "paper": 84.76, "paper_std": 0.21,
+                  "metric": dict(_FEDALA_GLOBAL_METRIC)},
              ]},
             {"name": "cifar100-50clients-rho1",
              "flags": ["--dataset", "cifar100", "--partition", "dir", "--beta", "0.1", "--model", "resnet18",
@@ -786,6 +813,8 @@ TABLES = {
              "methods": [
                  {"method": "FedPake", "script": "fedpake.py", "flags": [], "paper": 31.83, "paper_std": 0.35},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 29.71, "paper_std": 0.11},
+                 {"method": "FedALA", "script": "fedala.py", "flags": [], "paper": 29.60, "paper_std": 0.29,
+                  "metric": dict(_FEDALA_GLOBAL_METRIC)},
              ]},
             {"name": "cifar100-50clients-rho0.5",
              "flags": ["--dataset", "cifar100", "--partition", "dir", "--beta", "0.1", "--model", "resnet18",
@@ -793,6 +822,8 @@ TABLES = {
              "methods": [
                  {"method": "FedPake", "script": "fedpake.py", "flags": [], "paper": 31.31, "paper_std": 0.20},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 29.72, "paper_std": 0.16},
+                 {"method": "FedALA", "script": "fedala.py", "flags": [], "paper": 29.61, "paper_std": 0.27,
+                  "metric": dict(_FEDALA_GLOBAL_METRIC)},
              ]},
             # cifar10-100clients, cifar100-100clients: rho not legible in the text we worked from; left out (LEFT_OUT)
         ],
@@ -813,6 +844,8 @@ TABLES = {
              "methods": [
                  {"method": "FedPake", "script": "fedpake.py", "flags": [], "paper": 74.39, "paper_std": 0.66},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 48.42, "paper_std": 0.48},
+                 {"method": "FedALA", "script": "fedala.py", "flags": [], "paper": 48.34, "paper_std": 0.30,
+                  "metric": dict(_FEDALA_GLOBAL_METRIC)},
              ]},
             # cifar100, middle beta: not legible in the text we worked from; left out (LEFT_OUT)
             {"name": "cifar100-dir1",
@@ -820,13 +853,15 @@ TABLES = {
              "methods": [
                  {"method": "FedPake", "script": "fedpake.py", "flags": [], "paper": 39.41, "paper_std": 0.10},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 37.46, "paper_std": 0.14},
+                 {"method": "FedALA", "script": "fedala.py", "flags": [], "paper": 37.37, "paper_std": 0.03,
+                  "metric": dict(_FEDALA_GLOBAL_METRIC)},
              ]},
         ],
     },
     # Table 4's check marks were lost in the text of the paper we worked from; Sec. 4.3's sentence maps them:
     # "removing Macro-Class or Micro-Class ... to as low as 14.86% or 17.74%". The paper gives no setting beyond
     # CIFAR-10 (full FedPake 90.60, none of Table 1's numbers); Table 1's default, Dir(0.1) with ResNet-18, is
-    # used. The row without both (24.51) is left out: --ablate takes one of micro, macro (LEFT_OUT).
+    # used. The row without both (24.51) is --ablate micro macro.
     "fedpake-t4": {
         "title": "FedPake (arXiv 2408.11278 v2) Table 4: ablation of Micro-Class and Macro-Class, test accuracy "
                  "(%), CIFAR-10",
@@ -843,6 +878,34 @@ TABLES = {
                   "paper": 14.86},
                  {"method": "FedPake w/o Micro-Class", "script": "fedpake.py", "flags": ["--ablate", "micro"],
                   "paper": 17.74},
+                 {"method": "FedPake w/o Micro-Class and Macro-Class", "script": "fedpake.py",
+                  "flags": ["--ablate", "micro", "macro"], "paper": 24.51},
+             ]},
+        ],
+    },
+    # Appendix Table 6 (B.2): time per iteration of Table 1's CIFAR-10 Dir(0.1) ResNet-18 runs (Table 5 gives
+    # FedPake's 225 min / 0.248 min with its 90.41 of that cell), in minutes, here in seconds (x 60). Times on
+    # other hardware only compare as ratios, so the report shows each method's ratio to FedAvg beside the
+    # paper's. Its total times "until convergence" are in LEFT_OUT; FedProx, MOON, FedGen, FedNTD, Ditto and
+    # FedBABU are not implemented, and the Param./iter. column is empty in the text we worked from.
+    "fedpake-t6": {
+        "title": "FedPake (arXiv 2408.11278 v2) appendix Table 6: time per iteration (s; the paper's minutes x 60), "
+                 "CIFAR-10 Dir(0.1), ResNet-18, 20 clients",
+        "source": "fedpake",
+        "metric": {"summary": "last10", "column": "sec_per_round",
+                   "protocol": "wall-clock seconds of a round (local training of every client, aggregation and "
+                               "the evaluation), mean of the last 10 rounds; the paper's per-iteration minutes x 60. "
+                               "Hardware differs, so only the ratio to FedAvg compares",
+                   "compare": "ratio to the first method"},
+        "rounds": 1000,
+        "common": list(_FEDPAKE_COMMON),
+        "cells": [
+            {"name": "cifar10-dir0.1",
+             "flags": ["--dataset", "cifar10", "--partition", "dir", "--beta", "0.1", "--model", "resnet18"],
+             "methods": [
+                 {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 14.76},
+                 {"method": "FedALA", "script": "fedala.py", "flags": [], "paper": 14.94},
+                 {"method": "FedPake", "script": "fedpake.py", "flags": [], "paper": 14.88},
              ]},
         ],
     },
@@ -996,8 +1059,8 @@ TABLES = {
              ]},
         ],
     },
-    # FedAvg's row (0.41, 0.57, 0.70 / 0.69, 0.77, 0.82 / 0.68, 0.79, 0.86) is left out: fedavg.py does not
-    # write local_risk (LEFT_OUT).
+    # FedAvg's row is fedacd.py --fedavg --no-mixup: FedAvg (cross-entropy, sample-weighted mean, no mixup) with
+    # FedACD's local_risk.
     "fedacd-t3": {
         "title": "FedACD (IJCAI 2025) Table 3: average risk of the local models on the distributions "
                  "over clients, 20 clients, 40% participation, Dir(beta)",
@@ -1016,54 +1079,72 @@ TABLES = {
                        "--weight-decay", "1e-5"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.25, "paper_std": 0.017},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.41,
+                  "paper_std": 0.033},
              ]},
             {"name": "cifar10-dir0.1",
              "flags": ["--dataset", "cifar10", "--beta", "0.1", "--model", "simplecnn",
                        "--weight-decay", "1e-5"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.31, "paper_std": 0.012},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.57,
+                  "paper_std": 0.019},
              ]},
             {"name": "cifar10-dir0.05",
              "flags": ["--dataset", "cifar10", "--beta", "0.05", "--model", "simplecnn",
                        "--weight-decay", "1e-5"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.39, "paper_std": 0.031},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.70,
+                  "paper_std": 0.02},
              ]},
             {"name": "cifar100-dir0.3",
              "flags": ["--dataset", "cifar100", "--beta", "0.3", "--model", "simplecnn",
                        "--weight-decay", "1e-5"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.60, "paper_std": 0.003},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.69,
+                  "paper_std": 0.006},
              ]},
             {"name": "cifar100-dir0.1",
              "flags": ["--dataset", "cifar100", "--beta", "0.1", "--model", "simplecnn",
                        "--weight-decay", "1e-5"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.67, "paper_std": 0.005},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.77,
+                  "paper_std": 0.006},
              ]},
             {"name": "cifar100-dir0.05",
              "flags": ["--dataset", "cifar100", "--beta", "0.05", "--model", "simplecnn",
                        "--weight-decay", "1e-5"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.74, "paper_std": 0.01},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.82,
+                  "paper_std": 0.001},
              ]},
             {"name": "tinyimagenet-dir0.3",
              "flags": ["--dataset", "tinyimagenet", "--beta", "0.3", "--model", "resnet18",
                        "--weight-decay", "1e-3"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.64, "paper_std": 0.001},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.68,
+                  "paper_std": 0.004},
              ]},
             {"name": "tinyimagenet-dir0.1",
              "flags": ["--dataset", "tinyimagenet", "--beta", "0.1", "--model", "resnet18",
                        "--weight-decay", "1e-3"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.73, "paper_std": 0.002},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.79,
+                  "paper_std": 0.006},
              ]},
             {"name": "tinyimagenet-dir0.05",
              "flags": ["--dataset", "tinyimagenet", "--beta", "0.05", "--model", "resnet18",
                        "--weight-decay", "1e-3"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.80, "paper_std": 0.004},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.86,
+                  "paper_std": 0.004},
              ]},
         ],
     },
@@ -1127,8 +1208,9 @@ TABLES = {
              ]},
         ],
     },
-    # Table 5: FedAvg w/ Input Mixup is left out (fedavg.py has no mixup; LEFT_OUT), as are FedROD, FedLC and
-    # FedNH. FedACD w/ Input Mixup and FedAvg w/o Input Mixup are Table 1's rows, the same runs.
+    # Table 5: FedAvg w/ Input Mixup is fedacd.py --fedavg (FedAvg's loss and aggregation, FedACD's mixup); its
+    # CIFAR-10 Dir(0.05) and Tiny-ImageNet Dir(0.1), Dir(0.05) numbers are not legible. FedROD, FedLC and FedNH
+    # are not implemented. FedACD w/ Input Mixup and FedAvg w/o Input Mixup are Table 1's rows, the same runs.
     "fedacd-t5": {
         "title": "FedACD (IJCAI 2025) Table 5: accuracy (%) of the global model on the uniform test "
                  "set, with and without input mixup, Dir(beta)",
@@ -1145,6 +1227,8 @@ TABLES = {
                   "paper_std": 0.41},
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 79.57, "paper_std": 0.02},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 75.63, "paper_std": 0.75},
+                 {"method": "FedAvg w/ Input Mixup", "script": "fedacd.py", "flags": ["--fedavg"], "paper": 73.44,
+                  "paper_std": 2.2},
              ]},
             {"name": "cifar10-dir0.1",
              "flags": ["--dataset", "cifar10", "--beta", "0.1", "--model", "simplecnn",
@@ -1154,6 +1238,8 @@ TABLES = {
                   "paper_std": 0.38},
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 73.13, "paper_std": 0.52},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 68.35, "paper_std": 2.43},
+                 {"method": "FedAvg w/ Input Mixup", "script": "fedacd.py", "flags": ["--fedavg"], "paper": 66.13,
+                  "paper_std": 2.62},
              ]},
             {"name": "cifar10-dir0.05",
              "flags": ["--dataset", "cifar10", "--beta", "0.05", "--model", "simplecnn",
@@ -1172,6 +1258,8 @@ TABLES = {
                   "paper_std": 0.30},
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 49.08, "paper_std": 0.08},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 41.97, "paper_std": 0.24},
+                 {"method": "FedAvg w/ Input Mixup", "script": "fedacd.py", "flags": ["--fedavg"], "paper": 46.43,
+                  "paper_std": 0.49},
              ]},
             {"name": "cifar100-dir0.1",
              "flags": ["--dataset", "cifar100", "--beta", "0.1", "--model", "simplecnn",
@@ -1181,6 +1269,8 @@ TABLES = {
                   "paper_std": 0.26},
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 46.24, "paper_std": 0.17},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 39.57, "paper_std": 0.60},
+                 {"method": "FedAvg w/ Input Mixup", "script": "fedacd.py", "flags": ["--fedavg"], "paper": 41.41,
+                  "paper_std": 0.54},
              ]},
             {"name": "cifar100-dir0.05",
              "flags": ["--dataset", "cifar100", "--beta", "0.05", "--model", "simplecnn",
@@ -1190,6 +1280,8 @@ TABLES = {
                   "paper_std": 0.24},
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 43.22, "paper_std": 0.46},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 38.12, "paper_std": 0.11},
+                 {"method": "FedAvg w/ Input Mixup", "script": "fedacd.py", "flags": ["--fedavg"], "paper": 37.17,
+                  "paper_std": 1.13},
              ]},
             {"name": "tinyimagenet-dir0.3",
              "flags": ["--dataset", "tinyimagenet", "--beta", "0.3", "--model", "resnet18",
@@ -1199,6 +1291,8 @@ TABLES = {
                   "paper_std": 0.36},
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 49.62, "paper_std": 0.32},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 45.76, "paper_std": 0.21},
+                 {"method": "FedAvg w/ Input Mixup", "script": "fedacd.py", "flags": ["--fedavg"], "paper": 47.36,
+                  "paper_std": 0.36},
              ]},
             {"name": "tinyimagenet-dir0.1",
              "flags": ["--dataset", "tinyimagenet", "--beta", "0.1", "--model", "resnet18",
@@ -1335,8 +1429,8 @@ TABLES = {
              ]},
         ],
     },
-    # Table 9: FedAvg's row (4.06, 4.99, 5.59) is left out: fedavg.py does not write local_kl (LEFT_OUT); the
-    # other rows are methods we do not implement.
+    # Table 9: FedAvg's row is fedacd.py --fedavg --no-mixup (FedAvg with FedACD's local_kl); the other rows are
+    # methods we do not implement.
     "fedacd-t9": {
         "title": "FedACD (IJCAI 2025) Table 9: KL divergence between the probability matrix P^m and the template "
                  "matrix Q, CIFAR-100, Dir(beta)",
@@ -1352,54 +1446,63 @@ TABLES = {
              "flags": ["--dataset", "cifar100", "--beta", "0.3", "--model", "simplecnn", "--weight-decay", "1e-5"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.83, "paper_std": 0.01},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 4.06,
+                  "paper_std": 0.05},
              ]},
             {"name": "cifar100-dir0.1",
              "flags": ["--dataset", "cifar100", "--beta", "0.1", "--model", "simplecnn", "--weight-decay", "1e-5"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.70, "paper_std": 0.02},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 4.99,
+                  "paper_std": 0.09},
              ]},
             {"name": "cifar100-dir0.05",
              "flags": ["--dataset", "cifar100", "--beta", "0.05", "--model", "simplecnn", "--weight-decay", "1e-5"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.60, "paper_std": 0.03},
+                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 5.59,
+                  "paper_std": 0.16},
              ]},
         ],
     },
 }
 
+# Scripts whose algorithm is our reconstruction rather than the paper's stated method: every report row of
+# theirs says so beside the paper's number.
+RECONSTRUCTED = {"fedpake.py": "aggregation reconstructed by us from the paper's prose (Eq. (2)-(11) are "
+                               "missing from the text; docs/fedpake.md)"}
+
+# Tables of which no cell can run here (every number of theirs is in LEFT_OUT): id -> (source, title).
+NOT_RUN_TABLES = {
+    "fedpake-t5": ("fedpake", "FedPake (arXiv 2408.11278 v2) appendix Table 5: FedConcat, Scaffold and FedDyn "
+                              "against FedPake, CIFAR-10, simple CNN and ResNet-18 backbones"),
+}
+
 # Paper numbers of cells or rows that are not in TABLES (methods we do not implement at all are not listed).
 # "cell" is the cell id the run would have, "why" the reason. Kept as data so that they can be cited and checked.
-_FEDALA_GLOBAL = ("the paper evaluates FedALA's aggregated global model (Appendix C.2); fedala.py evaluates "
-                  "the clients' ALA-initialised local models")
+_UNTIL_CONVERGENCE = ("minutes 'until convergence' (appendix B.2), a point the paper does not define (225 / 0.248 "
+                      "is about 907 of its 1000 rounds), on hardware it does not name; the time per iteration is "
+                      "in fedpake-t6")
 _RHO_100 = "the join ratio of the 100-client columns is not legible in the text of the paper we worked from"
 _MID_BETA = "the beta of Table 3's middle column is not legible in the text of the paper we worked from"
 LEFT_OUT = [
+    {"table": "fedpake-t5", "cell": "cifar10-simplecnn", "method": "FedPake", "paper": 59.7,
+     "why": "appendix Table 5 names the backbone only 'simple CNN' (FedConcat's) and gives no partition, client "
+            "count or rounds for that row; FedConcat's own run.sh (sjtudyq/FedConcat run.sh @ 92ddc7d) trains vgg-9 "
+            "on 40 clients, so neither the model nor the setting can be read from the paper"},
+    {"table": "fedpake-t5", "cell": "cifar10-dir0.1", "method": "FedPake", "paper": 90.41, "paper_std": 0.17,
+     "why": "the same run as fedpake-t1's cifar10-dir0.1 FedPake (90.41 +- 0.17 there); its 0.248 min per "
+            "iteration is fedpake-t6"},
+    {"table": "fedpake-t6", "cell": "cifar10-dir0.1", "method": "FedAvg total time", "paper": 208,
+     "why": _UNTIL_CONVERGENCE},
+    {"table": "fedpake-t6", "cell": "cifar10-dir0.1", "method": "FedALA total time", "paper": 210,
+     "why": _UNTIL_CONVERGENCE},
+    {"table": "fedpake-t6", "cell": "cifar10-dir0.1", "method": "FedPake total time", "paper": 225,
+     "why": _UNTIL_CONVERGENCE},
     {"table": "fedala-t4", "cell": "tinyimagenet-dir0.1", "method": "FedAvg+ALA", "paper": 40.54, "paper_std": 0.17,
      "why": "FedAvg+ALA is FedALA: the same run as fedala-t2's tinyimagenet-dir0.1 FedALA (40.54 +- 0.02 there)"},
     {"table": "fedala-t4", "cell": "cifar100-dir0.1", "method": "FedAvg+ALA", "paper": 55.92, "paper_std": 0.15,
      "why": "FedAvg+ALA is FedALA: the same run as fedala-t2's cifar100-dir0.1 FedALA (55.92 +- 0.03 there)"},
-    {"table": "fedpake-t1", "cell": "cifar10-pat", "method": "FedALA", "paper": 90.47, "paper_std": 0.28,
-     "why": _FEDALA_GLOBAL},
-    {"table": "fedpake-t1", "cell": "cifar100-pat", "method": "FedALA", "paper": 50.10, "paper_std": 0.28,
-     "why": _FEDALA_GLOBAL},
-    {"table": "fedpake-t1", "cell": "tinyimagenet-pat", "method": "FedALA", "paper": 33.26, "paper_std": 0.25,
-     "why": _FEDALA_GLOBAL},
-    {"table": "fedpake-t1", "cell": "cifar10-dir0.1", "method": "FedALA", "paper": 88.81, "paper_std": 0.15,
-     "why": _FEDALA_GLOBAL},
-    {"table": "fedpake-t1", "cell": "cifar100-dir0.1", "method": "FedALA", "paper": 33.75, "paper_std": 0.04,
-     "why": _FEDALA_GLOBAL},
-    {"table": "fedpake-t1", "cell": "tinyimagenet-dir0.1", "method": "FedALA", "paper": 19.62, "paper_std": 0.22,
-     "why": _FEDALA_GLOBAL},
-    {"table": "fedpake-t1", "cell": "cifar100-resnet34-dir0.1", "method": "FedALA", "paper": 34.80,
-     "paper_std": 0.07, "why": _FEDALA_GLOBAL},
-    {"table": "fedpake-t2", "cell": "cifar10-50clients-rho1", "method": "FedALA", "paper": 84.18, "paper_std": 0.26,
-     "why": _FEDALA_GLOBAL},
-    {"table": "fedpake-t2", "cell": "cifar10-50clients-rho0.5", "method": "FedALA", "paper": 84.76,
-     "paper_std": 0.21, "why": _FEDALA_GLOBAL},
-    {"table": "fedpake-t2", "cell": "cifar100-50clients-rho1", "method": "FedALA", "paper": 29.60,
-     "paper_std": 0.29, "why": _FEDALA_GLOBAL},
-    {"table": "fedpake-t2", "cell": "cifar100-50clients-rho0.5", "method": "FedALA", "paper": 29.61,
-     "paper_std": 0.27, "why": _FEDALA_GLOBAL},
     {"table": "fedpake-t2", "cell": "cifar10-100clients", "method": "FedPake", "paper": 88.63, "paper_std": 0.22,
      "why": _RHO_100},
     {"table": "fedpake-t2", "cell": "cifar10-100clients", "method": "FedAvg", "paper": 88.09, "paper_std": 0.19,
@@ -1412,53 +1515,10 @@ LEFT_OUT = [
      "why": _RHO_100},
     {"table": "fedpake-t2", "cell": "cifar100-100clients", "method": "FedALA", "paper": 30.44, "paper_std": 0.07,
      "why": _RHO_100},
-    {"table": "fedpake-t3", "cell": "cifar100-dir0.01", "method": "FedALA", "paper": 48.34, "paper_std": 0.30,
-     "why": _FEDALA_GLOBAL},
-    {"table": "fedpake-t3", "cell": "cifar100-dir1", "method": "FedALA", "paper": 37.37, "paper_std": 0.03,
-     "why": _FEDALA_GLOBAL},
     {"table": "fedpake-t3", "cell": "cifar100-middle-beta", "method": "FedPake", "paper": 38.13, "paper_std": 0.41,
      "why": _MID_BETA},
     {"table": "fedpake-t3", "cell": "cifar100-middle-beta", "method": "FedAvg", "paper": 36.04, "paper_std": 0.18,
      "why": _MID_BETA},
     {"table": "fedpake-t3", "cell": "cifar100-middle-beta", "method": "FedALA", "paper": 36.32, "paper_std": 0.15,
      "why": _MID_BETA},
-    {"table": "fedpake-t4", "cell": "cifar10-dir0.1", "method": "FedPake w/o Micro-Class and Macro-Class",
-     "paper": 24.51, "why": "--ablate takes one of micro, macro, not both"},
-    {"table": "fedacd-t3", "cell": "cifar10-dir0.3", "method": "FedAvg", "paper": 0.41, "paper_std": 0.033,
-     "why": "fedavg.py does not write local_risk"},
-    {"table": "fedacd-t3", "cell": "cifar10-dir0.1", "method": "FedAvg", "paper": 0.57, "paper_std": 0.019,
-     "why": "fedavg.py does not write local_risk"},
-    {"table": "fedacd-t3", "cell": "cifar10-dir0.05", "method": "FedAvg", "paper": 0.70, "paper_std": 0.020,
-     "why": "fedavg.py does not write local_risk"},
-    {"table": "fedacd-t3", "cell": "cifar100-dir0.3", "method": "FedAvg", "paper": 0.69, "paper_std": 0.006,
-     "why": "fedavg.py does not write local_risk"},
-    {"table": "fedacd-t3", "cell": "cifar100-dir0.1", "method": "FedAvg", "paper": 0.77, "paper_std": 0.006,
-     "why": "fedavg.py does not write local_risk"},
-    {"table": "fedacd-t3", "cell": "cifar100-dir0.05", "method": "FedAvg", "paper": 0.82, "paper_std": 0.001,
-     "why": "fedavg.py does not write local_risk"},
-    {"table": "fedacd-t3", "cell": "tinyimagenet-dir0.3", "method": "FedAvg", "paper": 0.68, "paper_std": 0.004,
-     "why": "fedavg.py does not write local_risk"},
-    {"table": "fedacd-t3", "cell": "tinyimagenet-dir0.1", "method": "FedAvg", "paper": 0.79, "paper_std": 0.006,
-     "why": "fedavg.py does not write local_risk"},
-    {"table": "fedacd-t3", "cell": "tinyimagenet-dir0.05", "method": "FedAvg", "paper": 0.86, "paper_std": 0.004,
-     "why": "fedavg.py does not write local_risk"},
-    # Table 5's FedAvg w/ Input Mixup: CIFAR-10 Dir(0.05) and Tiny-ImageNet Dir(0.1), Dir(0.05) are not legible.
-    {"table": "fedacd-t5", "cell": "cifar10-dir0.3", "method": "FedAvg w/ Input Mixup", "paper": 73.44,
-     "paper_std": 2.20, "why": "fedavg.py has no input mixup"},
-    {"table": "fedacd-t5", "cell": "cifar10-dir0.1", "method": "FedAvg w/ Input Mixup", "paper": 66.13,
-     "paper_std": 2.62, "why": "fedavg.py has no input mixup"},
-    {"table": "fedacd-t5", "cell": "cifar100-dir0.3", "method": "FedAvg w/ Input Mixup", "paper": 46.43,
-     "paper_std": 0.49, "why": "fedavg.py has no input mixup"},
-    {"table": "fedacd-t5", "cell": "cifar100-dir0.1", "method": "FedAvg w/ Input Mixup", "paper": 41.41,
-     "paper_std": 0.54, "why": "fedavg.py has no input mixup"},
-    {"table": "fedacd-t5", "cell": "cifar100-dir0.05", "method": "FedAvg w/ Input Mixup", "paper": 37.17,
-     "paper_std": 1.13, "why": "fedavg.py has no input mixup"},
-    {"table": "fedacd-t5", "cell": "tinyimagenet-dir0.3", "method": "FedAvg w/ Input Mixup", "paper": 47.36,
-     "paper_std": 0.36, "why": "fedavg.py has no input mixup"},
-    {"table": "fedacd-t9", "cell": "cifar100-dir0.3", "method": "FedAvg", "paper": 4.06, "paper_std": 0.05,
-     "why": "fedavg.py does not write local_kl"},
-    {"table": "fedacd-t9", "cell": "cifar100-dir0.1", "method": "FedAvg", "paper": 4.99, "paper_std": 0.09,
-     "why": "fedavg.py does not write local_kl"},
-    {"table": "fedacd-t9", "cell": "cifar100-dir0.05", "method": "FedAvg", "paper": 5.59, "paper_std": 0.16,
-     "why": "fedavg.py does not write local_kl"},
 ]

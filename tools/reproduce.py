@@ -23,6 +23,7 @@ sys.path.insert(0, ROOT)  # python tools/reproduce.py: common, run_folder and to
 import common  # noqa: E402  first: its start-up signal handling covers the seconds numpy and torch take to load
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
+import importlib  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import re  # noqa: E402
@@ -256,16 +257,18 @@ def current_run(job):
 
 def given_flags(tokens):
     """{dest: value} of a command line's flags as argparse would take them (the last one wins);
-    a flag without a value is True."""
+    a flag without a value is True, one with several (``--ablate micro macro``) a list."""
     flags, i = {}, 0
     while i < len(tokens):
         token = tokens[i]
         if token.startswith("--"):
             name, eq, value = token[2:].partition("=")
             if not eq:
-                has_value = i + 1 < len(tokens) and not tokens[i + 1].startswith("--")
-                value = tokens[i + 1] if has_value else True
-                i += has_value
+                values = []
+                while i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+                    i += 1
+                    values.append(tokens[i])
+                value = True if not values else values[0] if len(values) == 1 else values
             flags[name.replace("-", "_")] = value
         i += 1
     return flags
@@ -297,10 +300,28 @@ def other_settings(job, folder):
     differ = [f"--{k.replace('_', '-')} {saved.get(k, 'not given')} (now {now.get(k, 'not given')})"
               for k in sorted(set(saved) | set(now))
               if k not in run_folder.RESUME_MAY_CHANGE and not same_value(saved.get(k), now.get(k))]
+    differ += changed_defaults(job, config["args"], set(saved) | set(now))
     planned = config["args"].get("rounds")
     if isinstance(planned, int) and planned > job["rounds"]:
         differ.append(f"--rounds {planned} (now {job['rounds']}; --rounds may only extend a run)")
     return differ
+
+
+def changed_defaults(job, saved_args, given):
+    """'--flag saved (now new)' for each setting the run took that the same command line would now
+    take otherwise: a default changed since (e.g. fedala.py --threshold 0.1, now 0.01). Settings
+    the run's config.json lacks (flags added since) take the value runs before them ran with;
+    --agnews-vocab matters to AG News only."""
+    module = importlib.import_module(job["script"].removesuffix(".py"))
+    try:
+        now = vars(module.parse_args(new_command(job, "auto")[2:]))
+    except (common.UserError, SystemExit):
+        return []  # the command itself is refused when it runs, with its own line
+    saved = {**run_folder.ADDED_FLAGS, **saved_args}
+    irrelevant = set() if saved.get("dataset") == "agnews" else {"agnews_vocab"}
+    return [f"--{k.replace('_', '-')} {saved[k]} (now {v}; a default changed)" for k, v in sorted(now.items())
+            if k not in run_folder.RESUME_MAY_CHANGE | irrelevant and k not in given and k in saved
+            and not same_value(saved[k], v)]
 
 
 def check_settings(jobs, report_only=False):
@@ -494,7 +515,7 @@ def run_jobs(jobs, args, argv):
     todo = [job for job in jobs if action(job)[0] in ("new", "resume")]
     done = sum(action(job)[0] == "done" for job in jobs)
     if done:
-        print(f"{done} of {len(jobs)} runs finished already (skipped)")
+        print(f"{done} of {plural(len(jobs), 'run')} finished already (skipped)")
     problems = 0
     for job in jobs:
         if action(job)[0] == "diverged":
@@ -649,19 +670,46 @@ def metric_words(metric):
     return f"`{metric['column']}` ({column}), {what}"
 
 
-def report_row(table, cell, method, row, rounds):
-    """One markdown row: cell, method, paper, ours (n), ours - paper, rounds, s/round, hardware, notes."""
+def plural(count, word):
+    """'1 run', '2 runs'."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def values_of(row):
+    return [s["value"] for s in row["seeds"] if s["value"] is not None]
+
+
+def comparison(table, method, values, first, digits):
+    """The 'ours vs paper' cell: ours minus the paper's number where both measure the same quantity;
+    for a table whose metric says "compare": "ratio to the first method" (ours and the paper's count
+    different things), ours / the cell's first method beside the paper's same ratio; else '-'.
+    ``first`` is (the first method's values, its paper number)."""
+    paper = method.get("paper")
+    if not values or paper is None:
+        return "-"
+    if table["metric"].get("compare") != "ratio to the first method":
+        return f"{np.mean(values) - paper:+.{digits}f}"
+    first_values, first_paper = first
+    if not first_values or not first_paper or not np.mean(first_values):
+        return "-"
+    return f"ratio to the first: ours {np.mean(values) / np.mean(first_values):.3f}, paper {paper / first_paper:.3f}"
+
+
+def report_row(table, cell, method, row, rounds, first=((), None)):
+    """One markdown row: cell, method, paper, ours (n), ours vs paper, rounds, s/round, hardware, notes.
+    ``first``: the cell's first method's (values, paper number), for tables compared by ratio."""
     metric = metric_of(table, method)
     digits = 4 if compare.lower_is_better(metric["column"]) else 2
     seeds = row["seeds"]
-    values = [s["value"] for s in seeds if s["value"] is not None]
+    values = values_of(row)
     ours = "-" if not values else compare.fmt(values, digits)
-    paper = method.get("paper")
-    diff = f"{np.mean(values) - paper:+.{digits}f}" if values and paper is not None else "-"
+    diff = comparison(table, method, values, first, digits)
     done = sorted({s["done"] for s in seeds})
     done_text = "0" if not done else str(done[0]) if len(done) == 1 else f"{done[0]}-{done[-1]}"
     secs = [s["sec_per_round"] for s in seeds if s["sec_per_round"] is not None]
     notes = [f"metric: {metric['summary']} {metric['column']}"] if "metric" in method else []
+    if method["script"] in paper_tables.RECONSTRUCTED:
+        notes.append(paper_tables.RECONSTRUCTED[method["script"]])
     with_results = {s["seed"] for s in seeds}
     missing = [str(j["seed"]) for j in row["jobs"] if j["seed"] not in with_results]
     if missing:
@@ -703,15 +751,21 @@ def report(table_id, table, jobs, args):
              + (f" (the table's are {table['rounds']})" if rounds != table["rounds"] else ""),
              f"- command: `{reproduce_command(table_id, args)}`",
              "- ours: mean ± sample std (n-1) over the n seeds with results, from each run's metrics.csv "
-             "(unfinished runs included, see rounds and notes); ours - paper: the mean minus the paper's number",
+             "(unfinished runs included, see rounds and notes); "
+             + ("ours vs paper: ours / the cell's first method beside the paper's same ratio (the two count "
+                "different quantities, so their difference means nothing)"
+                if table["metric"].get("compare") == "ratio to the first method"
+                else "ours vs paper: the mean minus the paper's number"),
              f"- runs: {os.path.join(args.out, table_id)}/CELL/METHOD/seedS/",
              "- curves (the metric's column per round and per MB, mean over seeds, band min..max): "
              + (", ".join(f"`{os.path.basename(p)}`" for p in curves) or "none yet"),
-             "", "| cell | method | paper | ours | n | ours - paper | rounds | s/round | hardware | notes |",
+             "", "| cell | method | paper | ours | n | ours vs paper | rounds | s/round | hardware | notes |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for cell in cells:
-        for method, mslug in zip(cell["methods"], method_slugs(cell)):
-            lines.append(report_row(table, cell, method, rows[(cell["name"], mslug)], rounds))
+        slugs = method_slugs(cell)
+        first = (values_of(rows[(cell["name"], slugs[0])]), cell["methods"][0].get("paper"))
+        for method, mslug in zip(cell["methods"], slugs):
+            lines.append(report_row(table, cell, method, rows[(cell["name"], mslug)], rounds, first))
     text = "\n".join(lines) + "\n"
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"{table_id}.md")
@@ -758,7 +812,7 @@ def list_tables(tables):
     for table_id, table in tables.items():
         runs = sum(len(c["methods"]) for c in table["cells"])
         cells = len(table["cells"])
-        print(f"{table_id}: {table['title']} ({cells} cell{'s' if cells > 1 else ''}, {runs} runs per seed, "
+        print(f"{table_id}: {table['title']} ({plural(cells, 'cell')}, {plural(runs, 'run')} per seed, "
               f"{table['rounds']} rounds)")
         for cell in table["cells"]:
             print(f"  {cell['name']}: {', '.join(m['method'] for m in cell['methods'])}")
@@ -769,7 +823,7 @@ def dry_run(table_id, table, jobs, args):
     print(f"{table_id}: {table['title']}")
     print(f"metric: {metric_words(table['metric'])}; protocol: {table['metric']['protocol']}")
     print(f"seeds {' '.join(map(str, args.seeds))}, {args.rounds or table['rounds']} rounds, "
-          f"{len(jobs)} runs under {os.path.join(args.out, table_id)}")
+          f"{plural(len(jobs), 'run')} under {os.path.join(args.out, table_id)}")
     for cell in table["cells"]:
         if args.only and cell["name"] not in args.only:
             continue
@@ -876,7 +930,7 @@ def main(argv=None, tables=None):
         return 128 + stopped
     report(args.table, table, jobs, args)
     if problems:
-        print(f"{problems} of {len(jobs)} runs failed or did not finish; see the lines above", file=sys.stderr)
+        print(f"{problems} of {plural(len(jobs), 'run')} failed or did not finish; see the lines above", file=sys.stderr)
         return 1
     return 0
 

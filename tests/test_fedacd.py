@@ -205,7 +205,7 @@ def test_fedavg_flag_gives_fedavg_py_metrics_and_fedacd_diagnostics(tmp_path):
     import fedavg
     flags = ["--dataset", "synthetic", "--num-clients", "6", "--rounds", "3", "--join-ratio", "0.5",
              "--local-epochs", "2", "--batch-size", "16", "--lr", "0.01", "--momentum", "0.9", "--weight-decay", "1e-5",
-             "--partition", "dir", "--beta", "0.1", "--test-split", "global", "--parallel-clients", "1"]
+             "--test-split", "global", "--parallel-clients", "1"]  # synthetic data: no partition flags
     fedavg.main(flags + ["--out", str(tmp_path / "fedavg")])
     fedacd.main(flags + ["--fedavg", "--no-mixup", "--out", str(tmp_path / "diag")])
     fedacd.main(flags + ["--no-mixup", "--out", str(tmp_path / "fedacd")])

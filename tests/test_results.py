@@ -10,7 +10,7 @@ import pytest
 
 import run_folder
 from conftest import ROOT, metrics_rows, run_dir
-from test_real_data import FILES
+from test_real_data import fmnist_dir  # noqa: F401  the fixture
 
 pytestmark = pytest.mark.slow
 RUNS = sorted(os.path.dirname(p) for p in glob.glob(os.path.join(ROOT, "results", "**", "config.json"), recursive=True))
@@ -19,17 +19,12 @@ ROUNDS = 2
 
 
 @pytest.mark.parametrize("folder", RUNS, ids=[os.path.relpath(f, os.path.join(ROOT, "results")) for f in RUNS])
-def test_the_first_rounds_of_a_committed_run_repeat_exactly(folder, tmp_path, one_thread):
+def test_the_first_rounds_of_a_committed_run_repeat_exactly(folder, tmp_path, one_thread, request):
     with open(os.path.join(folder, "config.json")) as f:
         config = json.load(f)
-    if config["args"]["dataset"] == "fmnist":
-        data_dir = os.environ.get("FMNIST_DIR", "/usr/share/datasets/fashion-mnist")
-        if not all(os.path.isfile(os.path.join(data_dir, name)) for name in FILES):
-            if os.environ.get("CI", "").lower() == "true":
-                pytest.fail(f"CI must check the committed runs: Fashion-MNIST is not in {data_dir}")
-            pytest.skip(f"Fashion-MNIST is not in {data_dir} (apt-get install dataset-fashion-mnist)")
-    else:
-        data_dir = config["args"]["data_dir"]
+    # Fashion-MNIST where test_real_data finds it (skipped without it, a failure under CI)
+    data_dir = request.getfixturevalue("fmnist_dir") if config["args"]["dataset"] == "fmnist" else \
+        config["args"]["data_dir"]
     script, *flags = config["command"]
     module = importlib.import_module(script.removesuffix(".py"))
     # the run's own command; where the data lies, the rounds, the device and the output folder aside

@@ -12,6 +12,10 @@ mean and std over clients), and on the uniform test set under --test-split globa
 skipped and nothing is sent; each client trains its own model, from the common initial model
 on, on its own data, and is evaluated on its own test data.
 
+--eval-local-models also evaluates each joining client's model after this round's local training,
+before aggregation, on its own test data (columns local_model_acc, local_model_acc_mean, ...): the
+"FedAvg fine-tuned locally" reading of FedAvg's rows in pFedLA's Tables 1-2. Training is unchanged.
+
 Defaults follow FedALA's setup (20 clients, join ratio 1, batch 10, lr 0.005, or 0.1 on
 MNIST and for fastText and ResNet-18, 1 local epoch, 2000 rounds, 4-layer CNN, Dir(0.1)).
 Details and our choices: docs/fedavg.md.
@@ -37,7 +41,13 @@ def parse_args(argv=None):
     parser.add_argument("--local-training", action="store_true",
                         help="no aggregation: each client trains its own model alone and is evaluated on its own "
                         "test data (the 'Local Training' row of pFedLA's Tables 1-2)")
-    return common.parse_args(parser, argv, common.fedala_learning_rate)
+    parser.add_argument("--eval-local-models", action="store_true",
+                        help="also evaluate each joining client's model after local training, before aggregation, "
+                        "on its own test data (columns local_model_acc*; a reading of pFedLA's FedAvg rows)")
+    return common.parse_args(parser, argv, common.fedala_learning_rate, checks=lambda args: [
+        (not (args.eval_local_models and args.local_training),
+         "--eval-local-models evaluates the local models of an aggregating run; --local-training already "
+         "reports its local models as test_acc")])
 
 
 def server_update(client_states, num_samples, aggregate=common.weighted_average):
@@ -47,13 +57,14 @@ def server_update(client_states, num_samples, aggregate=common.weighted_average)
 
 
 @torch.no_grad()
-def evaluate_local(local_models, worker, data):
-    """--local-training: each client's own model (a row of ``local_models``) on its own test data."""
+def evaluate_local(local_models, clients, worker, data, prefix="test"):
+    """Each client's own model (row k of ``local_models`` belongs to ``clients[k]``) on its own test
+    data: --local-training's models, or the round's trained models under --eval-local-models."""
     results = []
-    for client in range(data.num_clients):
-        common.load_flat_state(worker, local_models[client])
+    for model_row, client in zip(local_models, clients):
+        common.load_flat_state(worker, model_row)
         results.append(common.evaluate(worker, data, [data.test_idx[client]]))
-    return common.accuracy_metrics(*(torch.cat(r) for r in zip(*results)))
+    return common.accuracy_metrics(*(torch.cat(r) for r in zip(*results)), prefix=prefix)
 
 
 def main(argv=None):
@@ -95,8 +106,11 @@ def main(argv=None):
             common.load_flat_state(global_model, server_update(client_stack[:len(clients)], num_samples))
             run.add_bytes(down=model_bytes * len(clients), up=model_bytes * len(clients))
         if run.should_eval(round_):
-            evaluated = (evaluate_local(state["local_models"], pool.models[0], data) if args.local_training
-                         else common.evaluate_global(global_model, data))
+            evaluated = (evaluate_local(state["local_models"], range(args.num_clients), pool.models[0], data)
+                         if args.local_training else common.evaluate_global(global_model, data))
+            if args.eval_local_models:  # client_stack still holds the round's trained models
+                evaluated.update(evaluate_local(client_stack[:len(clients)], clients, pool.models[0], data,
+                                                prefix="local_model"))
             run.log(round_, {**evaluated, "train_loss": sum(losses) / len(losses)})
         run.checkpoint(round_, state, rng)
         if run.stop_requested(round_):  # Ctrl-C: this round's checkpoint is written

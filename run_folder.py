@@ -180,7 +180,7 @@ RESUME_MAY_CHANGE = {"rounds", "device", "parallel_clients", "data_dir", "out", 
 # flags added after run folders were made, with the value that runs made before them ran with: their
 # config.json and checkpoint lack the flag (--deterministic changes GPU results, so it may not change)
 ADDED_FLAGS = {"deterministic": "off",  # before the flag, torch's own settings
-               "dominant_share": 0.8, "local_training": False,
+               "dominant_share": 0.8, "local_training": False, "eval_local_models": False,
                "agnews_vocab": "train",  # AG News runs before the flag built the vocabulary from train texts
                "fedavg": False}  # fedacd.py before --fedavg: FedACD
 

@@ -77,6 +77,9 @@ class Job:
         self.algorithm, self.flags = algorithm, list(flags)
         self.module = importlib.import_module(algorithm)
         self.args = self.module.parse_args(self.flags)
+        if algorithm == "fedavg" and (self.args.local_training or self.args.eval_local_models):
+            raise common.UserError("--local-training and --eval-local-models are fedavg.py's alone, not run on "
+                                   "Flower; use python fedavg.py with them")
         self.device = common.resolve_device(self.args.device)
         self.data = common.load_federated_data(self.args, self.device)
         self.models = {}

@@ -1,5 +1,6 @@
 """fedavg.py --local-training: the "Local Training" row of pFedLA's Tables 1-2 (each client alone,
-no aggregation), checked against an independent chain of local training per client."""
+no aggregation), checked against an independent chain of local training per client; and
+fedavg.py --eval-local-models, FedAvg's trained models before aggregation, evaluated by hand."""
 import os
 
 import pytest
@@ -52,3 +53,46 @@ def test_local_training_differs_from_fedavg_and_resumes_to_the_uninterrupted_met
     assert rows(tmp_path / "part") == rows(tmp_path / "full")
     run_folder.run_main(fedavg.main, [*FLAGS, "--rounds", "3", "--out", str(tmp_path / "fedavg")])
     assert rows(tmp_path / "fedavg") != rows(tmp_path / "full")
+
+
+def test_eval_local_models_reports_the_trained_models_before_aggregation_and_changes_nothing(tmp_path, one_thread):
+    flags = ["--dataset", "synthetic", "--num-clients", "6", "--local-epochs", "1", "--batch-size", "8",
+             "--checkpoint-every", "1", "--device", "cpu", "--rounds", "2"]
+    run_folder.run_main(fedavg.main, [*flags, "--eval-local-models", "--out", str(tmp_path / "eval")])
+    run_folder.run_main(fedavg.main, [*flags[:-1], "1", "--out", str(tmp_path / "one")])
+    # by hand: round 2 starts every client from the global model after round 1, trains, and tests it alone
+    args = fedavg.parse_args(flags)
+    data = common.load_federated_data(args, torch.device("cpu"))
+    model = common.build_model(args.model, data)
+    blob = torch.load(os.path.join(run_dir(tmp_path / "one"), "checkpoint.pt"), weights_only=False)
+    model.load_state_dict(blob["state"]["global_model"])
+    global_after_1 = common.flatten_state(model).clone()
+    correct, count, loss = [], [], []
+    for client in range(6):
+        common.load_flat_state(model, global_after_1)
+        common.local_train(model, data, data.train_idx[client], args, common.client_seed(args.seed, 2, client))
+        c, n, l = common.evaluate(model, data, [data.test_idx[client]])
+        correct.append(float(c[0]))
+        count.append(float(n[0]))
+        loss.append(float(l[0]))
+    rows = metrics_rows(run_dir(tmp_path / "eval"))
+    assert float(rows[1]["local_model_acc_mean"]) == pytest.approx(
+        100 * sum(c / n for c, n in zip(correct, count)) / 6, abs=1e-4)
+    assert float(rows[1]["local_model_acc"]) == pytest.approx(100 * sum(correct) / sum(count), abs=1e-4)
+    assert float(rows[1]["local_model_loss"]) == pytest.approx(sum(loss) / sum(count), rel=1e-5)
+    assert rows[1]["local_model_loss"] != rows[1]["test_loss"]  # not the global model again
+    # the global model's columns are those of a plain FedAvg run, bit for bit
+    run_folder.run_main(fedavg.main, [*flags, "--out", str(tmp_path / "plain")])
+    plain = metrics_rows(run_dir(tmp_path / "plain"))
+    columns = ("round", "test_acc", "test_acc_mean", "test_acc_std", "test_loss", "train_loss")
+    assert [[r[k] for k in columns] for r in rows] == [[r[k] for k in columns] for r in plain]
+    assert "local_model_acc" not in plain[0]
+
+
+def test_eval_local_models_with_local_training_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        run_folder.run_main(fedavg.main, [*FLAGS, "--local-training", "--eval-local-models", "--out", str(tmp_path)])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--eval-local-models" in err[0]
+    assert os.listdir(tmp_path) == []

@@ -54,6 +54,12 @@ _PFEDLA_METRIC = {"summary": "final", "column": "test_acc_mean",
                               "after the last round (Sec. 4.1: 'the average model accuracy of all clients is "
                               "obtained after 600 rounds ... and 2500 rounds for 100 clients')"}
 
+# A reading of pFedLA's FedAvg rows (sensitivity, ours): FedAvg's clients' models after their local training.
+_FEDAVG_LOCAL_METRIC = {"summary": "final", "column": "local_model_acc_mean",
+                        "protocol": "FedAvg's clients' models after the round's local training, before aggregation "
+                                    "(fedavg.py --eval-local-models), each on its own test data, unweighted mean "
+                                    "over clients, after the last round"}
+
 # FedPake, Sec. 4.1: ResNet-18 (ResNet-34 for CIFAR-100*), 1000 rounds, 20 clients, rho 1.0, 1 local epoch,
 # 0.75 : 0.25 train / test (train and test images merged first), Dir(0.1). The paper states neither batch size
 # nor learning rate: fedpake.py's defaults (batch 10, lr 0.005) are passed to FedAvg too (its ResNet lr is 0.1).
@@ -599,7 +605,8 @@ TABLES = {
     # the paper's Table 1 / Table 2 numbers of the 10-client column. Local Training depends on the data setup alone.
     "pfedla-fmnist-sensitivity": {
         "title": "Sensitivity (ours, not a paper table): pFedLA Tables 1-2, Fashion-MNIST, 10 clients, 600 rounds, "
-                 "under other readings of the data per client (non-IID_1) and of the dominant share (non-IID_2)",
+                 "under other readings of the data per client (non-IID_1), of the dominant share (non-IID_2) "
+                 "and of FedAvg's evaluated model",
         "source": "pfedla",
         "metric": dict(_PFEDLA_METRIC),
         "rounds": 600,
@@ -640,6 +647,20 @@ TABLES = {
                   "paper_std": 0.59},
                  {"method": "pFedLA", "script": "pfedla.py", "flags": ["--k", "0"], "paper": 93.89, "paper_std": 0.91},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 89.09, "paper_std": 0.57},
+             ]},
+            # FedAvg's evaluated model: each client's model after its local training, before aggregation
+            # (fine-tuned FedAvg), beside the paper's FedAvg; the global model's columns are those of plain FedAvg.
+            {"name": "t1-fedavg-local-models",
+             "flags": ["--dataset", "fmnist", "--partition", "pfedla1", "--classes-per-client", "4", "--lr", "0.005"],
+             "methods": [
+                 {"method": "FedAvg, local models", "script": "fedavg.py", "flags": ["--eval-local-models"],
+                  "paper": 91.24, "paper_std": 0.98, "metric": dict(_FEDAVG_LOCAL_METRIC)},
+             ]},
+            {"name": "t2-fedavg-local-models",
+             "flags": ["--dataset", "fmnist", "--partition", "pfedla2", "--classes-per-client", "2", "--lr", "0.005"],
+             "methods": [
+                 {"method": "FedAvg, local models", "script": "fedavg.py", "flags": ["--eval-local-models"],
+                  "paper": 89.09, "paper_std": 0.57, "metric": dict(_FEDAVG_LOCAL_METRIC)},
              ]},
         ],
     },

@@ -91,6 +91,28 @@ _FEDACD_METRIC_T2 = {"summary": "final", "column": "test_acc_mean",
                                  "last round (the paper does not say best or final, nor mean or pooled)"}
 
 
+# The sensitivity table's cells (ours): Fashion-MNIST in pFedLA's Table 1 (non-IID_1) or Table 2 (non-IID_2)
+# setting of 10 clients with one other reading (extra flags), beside that table's paper numbers.
+_FMNIST_FLAGS = {"t1": ["--dataset", "fmnist", "--partition", "pfedla1", "--classes-per-client", "4", "--lr", "0.005"],
+                 "t2": ["--dataset", "fmnist", "--partition", "pfedla2", "--classes-per-client", "2", "--lr", "0.005"]}
+_FMNIST_PAPER = {"t1": {"Local Training": (85.83, 0.17), "pFedLA": (94.34, 0.29), "FedAvg": (91.24, 0.98)},
+                 "t2": {"Local Training": (65.60, 0.59), "pFedLA": (93.89, 0.91), "FedAvg": (89.09, 0.57)}}
+
+
+def _fmnist_sensitivity_cell(name, paper_table, extra, fedavg_local_models=False):
+    """Local Training, pFedLA and FedAvg under ``extra`` flags; with ``fedavg_local_models``, FedAvg's
+    clients' models after local training (fedavg.py --eval-local-models) beside the paper's FedAvg."""
+    paper = _FMNIST_PAPER[paper_table]
+    methods = [("FedAvg, local models", "fedavg.py", ["--eval-local-models"], "FedAvg")] if fedavg_local_models \
+        else [("Local Training", "fedavg.py", ["--local-training"], "Local Training"),
+              ("pFedLA", "pfedla.py", ["--k", "0"], "pFedLA"), ("FedAvg", "fedavg.py", [], "FedAvg")]
+    return {"name": name, "flags": _FMNIST_FLAGS[paper_table] + extra,
+            "methods": [{"method": method, "script": script, "flags": flags, "paper": paper[row][0],
+                         "paper_std": paper[row][1],
+                         **({"metric": dict(_FEDAVG_LOCAL_METRIC)} if fedavg_local_models else {})}
+                        for method, script, flags, row in methods]}
+
+
 TABLES = {
     # ------------------------------------------------------------------------------------ measured here
     "synthetic": {
@@ -612,56 +634,14 @@ TABLES = {
         "rounds": 600,
         "common": list(_PFEDLA_COMMON_10),
         "cells": [
-            {"name": "t1-300-per-client",
-             "flags": ["--dataset", "fmnist", "--partition", "pfedla1", "--classes-per-client", "4", "--lr", "0.005",
-                       "--samples-per-client", "300"],
-             "methods": [
-                 {"method": "Local Training", "script": "fedavg.py", "flags": ["--local-training"], "paper": 85.83,
-                  "paper_std": 0.17},
-                 {"method": "pFedLA", "script": "pfedla.py", "flags": ["--k", "0"], "paper": 94.34, "paper_std": 0.29},
-                 {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 91.24, "paper_std": 0.98},
-             ]},
-            {"name": "t1-7000-per-client",
-             "flags": ["--dataset", "fmnist", "--partition", "pfedla1", "--classes-per-client", "4", "--lr", "0.005",
-                       "--samples-per-client", "7000"],
-             "methods": [
-                 {"method": "Local Training", "script": "fedavg.py", "flags": ["--local-training"], "paper": 85.83,
-                  "paper_std": 0.17},
-                 {"method": "pFedLA", "script": "pfedla.py", "flags": ["--k", "0"], "paper": 94.34, "paper_std": 0.29},
-                 {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 91.24, "paper_std": 0.98},
-             ]},
-            {"name": "t2-share-0.5",
-             "flags": ["--dataset", "fmnist", "--partition", "pfedla2", "--classes-per-client", "2", "--lr", "0.005",
-                       "--dominant-share", "0.5"],
-             "methods": [
-                 {"method": "Local Training", "script": "fedavg.py", "flags": ["--local-training"], "paper": 65.60,
-                  "paper_std": 0.59},
-                 {"method": "pFedLA", "script": "pfedla.py", "flags": ["--k", "0"], "paper": 93.89, "paper_std": 0.91},
-                 {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 89.09, "paper_std": 0.57},
-             ]},
-            {"name": "t2-share-0.3",
-             "flags": ["--dataset", "fmnist", "--partition", "pfedla2", "--classes-per-client", "2", "--lr", "0.005",
-                       "--dominant-share", "0.3"],
-             "methods": [
-                 {"method": "Local Training", "script": "fedavg.py", "flags": ["--local-training"], "paper": 65.60,
-                  "paper_std": 0.59},
-                 {"method": "pFedLA", "script": "pfedla.py", "flags": ["--k", "0"], "paper": 93.89, "paper_std": 0.91},
-                 {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 89.09, "paper_std": 0.57},
-             ]},
+            _fmnist_sensitivity_cell("t1-300-per-client", "t1", ["--samples-per-client", "300"]),
+            _fmnist_sensitivity_cell("t1-7000-per-client", "t1", ["--samples-per-client", "7000"]),
+            _fmnist_sensitivity_cell("t2-share-0.5", "t2", ["--dominant-share", "0.5"]),
+            _fmnist_sensitivity_cell("t2-share-0.3", "t2", ["--dominant-share", "0.3"]),
             # FedAvg's evaluated model: each client's model after its local training, before aggregation
             # (fine-tuned FedAvg), beside the paper's FedAvg; the global model's columns are those of plain FedAvg.
-            {"name": "t1-fedavg-local-models",
-             "flags": ["--dataset", "fmnist", "--partition", "pfedla1", "--classes-per-client", "4", "--lr", "0.005"],
-             "methods": [
-                 {"method": "FedAvg, local models", "script": "fedavg.py", "flags": ["--eval-local-models"],
-                  "paper": 91.24, "paper_std": 0.98, "metric": dict(_FEDAVG_LOCAL_METRIC)},
-             ]},
-            {"name": "t2-fedavg-local-models",
-             "flags": ["--dataset", "fmnist", "--partition", "pfedla2", "--classes-per-client", "2", "--lr", "0.005"],
-             "methods": [
-                 {"method": "FedAvg, local models", "script": "fedavg.py", "flags": ["--eval-local-models"],
-                  "paper": 89.09, "paper_std": 0.57, "metric": dict(_FEDAVG_LOCAL_METRIC)},
-             ]},
+            _fmnist_sensitivity_cell("t1-fedavg-local-models", "t1", [], fedavg_local_models=True),
+            _fmnist_sensitivity_cell("t2-fedavg-local-models", "t2", [], fedavg_local_models=True),
         ],
     },
     "pfedla-t3": {

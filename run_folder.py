@@ -204,11 +204,15 @@ os.umask(_UMASK)
 
 
 def atomic_write(path, content):
-    """Write ``content`` (str, bytes, or a function that writes to a binary file) to ``path``
-    through a temporary file and a rename: a reader never sees half a file. The file gets the
-    user's umask (mkstemp alone would make it private)."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-")
+    """Write ``content`` (str, bytes, or a function that writes to a binary file, such as a
+    figure's ``savefig``) to ``path`` through a temporary file in the same folder and a rename: a
+    reader never sees half a file, and a write that fails (a full disk, a read-only folder) leaves
+    the previous file as it was and no temporary file behind. Every tool and run writes its files
+    through here. A failure is an OSError that names ``path``, not the temporary file. The file
+    gets the user's umask (mkstemp alone would make it private)."""
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-")
         with os.fdopen(fd, "wb") as f:
             if callable(content):
                 content(f)
@@ -216,9 +220,15 @@ def atomic_write(path, content):
                 f.write(content.encode() if isinstance(content, str) else content)
         os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
+        tmp = None
+    except OSError as e:
+        if e.filename == path:
+            raise
+        raise OSError(e.errno, e.strerror or str(e), path) from None  # the errno's own subclass, e.g. PermissionError
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
 
 
 # the files of a run folder, each written whole by atomic_write

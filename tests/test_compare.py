@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from conftest import ROOT, metrics_rows, run_script
+from tools import compare as compare_tool
 
 ARGS = {"dataset": "synthetic", "data_dir": "./data", "partition": "dir", "beta": 0.1, "num_clients": 20,
         "rounds": 5, "lr": 0.005, "seed": 0, "device": "auto", "out": "runs", "resume": None,
@@ -118,12 +119,13 @@ def test_seeds_of_equal_settings_share_one_row_with_mean_and_std(tmp_path):
 
 
 def test_runs_of_different_settings_are_never_averaged(tmp_path):
-    make_run(tmp_path, "base-s0", seed=0)
-    make_run(tmp_path, "base-s1", seed=1)
-    make_run(tmp_path, "lr", seed=1, lr=0.01)
-    make_run(tmp_path, "beta", seed=1, beta=0.5)
-    make_run(tmp_path, "rounds", seed=1, rounds=6, acc=(10, 30, 20, 40, 35, 36))
-    make_run(tmp_path, "other-algo", algo="fedala", seed=1)
+    real = {"dataset": "cifar10"}  # a partitioned dataset: --beta is a setting
+    make_run(tmp_path, "base-s0", seed=0, **real)
+    make_run(tmp_path, "base-s1", seed=1, **real)
+    make_run(tmp_path, "lr", seed=1, lr=0.01, **real)
+    make_run(tmp_path, "beta", seed=1, beta=0.5, **real)
+    make_run(tmp_path, "rounds", seed=1, rounds=6, acc=(10, 30, 20, 40, 35, 36), **real)
+    make_run(tmp_path, "other-algo", algo="fedala", seed=1, **real)
     proc, rows = compare(tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert len(rows) == 5
@@ -370,3 +372,121 @@ def test_unreadable_files_and_folders_are_listed_as_damaged(tmp_path):
                       "2": "damaged: the folder cannot be read (permission denied)"}
     (no_config,) = [r for r in rows if r["seeds"] == "?"]
     assert no_config["best"] == "40.00"  # metrics.csv could be read
+
+
+# ----------------------------------------------------------------------------- issue 37: paths, metric, labels, seeds
+
+def test_a_folder_given_twice_or_with_one_of_its_runs_counts_each_run_once(tmp_path):
+    runs = tmp_path / "runs"
+    first = make_run(runs, "fedavg-synthetic-s0", seed=0)
+    make_run(runs, "fedavg-synthetic-s1", seed=1, acc=(12, 25, 45, 41, 44))
+    for paths in ([runs, runs], [runs, first], [first, runs], [first, first, runs / ".." / "runs"]):
+        proc, rows = compare(*paths)
+        assert proc.returncode == 0, proc.stderr
+        (row,) = rows
+        assert row["seeds"] == "0,1" and cell(row["best"]) == pytest.approx(mean_std([40, 45]), abs=0.006)
+
+
+def test_an_empty_metric_is_refused(tmp_path):
+    make_run(tmp_path / "runs", "a")
+    for metric in ("", " "):
+        proc, _ = compare(tmp_path / "runs", "--metric", metric)
+        assert_one_line_error(proc, f"unknown metric {metric!r}", "test_acc")
+        assert proc.stdout == ""
+
+
+def test_synthetic_runs_are_labelled_by_what_applies(tmp_path):
+    """Synthetic data is generated per client: no partition, and partition flags that differ change
+    nothing, so those runs are one setting; a partitioned dataset keeps dir(beta) and beta as a setting."""
+    import common
+    assert compare_tool.PARTITION_FLAGS == common.PARTITION_FLAGS
+    make_run(tmp_path, "syn-s0", seed=0, dataset="synthetic(0.5,0.5)")
+    make_run(tmp_path, "syn-s1", seed=1, dataset="synthetic(0.5,0.5)", beta=0.5, partition="pat")
+    make_run(tmp_path, "cifar-s0", seed=0, dataset="cifar10")
+    make_run(tmp_path, "cifar-s1", seed=1, dataset="cifar10", beta=0.5)
+    proc, rows = compare(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    by = {(r["dataset"], r["seeds"]): r for r in rows}
+    assert set(by) == {("synthetic(0.5,0.5)", "0,1"), ("cifar10", "0"), ("cifar10", "1")}
+    assert by[("synthetic(0.5,0.5)", "0,1")]["partition"] == "generated"
+    assert by[("synthetic(0.5,0.5)", "0,1")]["settings"] == "-"
+    assert (by[("cifar10", "0")]["partition"], by[("cifar10", "1")]["partition"]) == ("dir(0.1)", "dir(0.5)")
+    assert by[("cifar10", "1")]["settings"] == "beta=0.5"
+
+
+def test_two_runs_of_one_seed_are_not_averaged_as_two_seeds(tmp_path):
+    """The group counts each seed once, with the later run (folder names end in their start time); the
+    earlier run of that seed is listed on its own row, flagged."""
+    make_run(tmp_path, "fedavg-synthetic-s0-20260101-100000", seed=0, acc=(1, 2, 3, 4, 10))
+    make_run(tmp_path, "fedavg-synthetic-s0-20260102-100000", seed=0, acc=(1, 2, 3, 4, 20))
+    make_run(tmp_path, "fedavg-synthetic-s1-20260101-110000", seed=1, acc=(1, 2, 3, 4, 30))
+    proc, rows = compare(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (group,) = [r for r in rows if r["status"] == "ok"]
+    assert group["seeds"] == "0,1" and cell(group["final"]) == pytest.approx(mean_std([20, 30]), abs=0.006)
+    (repeat,) = [r for r in rows if r["status"] != "ok"]
+    assert repeat["status"] == "repeat of seed 0, not averaged" and repeat["final"] == "10.00"
+
+
+def test_headline_is_never_a_bookkeeping_column(tmp_path):
+    """FedACD's paper_reports says "... best or final round": a run without global_acc is judged by
+    test_acc, not by the column round."""
+    make_run(tmp_path, "acd", algo="fedacd", summary={
+        "paper_reports": "global_acc: global model on the uniform test set (the paper does not say best or final round)"})
+    with open(tmp_path / "acd" / "metrics.csv") as f:
+        text = f.read()
+    with open(tmp_path / "acd" / "metrics.csv", "w") as f:  # no global_acc column
+        f.write("\n".join(",".join(c for i, c in enumerate(line.split(",")) if i != 3) for line in text.splitlines()))
+    proc, rows = compare(tmp_path)
+    assert proc.returncode == 0 and rows[0]["metric"] == "test_acc", proc.stdout + proc.stderr
+
+
+# ----------------------------------------------------------------------------- issue 37: results that contradict themselves
+
+def write_summary(folder, **fields):
+    path = os.path.join(folder, "summary.json")
+    with open(path) as f:
+        summary = json.load(f)
+    with open(path, "w") as f:
+        json.dump({**summary, **fields}, f)
+
+
+def test_summary_numbers_are_run_folders():
+    import run_folder
+    for values in ([3.0, 1.0, 2.0], [float(v) for v in range(25)], [5.0, float("nan"), 1.0]):
+        ours, theirs = compare_tool.summary_numbers(values, "test_acc"), run_folder.summarise(values)
+        assert all(compare_tool.same_number(ours[k], theirs[k]) for k in theirs), (ours, theirs)
+    assert compare_tool.summary_numbers([0.3, 0.1, 0.2], "local_risk")["best"] == 0.1  # fedacd.py: lower is better
+
+
+def test_results_that_contradict_themselves_are_damaged(tmp_path):
+    acc = (10, 30, 20, 40, 35)
+    finished = {"status": "finished", "rounds_done": 5,
+                "test_acc": {"best": 40.0, "final": 35.0, "last10_mean": 27.0}}
+    make_run(tmp_path, "ok", seed=0, summary=finished)
+    rewrite_metrics(make_run(tmp_path, "last-row-lost", seed=1, summary=finished),
+                    lambda t: "".join(t.splitlines(keepends=True)[:-1]))
+    make_run(tmp_path, "summary-edited", seed=2, summary={**finished, "test_acc": {**finished["test_acc"], "best": 41.0}})
+    rewrite_metrics(make_run(tmp_path, "duplicated", seed=3, summary=finished),
+                    lambda t: t.replace("\n3,", "\n2,", 1))
+    rewrite_metrics(make_run(tmp_path, "reversed", seed=4, summary=finished),
+                    lambda t: t.replace("\n3,", "\nX,").replace("\n4,", "\n3,").replace("\nX,", "\n4,"))
+    rewrite_metrics(make_run(tmp_path, "inf-seconds", seed=5), lambda t: t.replace("\n3,20.0,10.0,21.0,80.0,1.5,", "\n3,20.0,10.0,21.0,80.0,inf,"))
+    make_run(tmp_path, "past-plan", seed=6, rounds=4)
+    make_run(tmp_path, "other-algorithm", seed=7, summary={**finished, "algorithm": "fedala"})
+    # a finished 3-round run extended by --resume --rounds 5, stopped at round 4: its summary.json is the 3-round one
+    make_run(tmp_path, "extended", seed=8, acc=acc[:4], summary={"status": "finished", "rounds": 3, "rounds_done": 3,
+                                                                "test_acc": {"best": 30.0, "final": 20.0,
+                                                                             "last10_mean": 20.0}})
+    proc, rows = compare(tmp_path)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    status = {r["seeds"]: r["status"] for r in rows}
+    assert status["0"] == "ok"
+    assert status["1"] == "damaged: metrics.csv ends at round 4, summary.json says 5 were done, unfinished 4/5"
+    assert status["2"] == "damaged: summary.json has test_acc best 41.0, metrics.csv 40"
+    assert status["3"] == "damaged: metrics.csv line 4 repeats round 2"
+    assert status["4"] == "damaged: metrics.csv line 5 has round 3 after round 4"
+    assert status["5"] == "damaged: metrics.csv line 4 has seconds 'inf', not a finite number"
+    assert status["6"] == "damaged: metrics.csv has round 5, config.json plans 4 rounds"
+    assert status["7"] == "damaged: summary.json is of fedala, config.json of fedavg"
+    assert status["8"] == "unfinished 4/5"

@@ -20,7 +20,9 @@ import re
 import stat
 import sys
 
-import numpy as np
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root: run_folder by name
+sys.path.insert(0, ROOT)
+import numpy as np  # noqa: E402
 
 # Flags that cannot change results: runs differing only in these (and the seed) are grouped.
 NO_EFFECT = {"seed", "out", "resume", "device", "data_dir", "parallel_clients", "stop_after",
@@ -28,6 +30,9 @@ NO_EFFECT = {"seed", "out", "resume", "device", "data_dir", "parallel_clients", 
 # metrics.csv columns that are bookkeeping, not metrics.
 BOOKKEEPING = {"round", "seconds", "sec_per_round", "mb_down", "mb_up", "host_mb", "device_mb"}
 SHOWN = {"algorithm", "dataset", "partition", "num_clients", "rounds"}  # already their own columns
+# common.PARTITION_FLAGS: the flags of the label partition, which synthetic data (generated per client) does
+# not use; as settings of a synthetic run they change nothing (tests/test_compare.py checks the two agree)
+PARTITION_FLAGS = ("partition", "beta", "classes_per_client", "balance", "samples_per_client", "dominant_share")
 OLD_NAME = re.compile(r"^([^-]+)-(.+)-s(\d+)(?:-.*)?$")  # <algo>-<dataset>-s<seed>-<time>
 
 
@@ -107,8 +112,10 @@ def read_metrics(path):
     None if the file is missing, unreadable or has no good row; problem is None, 'unreadable' or
     what is damaged (read_text's problem, or the first bad line, e.g. 'line 7 cut off'). A bad line
     is left out whole: one cut off (the last line, shorter than the header), with more or fewer
-    cells than the header, a cell that is not a number, or a round that is not a whole number.
-    Empty cells (a metric not evaluated that round) are no damage; nan and inf are numbers."""
+    cells than the header, a cell that is not a number, a round that is not a whole number, a
+    round that repeats one before it or comes after a later one (rows duplicated or reversed),
+    or bookkeeping (seconds, MB) that is nan or inf. Empty cells (a metric not evaluated that
+    round) are no damage; a metric's nan and inf are numbers (a diverged run)."""
     text, problem = read_text(path)
     if text is None:
         return None, None, problem
@@ -130,6 +137,11 @@ def read_metrics(path):
             bad.append((number, wrong))
             continue
         round_ = int(float(cells[header.index("round")]))
+        if series["round"] and round_ <= series["round"][-1][0]:
+            before = series["round"][-1][0]
+            bad.append((number, f"repeats round {round_}" if any(r == round_ for r, _ in series["round"])
+                        else f"has round {round_} after round {before}"))
+            continue
         for c, cell in zip(header, cells):
             if c and cell.strip():
                 series[c].append((round_, float(cell)))
@@ -142,7 +154,8 @@ def read_metrics(path):
 
 def bad_line(header, cells, last):
     """What is wrong with one metrics.csv line (a list of cells), or None; the last line of the
-    file that is short or has a cell that is not a number was cut off."""
+    file that is short or has a cell that is not a number was cut off. Bookkeeping (seconds, MB)
+    must be finite."""
     round_ = to_float(cells[header.index("round")]) if len(cells) > header.index("round") else None
     if len(cells) != len(header):
         wrong = f"has {len(cells)} cells, the header {len(header)}"
@@ -151,24 +164,29 @@ def bad_line(header, cells, last):
     else:
         wrong = next((f"has {c} {cell!r}, not a number" for c, cell in zip(header, cells)
                       if cell.strip() and to_float(cell) is None), None)
-    return "cut off" if wrong and last and len(cells) <= len(header) else wrong
+    if wrong:
+        return "cut off" if last and len(cells) <= len(header) else wrong
+    return next((f"has {c} {cell!r}, not a finite number" for c, cell in zip(header, cells)
+                 if c in BOOKKEEPING and cell.strip() and not math.isfinite(to_float(cell))), None)
 
 
 def find_runs(paths):
-    """Every run folder at or under the given paths, sorted and without duplicates: folders with
-    an entry named metrics.csv or config.json (whatever it is), and folders that cannot be read
-    (load_run reports them as damaged rather than leave them out)."""
+    """Every run folder at or under the given paths, sorted and each once (a folder given twice,
+    or a folder and one of its runs, counts each run once): folders with an entry named
+    metrics.csv or config.json (whatever it is), and folders that cannot be read (load_run
+    reports them as damaged rather than leave them out). A path with no run folder is bad input."""
     found = set()
+    here = set()  # the run folders found under the path being walked
 
     def unreadable(error):  # os.walk could not list this folder
-        found.add(os.path.realpath(error.filename))
+        here.add(os.path.realpath(error.filename))
 
     for path in paths:
         if not os.path.exists(path):
             fail(f"no such path: {path}")
         if not os.path.isdir(path):
             fail(f"not a folder: {path}")
-        before = len(found)
+        here.clear()
         seen = set()  # symlinked folders are followed, each real folder once (a link loop ends)
         for folder, subdirs, files in os.walk(path, onerror=unreadable, followlinks=True):
             real = os.path.realpath(folder)
@@ -177,11 +195,12 @@ def find_runs(paths):
                 continue
             seen.add(real)
             if {"metrics.csv", "config.json"} & set(files + subdirs):
-                found.add(real)
+                here.add(real)
                 subdirs[:] = []  # a run folder holds no further runs
             subdirs.sort()
-        if len(found) == before:
+        if not here:
             fail(f"no run folder (with metrics.csv or config.json) in {path}")
+        found |= here
     return sorted(found)
 
 
@@ -222,17 +241,80 @@ def load_run(folder):
         run["flags"].append("unreadable metrics.csv")
     if series is not None:
         run["columns"], run["metrics"] = columns, series
+    planned = run["args"].get("rounds", run["summary"].get("rounds"))
+    run["planned"] = planned if isinstance(planned, int) and not isinstance(planned, bool) else None
+    run["done"] = max((r for r, _ in run["metrics"]["round"]), default=0) if run["metrics"] else 0
+    if series is not None and metrics_err is None:  # a metrics.csv with bad lines is damaged already
+        run["damage"] += disagreements(run, config if run["config"] else None)
     if run["damage"]:
         run["flags"].insert(0, "damaged: " + "; ".join(run["damage"]))
-    planned = run["args"].get("rounds", run["summary"].get("rounds"))
-    run["planned"] = planned if isinstance(planned, int) else None
-    run["done"] = max((r for r, _ in run["metrics"]["round"]), default=0) if run["metrics"] else 0
     values = [v for c, pts in (run["metrics"] or {}).items() if c not in BOOKKEEPING for _, v in pts]
     if run["summary"].get("status") == "diverged" or any(not math.isfinite(v) for v in values):
         run["flags"].append("diverged")
     elif run["metrics"] and (not summary or (run["planned"] and run["done"] < run["planned"])):
         run["flags"].append(f"unfinished {run['done']}/{run['planned'] or '?'}")
     return run
+
+
+def summary_numbers(values, column):
+    """best, final and mean of the last 10 of a metric's evaluations, as summary.json has them:
+    run_folder.summarise's maximum (tests/test_compare.py checks that the two agree), the minimum
+    for a loss or risk (fedacd.py's local_risk)."""
+    values = np.asarray(values, dtype=float)
+    return {"best": float(values.min() if lower_is_better(column) else values.max()), "final": float(values[-1]),
+            "last10_mean": float(values[-10:].mean())}
+
+
+def same_number(a, b):
+    """Equal up to the rounding of a number written to a file (nan equals nan)."""
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b)):
+        return False
+    return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6)
+
+
+def disagreements(run, config):
+    """What in a run's files contradicts the rest, as damage: metrics.csv going past the rounds
+    config.json plans, and summary.json against metrics.csv (the last round it names, each
+    metric's best, final and last-10 mean recomputed from the rows up to that round, its
+    algorithm and rounds). A summary.json of a shorter run that --resume --rounds extends names
+    fewer rounds than config.json and is checked over the rows it saw."""
+    problems, summary = [], run["summary"]
+    rounds = [r for r, _ in run["metrics"]["round"]]
+    planned = run["planned"]
+    if config and planned and rounds[-1] > planned:
+        problems.append(f"metrics.csv has round {rounds[-1]}, config.json plans {planned} rounds")
+    if not summary:
+        return problems
+    if config and isinstance(summary.get("algorithm"), str) and summary["algorithm"] != run["algorithm"]:
+        problems.append(f"summary.json is of {summary['algorithm']}, config.json of {run['algorithm']}")
+    its_rounds = summary.get("rounds")
+    if config and isinstance(its_rounds, int) and planned and its_rounds > planned:
+        problems.append(f"summary.json has {its_rounds} rounds, config.json plans {planned}")
+    done = summary.get("rounds_done")
+    if isinstance(done, int) and not isinstance(done, bool):
+        extended = isinstance(its_rounds, int) and planned and its_rounds < planned
+        if done > rounds[-1]:
+            problems.append(f"metrics.csv ends at round {rounds[-1]}, summary.json says {done} were done")
+            return problems
+        if done not in rounds:
+            problems.append(f"metrics.csv has no round {done}, the last of summary.json")
+            return problems
+        if done < rounds[-1] and not extended:
+            problems.append(f"metrics.csv goes on to round {rounds[-1]} after summary.json's last round {done}")
+    else:
+        done = rounds[-1]
+    for column, numbers in summary.items():
+        if not (isinstance(numbers, dict) and {"best", "final", "last10_mean"} <= set(numbers)):
+            continue
+        values = [v for r, v in run["metrics"].get(column, []) if r <= done]
+        if not values:
+            problems.append(f"summary.json has {column}, metrics.csv has no such column")
+            continue
+        ours = summary_numbers(values, column)
+        key = next((k for k in ("best", "final", "last10_mean") if not same_number(numbers[k], ours[k])), None)
+        if key:
+            problems.append(f"summary.json has {column} {key} {numbers[key]!r}, metrics.csv {ours[key]:.6g}")
+    return problems
 
 
 def headline(run, by_algorithm):
@@ -242,7 +324,7 @@ def headline(run, by_algorithm):
     if s.get("headline_metric") in columns:
         return s["headline_metric"]
     for word in re.findall(r"\w+", str(s.get("paper_reports", ""))):
-        if word in columns:
+        if word in columns and word not in BOOKKEEPING:  # "... the best or final round": not the column round
             return word
     return by_algorithm.get(run["algorithm"], "test_acc")
 
@@ -263,18 +345,42 @@ def last(run, column):
     return points[-1][1] if points else None
 
 
+def synthetic(args):
+    """Whether a run's data is generated per client (synthetic, synthetic(A,B), synthetic(iid)),
+    so that no label partition applies."""
+    dataset = str(args.get("dataset", ""))
+    return dataset == "synthetic" or dataset.startswith("synthetic(")
+
+
+def settings_of(run):
+    """The args that can change a run's results: all but the seed, NO_EFFECT and, for synthetic
+    data, the partition flags."""
+    ignored = NO_EFFECT | (set(PARTITION_FLAGS) if synthetic(run["args"]) else set())
+    return {k: v for k, v in run["args"].items() if k not in ignored}
+
+
 def group_runs(runs, metric_of):
-    """Rows of runs: finished runs of equal settings (all args but seed and NO_EFFECT, and the
-    metric) share a row; every other run has a row of its own."""
+    """Rows of runs: finished runs of equal settings (settings_of, and the metric) share a row,
+    each seed counted once: of two or more runs of one seed the group takes the last by folder
+    name (run folders end in their start time) and each other one gets a row of its own flagged
+    'repeat of seed S, not averaged'. Every other run has a row of its own."""
     groups = {}
     for i, run in enumerate(runs):
         if run["flags"]:
             key = ("single", i)
         else:
-            settings = {k: v for k, v in run["args"].items() if k not in NO_EFFECT}
-            key = (run["algorithm"], metric_of[i], json.dumps(settings, sort_keys=True, default=str))
+            key = (run["algorithm"], metric_of[i], json.dumps(settings_of(run), sort_keys=True, default=str))
         groups.setdefault(key, []).append(i)
     seed = lambda i: runs[i]["args"].get("seed") if isinstance(runs[i]["args"].get("seed"), int) else -1
+    for key, members in list(groups.items()):
+        if key[0] == "single":
+            continue
+        last = {seed(i): i for i in sorted(members, key=lambda i: os.path.basename(runs[i]["folder"]))}
+        for i in members:
+            if last[seed(i)] != i:
+                runs[i]["flags"].append(f"repeat of seed {seed(i)}, not averaged")
+                groups[("single", i)] = [i]
+        groups[key] = sorted(last.values())
     rows = [sorted(members, key=lambda i: (seed(i), runs[i]["folder"])) for members in groups.values()]
     return sorted(rows, key=lambda m: (runs[m[0]]["algorithm"], str(runs[m[0]]["args"].get("dataset")),
                                        runs[m[0]]["folder"]))
@@ -290,7 +396,8 @@ def varying_settings(runs, rows):
                  if runs[m[0]]["algorithm"] == run["algorithm"] and runs[m[0]]["config"]]
         if not run["config"]:
             peers = []
-        keys = sorted({k for a in peers for k in a} - NO_EFFECT - SHOWN)
+        keys = sorted({k for a in peers for k in a} - NO_EFFECT - SHOWN -
+                      (set(PARTITION_FLAGS) if synthetic(run["args"]) else set()))
         out.append(" ".join(f"{k}={run['args'].get(k)}" for k in keys
                             if len({json.dumps(a.get(k), default=str) for a in peers}) > 1))
     return out
@@ -322,7 +429,9 @@ def table_rows(runs, rows, metric_of):
         mbs = [last(r, "mb_down") + last(r, "mb_up") if None not in (last(r, "mb_down"), last(r, "mb_up"))
                else None for r in group]
         partition = str(args.get("partition", "?"))
-        if partition == "dir" and "beta" in args:
+        if synthetic(args):  # the clients' data are generated, not partitioned
+            partition = "generated"
+        elif partition == "dir" and "beta" in args:
             partition += f"({args['beta']})"
         lines.append([
             first["algorithm"], os.path.basename(str(args.get("dataset", "?"))), partition,
@@ -384,11 +493,23 @@ def plot(runs, rows, metric_of, table, path):
         ax.grid(alpha=0.3)
     by_round.legend(fontsize=6.5, loc="best")
     fig.tight_layout()
-    try:
-        fig.savefig(path)
-    except (OSError, ValueError) as e:
+    import run_folder  # here, not at the top: it loads torch, which the table does not need
+    kind = os.path.splitext(path)[1].lower().lstrip(".")
+    try:  # whole or not at all: a full disk leaves the previous file as it was (an OSError naming path)
+        run_folder.atomic_write(path, lambda f: fig.savefig(f, format=kind))
+    except ValueError as e:
         fail(f"cannot write {path}: {e}")
-    plt.close(fig)
+    finally:
+        plt.close(fig)
+
+
+def cannot_write(path, error, existed):
+    """A file that cannot be written (a full disk, a read-only folder): one line naming it and what
+    is kept, exit status 1."""
+    message = f"cannot write {path} ({error.strerror or error}); " + \
+        ("the previous file is kept as it was" if existed else "nothing was written")
+    print("error: " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in message), file=sys.stderr)
+    sys.exit(1)
 
 
 PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg")
@@ -417,18 +538,22 @@ def main(argv=None):
         damaged = [r for r in runs if r["damage"]]
         fail("no readable metrics.csv in the run folders found" + (
             f"; {len(damaged)} damaged, e.g. {damaged[0]['folder']}: {damaged[0]['damage'][0]}" if damaged else ""))
-    if args.metric and args.metric not in available:
+    if args.metric is not None and args.metric not in available:
         fail(f"unknown metric {args.metric!r}; available: {', '.join(available)}")
     by_algorithm = {}
     for run in runs:
         if not run["flags"] and run["summary"]:
             by_algorithm.setdefault(run["algorithm"], headline(run, {}))
-    metric_of = [args.metric or headline(run, by_algorithm) for run in runs]
+    metric_of = [args.metric if args.metric is not None else headline(run, by_algorithm) for run in runs]
     rows = group_runs(runs, metric_of)
     table = table_rows(runs, rows, metric_of)
     print_table(table)
     if args.plot:
-        plot(runs, rows, metric_of, table, args.plot)
+        existed = os.path.lexists(args.plot)
+        try:
+            plot(runs, rows, metric_of, table, args.plot)
+        except OSError as e:
+            cannot_write(args.plot, e, existed)
         print(f"plot written to {args.plot}")
 
 

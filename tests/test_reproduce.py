@@ -561,3 +561,123 @@ def test_a_run_under_a_changed_default_is_another_setting(tmp_path):
     assert reproduce.other_settings(job, str(folder)) == []
     write(0.1)
     assert reproduce.other_settings(job, str(folder)) == ["--threshold 0.1 (now 0.01; a default changed)"]
+
+
+# ----------------------------------------------------------------------------------------- issue 37: damaged results
+
+def _damage_copy(finished, tmp_path):
+    """A copy of the finished tiny table and its FedAvg seed-0 run folder."""
+    out = tmp_path / "out"
+    shutil.copytree(finished[0], out)
+    job = jobs_of(tiny_tables(), out)[0]
+    (folder,) = reproduce.run_folders(job["dir"])
+    return out, folder
+
+
+def _edit(folder, name, edit):
+    path = os.path.join(folder, name)
+    with open(path) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write(edit(text))
+
+
+def _edit_json(folder, name, edit):
+    def change(text):
+        data = json.loads(text)
+        edit(data)
+        return json.dumps(data)
+    _edit(folder, name, change)
+
+
+def _lines(text):
+    return text.splitlines(keepends=True)
+
+
+DAMAGE = [  # (name, what is done to FedAvg's seed-0 run folder, words in its notes, averaged)
+    ("last row lost", lambda d: _edit(d, "metrics.csv", lambda t: "".join(_lines(t)[:-1])),
+     "seed 0: damaged: metrics.csv ends at round 1, summary.json says 2 were done; not averaged; seed 0: 1/2, "
+     "unfinished", False),
+    ("last row lost, no summary", lambda d: (_edit(d, "metrics.csv", lambda t: "".join(_lines(t)[:-1])),
+                                             os.remove(os.path.join(d, "summary.json"))),
+     "seed 0: 1/2, unfinished", True),
+    ("nan", lambda d: (_edit(d, "metrics.csv", lambda t: "".join(_lines(t)[:2]) + _lines(t)[2].replace(
+        _lines(t)[2].split(",")[1], "nan", 1)), os.remove(os.path.join(d, "summary.json"))),
+     "seed 0: test_acc is nan at round 2; not averaged", False),
+    ("inf, summary.json unchanged", lambda d: _edit(d, "metrics.csv", lambda t: "".join(_lines(t)[:2]) + _lines(t)[2].replace(
+        _lines(t)[2].split(",")[1], "inf", 1)), "seed 0: damaged: summary.json has test_acc best", False),
+    ("summary.json edited", lambda d: _edit_json(d, "summary.json", lambda s: s["test_acc"].update(last10_mean=99.0)),
+     "seed 0: damaged: summary.json has test_acc last10_mean 99.0", False),
+    ("config.json of another seed", lambda d: _edit_json(d, "config.json", lambda c: c["args"].update(seed=1)),
+     "seed 0: damaged: config.json has seed 1, its seed folder seed0; not averaged", False),
+    ("a row duplicated", lambda d: _edit(d, "metrics.csv", lambda t: t + _lines(t)[-1]),
+     "seed 0: damaged: metrics.csv line 4 repeats round 2; not averaged", False),
+    ("rows reversed", lambda d: _edit(d, "metrics.csv", lambda t: "".join([_lines(t)[0], *_lines(t)[:0:-1]])),
+     "seed 0: damaged: metrics.csv line 3 has round 1 after round 2; not averaged", False),
+    ("two run folders", lambda d: shutil.copytree(d, d + "-copy"),
+     "seed 0: ambiguous: 2 run folders in its seed folder", False),
+]
+
+
+@pytest.mark.parametrize("name, damage, words, averaged", DAMAGE, ids=[c[0] for c in DAMAGE])
+def test_a_damaged_run_is_named_in_the_report_and_not_averaged(name, damage, words, averaged, finished, tmp_path,
+                                                                capsys):
+    out, folder = _damage_copy(finished, tmp_path)
+    damage(folder)
+    assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--report"], tiny_tables()) == 0
+    rows = table_rows(capsys.readouterr().out)
+    assert words in rows["FedAvg"][9], rows["FedAvg"][9]
+    assert rows["FedAvg"][4] == ("2" if averaged else "1")
+    assert rows["FedALA"][4] == "2" and rows["FedALA"][9] == "metric: best test_acc_mean"
+    assert "nan" not in rows["FedAvg"][3] and "inf" not in rows["FedAvg"][3]
+
+
+def test_a_table_with_a_damaged_run_does_not_end_with_0(finished, tmp_path, capsys):
+    """Running the table (every run finished already, so none starts): the report names the damaged run, and
+    the exit status is 1, as for a run that did not finish."""
+    out, folder = _damage_copy(finished, tmp_path)
+    _edit_json(folder, "summary.json", lambda s: s["test_acc"].update(best=1.0))
+    assert call(["tiny", "--seeds", *SEEDS, "--out", out], tiny_tables()) == 1
+    captured = capsys.readouterr()
+    assert "start " not in captured.out and "damaged" in table_rows(captured.out)["FedAvg"][9]
+    assert captured.err.strip().splitlines()[-1] == \
+        "1 run not averaged (damaged, ambiguous, nan or inf): see the report's notes"
+
+
+# ----------------------------------------------------------------------------------------- issue 37: a full disk
+
+def _tmp_files(folder):
+    return [os.path.join(d, f) for d, _, files in os.walk(folder) for f in files if f.startswith(".tmp-")]
+
+
+def test_a_report_on_a_full_disk_keeps_the_previous_files(finished, tmp_path, monkeypatch):
+    from test_files_written import full_disk
+    out, _ = _damage_copy(finished, tmp_path)
+    before = {name: (out / name).read_bytes() for name in ("tiny.md", "tiny-syn-4.png")}
+    full_disk(monkeypatch)
+    with pytest.raises(OSError) as caught:
+        call(["tiny", "--seeds", *SEEDS, "--out", out, "--report"], tiny_tables())
+    assert caught.value.filename == str(out / "tiny-syn-4.png") and caught.value.errno == 28
+    assert {name: (out / name).read_bytes() for name in before} == before and _tmp_files(out) == []
+    doc = tmp_path / "results.md"
+    shutil.copy(os.path.join(ROOT, "docs", "results.md"), doc)
+    text = doc.read_text()
+    with pytest.raises(OSError) as caught:
+        call(["--markdown-paper-tables", doc])
+    assert caught.value.filename == str(doc) and doc.read_text() == text and _tmp_files(tmp_path) == []
+
+
+def test_a_report_on_a_full_disk_is_one_line_and_exit_1(finished, tmp_path):
+    """python tools/reproduce.py TABLE --report as a user runs it, on a full disk: one line naming the file."""
+    from test_files_written import ON_A_FULL_DISK
+    out, _ = _damage_copy(finished, tmp_path)
+    png = (out / "tiny-syn-4.png").read_bytes()
+    tables = ("from tools import paper_tables; import json; paper_tables.TABLES.clear(); "
+              "paper_tables.TABLES.update(json.loads(os.environ['TABLES']))\n")
+    proc = subprocess.run([sys.executable, "-c", "import os, sys; sys.path.insert(0, os.environ['ROOT'])\n" + tables
+                           + ON_A_FULL_DISK, os.path.join(ROOT, "tools", "reproduce.py"), "tiny", "--seeds", *SEEDS,
+                           "--out", str(out), "--report"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "ROOT": ROOT, "TABLES": json.dumps(tiny_tables())})
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr == f"error: cannot write {out / 'tiny-syn-4.png'} (No space left on device); the runs are kept\n"
+    assert (out / "tiny-syn-4.png").read_bytes() == png and _tmp_files(out) == []

@@ -25,6 +25,7 @@ import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import platform  # noqa: E402
 import re  # noqa: E402
 import shlex  # noqa: E402
@@ -595,20 +596,35 @@ def report_end(job, code, passed_on=0):
 # ----------------------------------------------------------------------------- the report
 
 def load(job):
-    """The job's current run folder as compare.load_run reads it, with the column mb_total (mb_down
-    + mb_up) added; None if there is no run folder with metrics yet."""
+    """The job's current run folder as compare.load_run reads and checks it, with the column mb_total
+    (mb_down + mb_up) added; None if there is no run folder with metrics yet and nothing damaged.
+    ``run["damage"]`` lists what makes its numbers untrustworthy (compare.load_run's damage, a
+    config.json of another seed than its seed folder's); ``run["ambiguous"]`` the other run
+    folders of the seed folder that could as well be the job's run (other_runs)."""
     folder, state = current_run(job)
     if folder is None:
         return None
     run = compare.load_run(folder)
-    if not run["metrics"]:
+    seed = run["args"].get("seed")
+    if run["config"] and seed != job["seed"]:
+        run["damage"].append(f"config.json has seed {seed!r}, its seed folder {os.path.basename(job['dir'])}")
+    run["ambiguous"] = other_runs(job, folder)
+    if not run["metrics"] and not run["damage"]:
         return None
-    series = run["metrics"]
+    series = run["metrics"] or {}
     if "mb_down" in series and "mb_up" in series:
         up = dict(series["mb_up"])
         series["mb_total"] = [(r, d + up[r]) for r, d in series["mb_down"] if r in up]
-    run["state"] = state
+    run["metrics"], run["state"] = series, state
     return run
+
+
+def other_runs(job, folder):
+    """The run folders of the job's seed folder, besides ``folder`` (current_run's choice), that
+    got past their first checkpoint: each could as well be the job's run (two finished runs of one
+    seed, say, one copied in by hand). Runs that stopped before their first checkpoint ('stale')
+    are left out: reproduce.py starts a new run beside them."""
+    return [f for f in run_folders(job["dir"]) if f != folder and folder_state(f, job["rounds"]) != "stale"]
 
 
 def summarise(run, metric):
@@ -635,9 +651,23 @@ def hardware(run, job):
     return cpu or str(config.get("device_name", "?"))
 
 
+def problem_of(run, metric):
+    """Why a run's number must not be averaged, in words, or None: what is damaged (load), other run
+    folders in its seed folder (ambiguous), or its metric's column holding nan or inf."""
+    if run["damage"]:
+        return "damaged: " + "; ".join(run["damage"])
+    if run["ambiguous"]:
+        names = [os.path.basename(f) for f in sorted([run["folder"], *run["ambiguous"]])]
+        return f"ambiguous: {len(names)} run folders in its seed folder ({', '.join(names)}); move all but one away"
+    column = metric["column"]
+    bad = next(((r, v) for r, v in run["metrics"].get(column, []) if not math.isfinite(v)), None)
+    return f"{column} is {bad[1]} at round {bad[0]}" if bad else None
+
+
 def collect(jobs):
     """Per (cell, method folder), in table order: the jobs and, per seed with results, the run's
-    value, rounds done, seconds per round, hardware and state."""
+    value (None for a run with a problem, problem_of), rounds done, seconds per round, hardware and
+    state."""
     rows = {}
     for job in jobs:
         row = rows.setdefault(job["key"], {"jobs": [], "seeds": []})
@@ -645,10 +675,11 @@ def collect(jobs):
         run = load(job)
         if run is None:
             continue
-        value = summarise(run, job["metric"])
+        problem = problem_of(run, job["metric"])
+        value = None if problem else summarise(run, job["metric"])
         seconds = compare.last(run, "seconds")
         row["seeds"].append({"seed": job["seed"], "folder": run["folder"], "value": value, "done": run["done"],
-                             "state": run["state"], "run": run,
+                             "state": run["state"], "run": run, "problem": problem,
                              "sec_per_round": seconds / run["done"] if seconds is not None and run["done"] else None,
                              "hardware": hardware(run, job)})
     return rows
@@ -715,12 +746,14 @@ def report_row(table, cell, method, row, rounds, first=((), None)):
     if missing:
         notes.append(f"seed {', '.join(missing)}: not run")
     for s in seeds:
-        if s["value"] is None:
+        if s.get("problem"):
+            notes.append(f"seed {s['seed']}: {s['problem']}; not averaged")
+        elif s["value"] is None:
             notes.append(f"seed {s['seed']}: no column {metric['column']}")
         if s["state"] == "diverged":
             notes.append(f"seed {s['seed']}: diverged")
-        elif s["state"] != "finished":
-            notes.append(f"seed {s['seed']}: unfinished")
+        elif s["state"] != "finished" or s["done"] < rounds:
+            notes.append(f"seed {s['seed']}: {s['done']}/{rounds}, unfinished")
     cells = [cell["name"], method["method"], paper_number(method, digits), ours,
              str(len(values)), diff, f"{done_text}/{rounds}", "-" if not secs else f"{np.mean(secs):.3f}",
              "; ".join(sorted({s["hardware"] for s in seeds})) or "-", "; ".join(notes) or "-"]
@@ -739,7 +772,9 @@ def reproduce_command(table_id, args):
 
 
 def report(table_id, table, jobs, args):
-    """The markdown report of a table's runs so far (also written to OUT/TABLE.md) and its curves."""
+    """The markdown report of a table's runs so far (also written to OUT/TABLE.md) and its curves;
+    returns how many runs it did not average (damaged, ambiguous, nan or inf: problem_of), each
+    named in its row's notes."""
     rows = collect(jobs)
     rounds = args.rounds or table["rounds"]
     cells = [c for c in table["cells"] if not args.only or c["name"] in args.only]
@@ -772,7 +807,7 @@ def report(table_id, table, jobs, args):
     common.atomic_write(path, text)
     print(text)
     print(f"report written to {path}")
-    return text
+    return sum(bool(s["problem"]) for row in rows.values() for s in row["seeds"])
 
 
 def write_curves(table_id, table, cells, rows, out):
@@ -788,7 +823,8 @@ def write_curves(table_id, table, cells, rows, out):
         runs, groups, columns, names = [], [], [], []
         for method, mslug in zip(cell["methods"], method_slugs(cell)):
             column = metric_of(table, method)["column"]
-            seeds = [s for s in rows[(cell["name"], mslug)]["seeds"] if s["run"]["metrics"].get(column)]
+            seeds = [s for s in rows[(cell["name"], mslug)]["seeds"]
+                     if not s["problem"] and s["run"]["metrics"].get(column)]
             if seeds:
                 groups.append(list(range(len(runs), len(runs) + len(seeds))))
                 runs += [s["run"] for s in seeds]
@@ -887,8 +923,11 @@ def write_paper_tables(tables, target):
 # ----------------------------------------------------------------------------- main
 
 def main(argv=None, tables=None):
-    """Returns the exit status: 0, 1 (a run failed or did not finish), 130, 143, 129 (Ctrl-C, SIGTERM, SIGHUP,
-    passed on to the runs); bad input exits with status 2 and one line."""
+    """Returns the exit status: 0, 1 (a run failed or did not finish, or the report could not average a run:
+    damaged, ambiguous, nan or inf; --report alone names those in the report and returns 0), 130, 143, 129
+    (Ctrl-C, SIGTERM, SIGHUP, passed on to the runs); bad input exits with status 2 and one line; a file that
+    cannot be written (the report, a curve: run_folder.atomic_write keeps the previous one) raises the OSError
+    naming it, which ``__main__`` turns into one line and status 1."""
     argv = sys.argv[1:] if argv is None else list(argv)
     tables = paper_tables.TABLES if tables is None else tables
     args = parse_args(argv, tables)
@@ -905,7 +944,7 @@ def main(argv=None, tables=None):
     if args.dry_run:
         dry_run(args.table, table, jobs, args)
         return 0
-    if args.report:
+    if args.report:  # runs it could not average are named in the report, which is what was asked for: 0
         report(args.table, table, jobs, args)
         return 0
     for device in set(args.devices):
@@ -928,11 +967,12 @@ def main(argv=None, tables=None):
             os.remove(lock)
     if stopped:
         return 128 + stopped
-    report(args.table, table, jobs, args)
+    not_averaged = report(args.table, table, jobs, args)
     if problems:
         print(f"{problems} of {plural(len(jobs), 'run')} failed or did not finish; see the lines above", file=sys.stderr)
-        return 1
-    return 0
+    if not_averaged:
+        print(f"{plural(not_averaged, 'run')} not averaged (damaged, ambiguous, nan or inf): see the report's notes", file=sys.stderr)
+    return 1 if problems or not_averaged else 0
 
 
 if __name__ == "__main__":

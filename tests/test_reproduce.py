@@ -616,6 +616,9 @@ DAMAGE = [  # (name, what is done to FedAvg's seed-0 run folder, words in its no
      "seed 0: damaged: metrics.csv line 3 has round 1 after round 2; not averaged", False),
     ("two run folders", lambda d: shutil.copytree(d, d + "-copy"),
      "seed 0: ambiguous: 2 run folders in its seed folder", False),
+    ("a run folder stopped before its first checkpoint beside it",  # reproduce.py started the run after it
+     lambda d: (shutil.copytree(d, d[:-1] + "0-stale", ignore=shutil.ignore_patterns("summary.json", "checkpoint.pt"))),
+     "-stale, stopped before its first checkpoint", True),
 ]
 
 

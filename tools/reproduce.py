@@ -600,7 +600,8 @@ def load(job):
     (mb_down + mb_up) added; None if there is no run folder with metrics yet and nothing damaged.
     ``run["damage"]`` lists what makes its numbers untrustworthy (compare.load_run's damage, a
     config.json of another seed than its seed folder's); ``run["ambiguous"]`` the other run
-    folders of the seed folder that could as well be the job's run (other_runs)."""
+    folders of the seed folder that could as well be the job's run (other_runs); ``run["left_out"]``
+    those that stopped before their first checkpoint."""
     folder, state = current_run(job)
     if folder is None:
         return None
@@ -609,6 +610,7 @@ def load(job):
     if run["config"] and seed != job["seed"]:
         run["damage"].append(f"config.json has seed {seed!r}, its seed folder {os.path.basename(job['dir'])}")
     run["ambiguous"] = other_runs(job, folder)
+    run["left_out"] = [f for f in run_folders(job["dir"]) if f not in (folder, *run["ambiguous"])]
     if not run["metrics"] and not run["damage"]:
         return None
     series = run["metrics"] or {}
@@ -680,6 +682,7 @@ def collect(jobs):
         seconds = compare.last(run, "seconds")
         row["seeds"].append({"seed": job["seed"], "folder": run["folder"], "value": value, "done": run["done"],
                              "state": run["state"], "run": run, "problem": problem,
+                             "left_out": [os.path.basename(f) for f in run["left_out"]],
                              "sec_per_round": seconds / run["done"] if seconds is not None and run["done"] else None,
                              "hardware": hardware(run, job)})
     return rows
@@ -750,6 +753,8 @@ def report_row(table, cell, method, row, rounds, first=((), None)):
             notes.append(f"seed {s['seed']}: {s['problem']}; not averaged")
         elif s["value"] is None:
             notes.append(f"seed {s['seed']}: no column {metric['column']}")
+        if s.get("left_out"):
+            notes.append(f"seed {s['seed']}: left out {', '.join(s['left_out'])}, stopped before its first checkpoint")
         if s["state"] == "diverged":
             notes.append(f"seed {s['seed']}: diverged")
         elif s["state"] != "finished" or s["done"] < rounds:

@@ -256,6 +256,9 @@ def test_method_folders_are_distinct():
     (["tiny", "--rounds", "0"], "--rounds must be an integer >= 1"),
     (["tiny", "--device", "gpu"], "--device: unknown device 'gpu'"),
     ([], "name a table"),
+    (["tiny", "--data-dir", ""], "--data-dir must name the folder the datasets are read from"),
+    (["tiny", "--data-dir", "/nonexistent/data"], "--data-dir /nonexistent/data does not exist"),
+    (["tiny", "--data-dir", "/etc/hostname"], "--data-dir /etc/hostname is not a folder"),
 ])
 def test_bad_input_one_line_exit_2(argv, words, tmp_path, capsys):
     assert call([*argv, "--out", tmp_path], tiny_tables()) == 2

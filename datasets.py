@@ -168,11 +168,15 @@ def read_cifar(name, folder):
     return arrays, sources
 
 
+CIFAR_MAX_BYTES = 60000 * 4096  # the unpacked files of either CIFAR: 60,000 images of 3072 bytes, labels, names
+
+
 def unpack_cifar(name, data_dir):
     """CIFAR's tar.gz, if it lies in data_dir (or, as an older message of ours said, inside the folder it
     unpacks to), unpacked into data_dir/cifar-10-batches-py (cifar-100-python) when that folder lacks
     its files. Each file is written whole and renamed into place, so runs that start together do not
-    read half a file; a folder made for an archive that fails to unpack is removed again."""
+    read half a file; a folder made for an archive that fails to unpack is removed again. Only the files
+    torchvision reads are unpacked, and only if the sizes their tar headers declare are a CIFAR's."""
     import tarfile
     import torchvision
     cls = getattr(torchvision.datasets, VISION[name][0])
@@ -185,7 +189,18 @@ def unpack_cifar(name, data_dir):
                 os.makedirs(folder, exist_ok=True)
                 with tempfile.TemporaryDirectory(dir=data_dir, prefix=".unpack-") as tmp:
                     with tarfile.open(archive, "r:gz") as tar:
-                        tar.extractall(tmp, filter="data")
+                        wanted = {f"{cls.base_folder}/{f}" for f, _ in cls.train_list + cls.test_list + [
+                            (cls.meta["filename"], None)]}
+                        members, declared = [], 0
+                        for member in tar:  # refused at the header that declares too much, before its data
+                            if member.name in wanted:
+                                members.append(member)
+                                declared += member.size
+                            if declared > CIFAR_MAX_BYTES:
+                                raise UserError(f"{archive}: its files declare more than {name}'s "
+                                                f"{human_bytes(CIFAR_MAX_BYTES)} at most ({member.name}: "
+                                                f"{human_bytes(member.size)}); it is not {name}'s archive")
+                        tar.extractall(tmp, members=members, filter="data")  # only the files that are read
                     unpacked = os.path.join(tmp, cls.base_folder)
                     for f in os.listdir(unpacked):
                         os.replace(os.path.join(unpacked, f), os.path.join(folder, f))

@@ -205,12 +205,14 @@ def test_a_gzip_bomb_is_refused_after_the_declared_size(tmp_path, fabricated_pub
     the header declares is read, so no more than about the declared size is ever held."""
     os.makedirs(tmp_path / "MNIST" / "raw")
     rng = np.random.default_rng(3)
-    for stem, array in zip(STEMS, (rng.integers(0, 256, (40, 28, 28), dtype=np.uint8), np.arange(40, dtype=np.uint8) % 4,
-                                   rng.integers(0, 256, (20, 28, 28), dtype=np.uint8), np.arange(20, dtype=np.uint8) % 4)):
+    arrays = (rng.integers(0, 256, (40, 28, 28), dtype=np.uint8), np.arange(40, dtype=np.uint8) % 4,
+              rng.integers(0, 256, (20, 28, 28), dtype=np.uint8), np.arange(20, dtype=np.uint8) % 4)
+    for stem, array in zip(STEMS, arrays):
         (tmp_path / "MNIST" / "raw" / f"{stem}.gz").write_bytes(gzip.compress(idx_bytes(array)))
     header = bytes([0, 0, 8, 3]) + b"".join(d.to_bytes(4, "big") for d in (40, 28, 28))
     gzip_of(header, 50 << 20, tmp_path / "MNIST" / "raw" / f"{STEMS[0]}.gz")
     assert os.path.getsize(tmp_path / "MNIST" / "raw" / f"{STEMS[0]}.gz") < 200_000
+    import torchvision  # noqa: F401  imported before measuring: its import alone allocates tens of MB
     tracemalloc.start()
     try:
         line = refused("mnist", tmp_path)
@@ -283,3 +285,21 @@ def test_resume_does_not_recreate_a_deleted_data_folder(tmp_path, offline, fabri
         run_folder.run_main(fedavg.main, ["--resume", run, "--rounds", "2", "--data-dir", str(data)])
     assert stop.value.code == 2 and "could not be downloaded" in capsys.readouterr().err
     assert not data.exists() and tree(run) == before and len(metrics_rows(run)) == 1
+
+
+def test_a_cifar_archive_declaring_more_than_a_cifar_is_refused_at_that_header(tmp_path):
+    """A tar member declaring 300 MB (the data need not even follow): refused from its header, and the folder
+    made to unpack it is removed again."""
+    import io
+    import tarfile
+    member = tarfile.TarInfo("cifar-10-batches-py/data_batch_1")
+    member.size = 300_000_000
+    header = io.BytesIO()
+    with tarfile.open(fileobj=header, mode="w") as tar:
+        tar.addfile(tarfile.TarInfo("cifar-10-batches-py/readme.html"), io.BytesIO())
+    content = header.getvalue()[:512] + member.tobuf(tarfile.GNU_FORMAT) + bytes(512 * 4)
+    (tmp_path / "cifar-10-python.tar.gz").write_bytes(gzip.compress(content))
+    line = refused("cifar10", tmp_path)
+    assert line.startswith(f"{tmp_path / 'cifar-10-python.tar.gz'}: its files declare more than cifar10's") and \
+        "data_batch_1: 286.1 MB" in line, line
+    assert os.listdir(tmp_path) == ["cifar-10-python.tar.gz"]

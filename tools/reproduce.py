@@ -97,8 +97,8 @@ def parse_args(argv, tables):
         if not args.data_dir.strip():
             fail("--data-dir must name the folder the datasets are read from (. for the current one)")
         if not os.path.isdir(args.data_dir):
-            fail(f"--data-dir {args.data_dir} {'is not a folder' if os.path.exists(args.data_dir) else 'does not exist'}"
-                 "; it must name the folder the datasets are read from")
+            what = "is not a folder" if os.path.exists(args.data_dir) else "does not exist"
+            fail(f"--data-dir {args.data_dir} {what}; it must name the folder the datasets are read from")
     args.devices = [d.strip() for d in args.device.split(",")]
     for d in args.devices:
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", d):

@@ -244,7 +244,7 @@ def offline(monkeypatch):
         monkeypatch.setenv(key, value)
 
 
-@pytest.mark.parametrize("name", ["mnist", "fmnist", "emnist", "cifar10", "agnews"])
+@pytest.mark.parametrize("name", ["mnist", "fmnist", "emnist", "cifar10", "agnews", "tinyimagenet"])
 def test_an_offline_load_into_a_mistyped_data_dir_makes_no_folder(name, tmp_path, offline):
     line = refused(name, tmp_path / "typo" / "deeper" / "data")
     assert "could not be downloaded" in line

@@ -313,7 +313,8 @@ def test_data_dir_goes_to_every_run_and_is_no_setting(finished, tmp_path, capsys
     setting (the scripts check on --resume that the data itself is the same)."""
     out = tmp_path / "out"
     shutil.copytree(finished[0], out)
-    data_dir = os.path.join(ROOT, "data")
+    data_dir = str(tmp_path / "data")  # reproduce.py refuses a --data-dir that does not exist
+    os.makedirs(data_dir)
     tables = tiny_tables()
     assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--dry-run", "--rounds", 3, "--data-dir", data_dir],
                 tables) == 0

@@ -7,6 +7,7 @@ the partition over clients (data_partition.py) and ``load_federated_data``, whic
 for a script's ``args``. The scripts reach it through common.py. It imports data_partition and
 run_folder (its errors) only (docs/layout.md).
 """
+import contextlib
 import csv
 import math
 import os
@@ -37,26 +38,87 @@ EMNIST_ZIP = "gzip.zip"  # EMNIST's one download; its folder gzip/ holds the .gz
 OFFLINE_SOURCES = {"fmnist": " (or take Debian's copy: apt-get install dataset-fashion-mnist, then "
                              "--data-dir /usr/share/datasets/fashion-mnist)"}
 
+# What the publishers' files hold, checked after decoding (check_known_content; docs/datasets.md says what is
+# checked for which dataset). sizes: (train, test) samples; counts: samples per class (train, test), from the
+# publishers' documentation (CIFAR's and EMNIST digits' classes are balanced); sha256: of the decoded arrays
+# (content_sha256) x_train, y_train, x_test, y_test, where we could compute it: Fashion-MNIST from Debian's
+# dataset-fashion-mnist, whose archives were recompressed (their md5 differs from the publisher's, the content not).
+KNOWN_CONTENT = {
+    "mnist": {"title": "MNIST", "shape": (1, 28, 28), "classes": 10, "sizes": (60000, 10000),
+              "counts": ((5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949),
+                         (980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009))},
+    "fmnist": {"title": "Fashion-MNIST", "shape": (1, 28, 28), "classes": 10, "sizes": (60000, 10000),
+               "counts": ((6000,) * 10, (1000,) * 10),
+               "sha256": ("2e487a6c89124f78f2d7521542223cafe96f7123c3ca13d447772ac6ecbb3012",
+                          "657fbd221bfc9f4198cc14b5619cc33ec57c58dd0e47af4d99d6650759e869a7",
+                          "c867c93ff95360594e8ec3287995350b824dd110b11595c0e13d5423f621867a",
+                          "3d0e6c6ea990b53b6f8f500a41cac93881d981b315f84578b7d915342ade01e9")},
+    "emnist": {"title": "EMNIST digits", "shape": (1, 28, 28), "classes": 10, "sizes": (240000, 40000),
+               "counts": ((24000,) * 10, (4000,) * 10)},
+    "cifar10": {"title": "CIFAR-10", "shape": (3, 32, 32), "classes": 10, "sizes": (50000, 10000),
+                "counts": ((5000,) * 10, (1000,) * 10)},
+    "cifar100": {"title": "CIFAR-100", "shape": (3, 32, 32), "classes": 100, "sizes": (50000, 10000),
+                 "counts": ((500,) * 100, (100,) * 100)},
+}
+ARRAYS = ("training images", "training labels", "test images", "test labels")
+READ_CHUNK = 1 << 24  # bytes inflated at a time
 
-def read_idx(content, what):
-    """The array in an idx file's bytes (LeCun's format: two zero bytes, type 0x08 for unsigned bytes,
-    the number of dimensions, each dimension as a big-endian int32, the data). The sizes in the header
-    must match the data exactly, so a cut file is refused rather than read short."""
-    if len(content) < 4 or content[:3] != b"\0\0\x08" or not 1 <= content[3] <= 4:
+
+def content_sha256(array):
+    """The fingerprint of a decoded array: sha256 of its bytes in C order, images as uint8 (N, C, H, W) and labels
+    as one byte each (a known dataset's labels are checked to be below its class count first)."""
+    import hashlib
+    return hashlib.sha256(np.ascontiguousarray(array, dtype=np.uint8).data).hexdigest()
+
+
+def _read_up_to(stream, n):
+    """At most ``n`` bytes of ``stream``, fewer only at its end."""
+    parts, got = [], 0
+    while got < n:
+        part = stream.read(n - got)
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
+
+
+def read_idx(stream, what, expected=None):
+    """The array in an idx stream (LeCun's format: two zero bytes, type 0x08 for unsigned bytes, the
+    number of dimensions, each dimension as a big-endian int32, the data). No more than the header
+    declares is read (a .gz that inflates beyond it is refused after one byte more, never inflated
+    whole) and nothing beyond it is allocated; a header other than ``expected`` (a known dataset's
+    dimensions) is refused before any data is read. The data must match the header exactly, so a cut
+    file is refused rather than read short."""
+    head = _read_up_to(stream, 4)
+    if len(head) < 4 or head[:3] != b"\0\0\x08" or not 1 <= head[3] <= 4:
         raise ValueError(f"{what} is not an idx file of unsigned bytes")
-    header = 4 + 4 * content[3]
-    if len(content) < header:
+    sizes = _read_up_to(stream, 4 * head[3])
+    if len(sizes) < 4 * head[3]:
         raise ValueError(f"{what} ends inside its header")
-    dims = [int(d) for d in np.frombuffer(content, ">u4", content[3], 4)]
-    if len(content) - header != math.prod(dims):
-        raise ValueError(f"{what} holds {len(content) - header} bytes of data; its header says {math.prod(dims)}")
-    return np.frombuffer(content, np.uint8, offset=header).reshape(dims)
+    dims = tuple(int(d) for d in np.frombuffer(sizes, ">u4"))
+    if expected is not None and dims != tuple(expected):
+        raise ContentError(f"its header declares {'x'.join(map(str, dims))} values where "
+                           f"{'x'.join(map(str, expected))} are expected")
+    declared = math.prod(dims)
+    check_fits(f"{what} (its header declares {'x'.join(map(str, dims))} bytes)", declared)
+    data = np.empty(declared, np.uint8)
+    view, got = memoryview(data), 0
+    while got < declared:
+        n = stream.readinto(view[got: got + READ_CHUNK])
+        if not n:
+            raise ValueError(f"{what} holds {got} bytes of data; its header says {declared}")
+        got += n
+    if stream.read(1):
+        raise ValueError(f"{what} holds more than the {declared} bytes of data its header says")
+    return data.reshape(dims)
 
 
 def find_idx(name, data_dir):
-    """Where the four idx files of ``name`` are: (the folder, a function returning each file's bytes),
-    or (None, None). Looked for in data_dir/<torchvision's folder> (MNIST/raw, ...) and in data_dir itself, each file
-    plain or gzipped; EMNIST's also inside its gzip.zip. Nothing is unpacked on disk."""
+    """Where the four idx files of ``name`` are: (the folder, [(the file's path, a function opening it
+    as a stream)] for each), or (None, None). Looked for in data_dir/<torchvision's folder> (MNIST/raw, ...)
+    and in data_dir itself, each file plain or gzipped; EMNIST's also inside its gzip.zip. Nothing is
+    unpacked on disk, and the streams inflate as they are read."""
     import gzip
     import zipfile
     for folder in (os.path.join(data_dir, VISION[name][2]), data_dir):
@@ -65,25 +127,56 @@ def find_idx(name, data_dir):
             found = [os.path.join(folder, f) for f in (stem, stem + ".gz") if os.path.isfile(os.path.join(folder, f))]
             paths.append(found[0] if found else None)
         if all(paths):
-            def read(i, paths=paths):
-                opener = gzip.open if paths[i].endswith(".gz") else open
-                with opener(paths[i], "rb") as f:
-                    return f.read()
-            return folder, read
+            return folder, [(p, lambda p=p: gzip.open(p, "rb") if p.endswith(".gz") else open(p, "rb")) for p in paths]
         archive = os.path.join(folder, EMNIST_ZIP)
         if name == "emnist" and os.path.isfile(archive):  # read from the zip as it is
-            def read(i, archive=archive):
-                with zipfile.ZipFile(archive) as z:
-                    return gzip.decompress(z.read(f"gzip/{IDX_FILES[name][i]}.gz"))
-            return folder, read
+            def member(stem):
+                @contextlib.contextmanager
+                def opened():
+                    with zipfile.ZipFile(archive) as z, z.open(f"gzip/{stem}.gz") as f, gzip.GzipFile(fileobj=f) as g:
+                        yield g
+                return opened
+            return folder, [(f"{archive} (gzip/{stem}.gz)", member(stem)) for stem in IDX_FILES[name]]
     return None, None
+
+
+def read_cifar(name, folder):
+    """CIFAR's pickled batches in ``folder`` as torchvision reads them (each a dict with 'data', uint8
+    (N, 3072), and 'labels', CIFAR-100's 'fine_labels'): (x_train, y_train, x_test, y_test) as (N, 3, 32, 32)
+    uint8 and int64, and for each array the [(file, samples)] it came from."""
+    import pickle
+    import torchvision
+    cls = getattr(torchvision.datasets, VISION[name][0])
+    arrays, sources = [], []
+    for files in (cls.train_list, cls.test_list):
+        images, labels, parts = [], [], []
+        for file, _ in files:
+            path = os.path.join(folder, file)
+            with open(path, "rb") as f:
+                entry = pickle.load(f, encoding="latin1")
+            x = np.asarray(entry["data"])
+            y = np.asarray(entry["labels"] if "labels" in entry else entry["fine_labels"])
+            if x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3072 or y.ndim != 1 or len(y) != len(x):
+                raise ValueError(f"{file} holds no uint8 (N, 3072) images with N labels")
+            if not np.issubdtype(y.dtype, np.integer):
+                raise ValueError(f"{file} has labels of {y.dtype}, not integers")
+            images.append(x)
+            labels.append(y.astype(np.int64))
+            parts.append((path, len(y)))
+        arrays += [np.concatenate(images).reshape(-1, 3, 32, 32), np.concatenate(labels)]
+        sources += [parts, parts]
+    return arrays, sources
+
+
+CIFAR_MAX_BYTES = 60000 * 4096  # the unpacked files of either CIFAR: 60,000 images of 3072 bytes, labels, names
 
 
 def unpack_cifar(name, data_dir):
     """CIFAR's tar.gz, if it lies in data_dir (or, as an older message of ours said, inside the folder it
     unpacks to), unpacked into data_dir/cifar-10-batches-py (cifar-100-python) when that folder lacks
     its files. Each file is written whole and renamed into place, so runs that start together do not
-    read half a file."""
+    read half a file; a folder made for an archive that fails to unpack is removed again. Only the files
+    torchvision reads are unpacked, and only if the sizes their tar headers declare are a CIFAR's."""
     import tarfile
     import torchvision
     cls = getattr(torchvision.datasets, VISION[name][0])
@@ -92,19 +185,47 @@ def unpack_cifar(name, data_dir):
         return
     for archive in (os.path.join(data_dir, cls.filename), os.path.join(folder, cls.filename)):
         if os.path.isfile(archive):
-            os.makedirs(folder, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=data_dir, prefix=".unpack-") as tmp:
-                with tarfile.open(archive, "r:gz") as tar:
-                    tar.extractall(tmp, filter="data")
-                unpacked = os.path.join(tmp, cls.base_folder)
-                for f in os.listdir(unpacked):
-                    os.replace(os.path.join(unpacked, f), os.path.join(folder, f))
+            with removed_on_failure(folder):
+                os.makedirs(folder, exist_ok=True)
+                with tempfile.TemporaryDirectory(dir=data_dir, prefix=".unpack-") as tmp:
+                    with tarfile.open(archive, "r:gz") as tar:
+                        wanted = {f"{cls.base_folder}/{f}" for f, _ in cls.train_list + cls.test_list + [
+                            (cls.meta["filename"], None)]}
+                        members, declared = [], 0
+                        for member in tar:  # refused at the header that declares too much, before its data
+                            if member.name in wanted:
+                                members.append(member)
+                                declared += member.size
+                            if declared > CIFAR_MAX_BYTES:
+                                raise UserError(f"{archive}: its files declare more than {name}'s "
+                                                f"{human_bytes(CIFAR_MAX_BYTES)} at most ({member.name}: "
+                                                f"{human_bytes(member.size)}); it is not {name}'s archive")
+                        tar.extractall(tmp, members=members, filter="data")  # only the files that are read
+                    unpacked = os.path.join(tmp, cls.base_folder)
+                    for f in os.listdir(unpacked):
+                        os.replace(os.path.join(unpacked, f), os.path.join(folder, f))
             return
 
 
+@contextlib.contextmanager
+def removed_on_failure(folder):
+    """``folder`` and those of its parents that do not exist yet, removed again with what they hold if the
+    block fails (offline, a refused download, a damaged archive): a failed load leaves no folder it made."""
+    import shutil
+    top, path = None, os.path.abspath(folder)
+    while not os.path.lexists(path):
+        top, path = path, os.path.dirname(path)
+    try:
+        yield
+    except BaseException:
+        if top is not None:
+            shutil.rmtree(top, ignore_errors=True)
+        raise
+
+
 def _torchvision(name, data_dir, train, download):
-    """torchvision's dataset ``name``. CIFAR's extracted files need only exist and parse (the md5 of
-    the archive is checked when it is downloaded); its class names are not read."""
+    """torchvision's dataset ``name`` (downloaded if ``download``). CIFAR's extracted files need only
+    exist (the md5 of the archive is checked when it is downloaded); its class names are not read."""
     import torchvision
     base = getattr(torchvision.datasets, VISION[name][0])
     if name.startswith("cifar"):
@@ -120,14 +241,17 @@ def _torchvision(name, data_dir, train, download):
 
 
 def _torchvision_download(name, data_dir):
-    """torchvision's download of ``name`` into data_dir; offline, one line that says what to put where."""
+    """torchvision's download of ``name`` into data_dir; offline, one line that says what to put where,
+    and the folders the attempt made are removed again."""
     import torchvision
     cls = getattr(torchvision.datasets, VISION[name][0])
     folder = os.path.join(data_dir, VISION[name][2])
     timeout = socket.getdefaulttimeout()
     socket.setdefaulttimeout(20)
     try:
-        return [_torchvision(name, data_dir, train, download=True) for train in (True, False)]
+        with removed_on_failure(folder):
+            for train in (True, False):
+                _torchvision(name, data_dir, train, download=True)
     except Exception as e:  # noqa: BLE001  offline, refused, bad checksum: all the same to the user
         if name.startswith("cifar"):  # torchvision unpacks the archive from data_dir
             where, what = data_dir, f"{cls.filename} from {cls.url} in {data_dir} (it is unpacked into {folder})"
@@ -142,45 +266,122 @@ def _torchvision_download(name, data_dir):
         socket.setdefaulttimeout(timeout)
 
 
+class ContentError(UserError):
+    """A publisher's file whose content is not the dataset's (check_known_content)."""
+
+
+def _where(parts):
+    """The file(s) an array came from, for one line."""
+    if len(parts) == 1:
+        return parts[0][0]
+    return f"{os.path.dirname(parts[0][0])} ({', '.join(os.path.basename(p) for p, _ in parts)})"
+
+
+def _same_as_other(name, arrays):
+    """' (these are X's: --dataset x)' when the arrays are the content of another known dataset."""
+    for other, known in KNOWN_CONTENT.items():
+        if other == name or tuple(a.shape[1:] for a in arrays[::2]) != (known["shape"],) * 2 or \
+                (len(arrays[0]), len(arrays[2])) != known["sizes"] or \
+                any(len(y) and (y.min() < 0 or y.max() >= known["classes"]) for y in arrays[1::2]):
+            continue
+        if known.get("sha256"):
+            if all(content_sha256(a) == h for a, h in zip(arrays, known["sha256"])):
+                return f" (these are {known['title']}'s: --dataset {other})"
+        elif all(tuple(np.bincount(y, minlength=known["classes"])) == c for y, c in zip(arrays[1::2], known["counts"])):
+            return f" (their class counts are {known['title']}'s: --dataset {other}?)"
+    return ""
+
+
+def check_known_content(name, arrays, sources):
+    """Refuse files of a known dataset (KNOWN_CONTENT) whose decoded content is not the publisher's: a label
+    outside its classes (naming the file and the sample), other sizes, other counts per class, another
+    fingerprint, in that order; one line naming the file. ``sources``: for each of the four arrays, the
+    [(file, samples)] it was read from. Runs after decoding and before anything is written."""
+    known = KNOWN_CONTENT.get(name)
+    if known is None:
+        return
+    title, classes = known["title"], known["classes"]
+
+    def refuse(i, why):
+        raise ContentError(f"{_where(sources[i])} is not {title}'s {ARRAYS[i]}: {why}{_same_as_other(name, arrays)}")
+
+    for i in (1, 3):
+        outside = np.flatnonzero((arrays[i] < 0) | (arrays[i] >= classes))
+        if len(outside):
+            sample = int(outside[0])
+            for path, n in sources[i]:  # the file that holds it, and its place there
+                if sample < n:
+                    break
+                sample -= n
+            raise ContentError(f"{path}: label {arrays[i][outside[0]]} (sample {sample}) is outside {title}'s "
+                               f"classes 0..{classes - 1}: this is not {title}'s file")
+    for i, split in ((0, 0), (2, 1)):
+        shape, expected = tuple(arrays[i].shape[1:]), known["sizes"][split]
+        if (len(arrays[i]), shape) != (expected, known["shape"]):
+            refuse(i, f"{len(arrays[i])} images of {'x'.join(map(str, shape))}, {title}'s are {expected} of "
+                      f"{'x'.join(map(str, known['shape']))}")
+    for i, split in ((1, 0), (3, 1)):
+        counts = tuple(int(c) for c in np.bincount(arrays[i], minlength=classes))
+        if counts != tuple(known["counts"][split]):
+            expected = known["counts"][split]
+            same = f"{expected[0]} in each" if len(set(expected)) == 1 else first_few(list(expected))
+            refuse(i, f"its classes hold {first_few(list(counts))} samples, {title}'s {same}")
+    for i, expected in enumerate(known.get("sha256") or ()):
+        found = content_sha256(arrays[i])
+        if found != expected:
+            refuse(i, f"the sha256 of its decoded content is {found[:16]}..., {title}'s {expected[:16]}...")
+
+
 def load_vision(name, data_dir):
     """(x_train, y_train, x_test, y_test) of MNIST, FashionMNIST, EMNIST (digits), CIFAR-10 or
     CIFAR-100 as uint8 (N, C, H, W) images and int64 labels. The publishers' files are read where
     they lie (find_idx, unpack_cifar); if they are not there, torchvision.datasets downloads them
-    (md5-checked) into data_dir. What is read is checked (the idx sizes here, the arrays in
-    check_arrays), not the archives' checksums, so a copy from elsewhere (Debian's) loads too."""
+    (md5-checked) into data_dir. What is read is checked against the dataset's known content
+    (check_known_content), not the archives' checksums, so a copy from elsewhere (Debian's) loads too."""
     import torchvision
     folder = os.path.join(data_dir, VISION[name][2])
     cls = getattr(torchvision.datasets, VISION[name][0])
     address = cls.url if hasattr(cls, "url") else cls.mirrors[0]
+    known = KNOWN_CONTENT.get(name)
     try:
         if name in IDX_FILES:
-            found, read = find_idx(name, data_dir)
-            if read is None:
+            found, files = find_idx(name, data_dir)
+            if files is None:
                 _torchvision_download(name, data_dir)
-                found, read = find_idx(name, data_dir)
+                found, files = find_idx(name, data_dir)
             folder = found or folder
-            xtr, ytr, xte, yte = (read_idx(read(i), IDX_FILES[name][i]) for i in range(4))
+            arrays, sources = [], []
+            for i, (path, opener) in enumerate(files):
+                expected = None
+                if known:  # images (N, H, W), labels (N,)
+                    expected = (known["sizes"][i // 2], *known["shape"][1:])[:3 if i % 2 == 0 else 1]
+                try:
+                    with opener() as stream:
+                        arrays.append(read_idx(stream, IDX_FILES[name][i], expected))
+                except ContentError as e:
+                    raise ContentError(f"{path} is not {known['title']}'s {ARRAYS[i]}: {e}") from None
+                sources.append([(path, len(arrays[-1]))])
+            xtr, ytr, xte, yte = arrays
         else:
             unpack_cifar(name, data_dir)
-            try:
-                sets = [_torchvision(name, data_dir, train, download=False) for train in (True, False)]
-            except RuntimeError as e:
-                if "not found" not in str(e):
-                    raise
-                sets = _torchvision_download(name, data_dir)
-            (xtr, ytr), (xte, yte) = ((np.asarray(d.data), np.asarray(d.targets, dtype=np.int64)) for d in sets)
-            return xtr.transpose(0, 3, 1, 2).copy(), ytr, xte.transpose(0, 3, 1, 2).copy(), yte  # HWC -> CHW
+            if not all(os.path.isfile(os.path.join(folder, f)) for f, _ in cls.train_list + cls.test_list):
+                _torchvision_download(name, data_dir)
+            (xtr, ytr, xte, yte), sources = read_cifar(name, folder)
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001  what the parsers raise on a damaged file
         raise UserError(f"the {name} files in {folder} are corrupt or truncated ({e.__class__.__name__}: {e}); "
                         f"delete them and run again to download them from {address}")
-    if xtr.ndim != 3 or xte.ndim != 3 or ytr.ndim != 1 or yte.ndim != 1:
-        raise UserError(f"the {name} files in {folder} hold arrays of shapes {xtr.shape}, {ytr.shape}, {xte.shape} "
-                        f"and {yte.shape}; expected images (N, H, W) and labels (N,)")
-    if name == "emnist":  # EMNIST stores its images transposed
-        xtr, xte = xtr.transpose(0, 2, 1), xte.transpose(0, 2, 1)
-    return xtr[:, None].copy(), ytr.astype(np.int64), xte[:, None].copy(), yte.astype(np.int64)
+    if name in IDX_FILES:
+        if xtr.ndim != 3 or xte.ndim != 3 or ytr.ndim != 1 or yte.ndim != 1:
+            raise UserError(f"the {name} files in {folder} hold arrays of shapes {xtr.shape}, {ytr.shape}, "
+                            f"{xte.shape} and {yte.shape}; expected images (N, H, W) and labels (N,)")
+        if name == "emnist":  # EMNIST stores its images transposed
+            xtr, xte = xtr.transpose(0, 2, 1), xte.transpose(0, 2, 1)
+        xtr, xte = xtr[:, None].copy(), xte[:, None].copy()
+    arrays = xtr, ytr.astype(np.int64), xte, yte.astype(np.int64)
+    check_known_content(name, arrays, sources)
+    return arrays
 
 
 # ----------------------------------------------------------------------------- Tiny-ImageNet, AG News
@@ -195,11 +396,13 @@ PAD_ID, UNK_ID = 0, 1  # id 0 pads (a zero embedding); UNK_ID: unknown words und
 
 
 def _fetch(what, folder, expected, download):
-    """Run a download; if it fails (offline, refused, bad checksum), say what to put where."""
+    """Run a download into ``folder``; if it fails (offline, refused, bad checksum), say what to put where
+    (and remove the folders the attempt made)."""
     timeout = socket.getdefaulttimeout()
     socket.setdefaulttimeout(20)
     try:
-        download()
+        with removed_on_failure(folder):
+            download()
     except Exception as e:  # noqa: BLE001  every failure gets the same advice
         raise UserError(f"{what} not found and could not be downloaded ({e.__class__.__name__}); put {expected} in "
                         f"{folder}")
@@ -642,6 +845,8 @@ def check_arrays(name, xtr, ytr, xte, yte, npz=False):
 def load_arrays(name, data_dir, agnews_vocab="authors"):
     """(x_train, y_train, x_test, y_test) as numpy arrays for a named dataset or an .npz file,
     checked (``check_arrays``); labels int64. ``agnews_vocab``: see ``load_agnews``."""
+    if (name in VISION or name in LOADERS) and not data_dir.strip():  # '' would be the current folder
+        raise UserError("--data-dir must name the folder the datasets are read from (. for the current one)")
     if (name in VISION or name in LOADERS) and os.path.exists(data_dir) and not os.path.isdir(data_dir):
         raise UserError(f"--data-dir {data_dir} is a file; it must name the folder the datasets are read from")
     if name in VISION:

@@ -30,6 +30,7 @@ import contextlib
 import importlib
 import json
 import logging
+import math
 import os
 import re
 import shlex
@@ -754,6 +755,29 @@ def resume_folder(flags):
     return None
 
 
+def node_worker_args(values):
+    """``--node-worker``'s values as flower/node.py passes them (SOCKET KEY_FILE WATCH_PID IDLE_SECONDS);
+    anything else, as typed by hand, is one line."""
+    what = ("--node-worker is flower/node.py's (it starts a deployed node's worker), not a command to type; "
+            "it takes SOCKET KEY_FILE WATCH_PID IDLE_SECONDS")
+    if len(values) != 4:
+        raise common.UserError(f"{what}, got {len(values)} value(s)")
+    socket, key_path, watch_pid, idle_seconds = values
+    if not socket.strip() or not os.path.isdir(os.path.dirname(os.path.abspath(socket))):
+        raise common.UserError(f"{what}; SOCKET {socket!r} is not a path in an existing folder")
+    if not os.path.isfile(key_path):
+        raise common.UserError(f"{what}; KEY_FILE {key_path!r} is not a file")
+    if not watch_pid.isdigit():
+        raise common.UserError(f"{what}; WATCH_PID must be a process id >= 0, got {watch_pid!r}")
+    try:
+        idle = float(idle_seconds)
+    except ValueError:
+        idle = float("nan")
+    if not (math.isfinite(idle) and idle > 0):
+        raise common.UserError(f"{what}; IDLE_SECONDS must be a number > 0, got {idle_seconds!r}")
+    return socket, key_path, watch_pid, idle_seconds
+
+
 def node_worker(socket, key_path, watch_pid, idle_seconds):
     """The worker of a deployed node (flower/node.py starts it): answers the node's messages
     with ``node_work``, keeping the data and the models loaded between them. Leaves when the
@@ -955,7 +979,7 @@ def submit(argv):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--node-worker"]:  # flower/node.py's worker of a deployed node
-        return node_worker(*argv[1:])
+        return node_worker(*node_worker_args(argv[1:]))
     if argv[:1] == ["--app-folder"] and len(argv) == 2:  # for a plain flwr run (docs/flower.md)
         print(app_folder(argv[1]))
         return 0

@@ -64,3 +64,12 @@ def one_thread():
 @pytest.fixture
 def script():
     return run_script
+
+
+@pytest.fixture
+def fabricated_publishers_files(monkeypatch):
+    """For tests that fabricate the publishers' files (MNIST's idx, CIFAR's pickles) in miniature: their
+    content is not the publishers', which datasets.check_known_content refuses, so the table of the real
+    content is emptied for the test (in this process only; tests/test_known_content.py tests the check)."""
+    import datasets
+    monkeypatch.setattr(datasets, "KNOWN_CONTENT", {})

@@ -340,7 +340,7 @@ def test_missing_agnews_one_line_exit_2(tmp_path, capsys, monkeypatch):
     assert stop.value.code == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "train.csv" in line and line.endswith(f" in {tmp_path / 'ag_news_csv'}")
-    assert os.listdir(tmp_path / "ag_news_csv") == []
+    assert os.listdir(tmp_path) == []  # no partial download, no folder made for it, no run folder
 
 
 # ----------------------------------------------------------------------------- FedProx's Synthetic(alpha, beta) family

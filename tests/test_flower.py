@@ -16,6 +16,7 @@ from conftest import ROOT, metrics_rows, run_dir
 pytest.importorskip("flwr", reason="Flower is not installed (pip install -r requirements-flower.txt)")
 import common  # noqa: E402
 from flower import app as flower_app  # noqa: E402
+import run_folder  # noqa: E402
 
 SMALL = ["--dataset", "synthetic", "--num-clients", "4", "--rounds", "3"]
 JOBS = {  # name: (algorithm, flags); the extra jobs cover a partial join and HeurpFedLA
@@ -101,6 +102,24 @@ def test_refusals_exit_2_with_one_line(tmp_path):
         assert proc.returncode == 2, (name, stdout, stderr)
         assert len(stderr.strip().splitlines()) == 1 and cases[name][2] in stderr, (name, stderr)
     assert os.listdir(tmp_path) == ["no_flwr"]  # no run folder, no runs/
+
+
+@pytest.mark.parametrize("values, words", [
+    ([], "it takes SOCKET KEY_FILE WATCH_PID IDLE_SECONDS, got 0 value(s)"),
+    (["s.sock", "nokey", "0", "60"], "KEY_FILE 'nokey' is not a file"),
+    (["s.sock", "KEY", "pid", "60"], "WATCH_PID must be a process id >= 0, got 'pid'"),
+    (["s.sock", "KEY", "0", "nan"], "IDLE_SECONDS must be a number > 0, got 'nan'"),
+])
+def test_node_worker_typed_by_hand_is_one_line_exit_2(values, words, tmp_path, capsys):
+    """flower/node.py starts ``app.py --node-worker SOCKET KEY_FILE WATCH_PID IDLE_SECONDS``; typed by hand
+    with anything else it says so in one line (run_main, as ``python flower/app.py``), and makes nothing."""
+    (tmp_path / "KEY").write_bytes(b"k" * 32)
+    values = [str(tmp_path / v) if v in ("s.sock", "KEY") else v for v in values]
+    with pytest.raises(SystemExit) as stop:
+        run_folder.run_main(flower_app.main, ["--node-worker", *values])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and line.startswith("error: --node-worker is flower/node.py's") and words in line, line
+    assert os.listdir(tmp_path) == ["KEY"]
 
 
 @pytest.mark.parametrize("name", ["config.json", "checkpoint.pt"])

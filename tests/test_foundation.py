@@ -246,7 +246,7 @@ def write_mnist(root, folder="MNIST", prefix="", gz=False, n=40):
     return arrays
 
 
-def test_cifar10_pickles_load_through_user_path(tmp_path):
+def test_cifar10_pickles_load_through_user_path(tmp_path, fabricated_publishers_files):
     written = write_cifar(str(tmp_path), 10)
     xtr, ytr, xte, yte = common.load_arrays("cifar10", str(tmp_path))
     assert xtr.shape == (60, 3, 32, 32) and xte.shape == (12, 3, 32, 32)
@@ -254,13 +254,13 @@ def test_cifar10_pickles_load_through_user_path(tmp_path):
     assert ytr[12:24].tolist() == written["data_batch_2"][1] and yte.tolist() == written["test_batch"][1]
 
 
-def test_cifar100_pickles_use_fine_labels(tmp_path):
+def test_cifar100_pickles_use_fine_labels(tmp_path, fabricated_publishers_files):
     written = write_cifar(str(tmp_path), 100, n_per_file=30)
     xtr, ytr, xte, yte = common.load_arrays("cifar100", str(tmp_path))
     assert xtr.shape == (30, 3, 32, 32) and ytr.tolist() == written["train"][1]
 
 
-def test_mnist_idx_files_plain_and_gz(tmp_path):
+def test_mnist_idx_files_plain_and_gz(tmp_path, fabricated_publishers_files):
     plain = write_mnist(str(tmp_path))
     xtr, ytr, xte, yte = common.load_arrays("mnist", str(tmp_path))
     assert xtr.shape == (40, 1, 28, 28) and np.array_equal(xtr[:, 0], plain["train"][0])
@@ -273,7 +273,7 @@ def test_mnist_idx_files_plain_and_gz(tmp_path):
     assert np.array_equal(xtr[:, 0], em["train"][0].transpose(0, 2, 1))  # EMNIST is stored transposed
 
 
-def test_truncated_idx_file_is_one_clear_error(tmp_path):
+def test_truncated_idx_file_is_one_clear_error(tmp_path, fabricated_publishers_files):
     write_mnist(str(tmp_path))
     path = os.path.join(tmp_path, "MNIST", "raw", "train-images-idx3-ubyte")
     with open(path, "r+b") as f:
@@ -282,12 +282,11 @@ def test_truncated_idx_file_is_one_clear_error(tmp_path):
         common.load_arrays("mnist", str(tmp_path))
 
 
-def test_cifar10_end_to_end_run(tmp_path):
+def test_cifar10_end_to_end_run(tmp_path, fabricated_publishers_files):
     write_cifar(str(tmp_path / "data"), 10)
     out = tmp_path / "runs"
-    r = run_script("fedavg.py", "--dataset", "cifar10", "--data-dir", tmp_path / "data", "--rounds", "2",
-                   "--num-clients", "2", "--partition", "iid", "--out", out)
-    assert r.returncode == 0, r.stderr
+    assert run_in_process("fedavg.py", "--dataset", "cifar10", "--data-dir", tmp_path / "data", "--rounds", "2",
+                          "--num-clients", "2", "--partition", "iid", "--out", out) == 0
     config = json.load(open(os.path.join(run_dir(out), "config.json")))
     assert config["input_shape"] == [3, 32, 32] and config["num_classes"] == 10
 

@@ -19,6 +19,8 @@ import run_folder
 from conftest import metrics_rows, run_dir
 from test_datasets import NO_NETWORK
 
+pytestmark = pytest.mark.usefixtures("fabricated_publishers_files")  # miniature files: not the real content
+
 RNG = np.random.default_rng(0)
 TRAIN_LABELS, TEST_LABELS = np.arange(40) % 4, np.arange(20) % 4
 IMAGES = {"train": RNG.integers(0, 256, (40, 28, 28), dtype=np.uint8),

@@ -256,6 +256,9 @@ def test_method_folders_are_distinct():
     (["tiny", "--rounds", "0"], "--rounds must be an integer >= 1"),
     (["tiny", "--device", "gpu"], "--device: unknown device 'gpu'"),
     ([], "name a table"),
+    (["tiny", "--data-dir", ""], "--data-dir must name the folder the datasets are read from"),
+    (["tiny", "--data-dir", "/nonexistent/data"], "--data-dir /nonexistent/data does not exist"),
+    (["tiny", "--data-dir", "/etc/hostname"], "--data-dir /etc/hostname is not a folder"),
 ])
 def test_bad_input_one_line_exit_2(argv, words, tmp_path, capsys):
     assert call([*argv, "--out", tmp_path], tiny_tables()) == 2
@@ -310,7 +313,8 @@ def test_data_dir_goes_to_every_run_and_is_no_setting(finished, tmp_path, capsys
     setting (the scripts check on --resume that the data itself is the same)."""
     out = tmp_path / "out"
     shutil.copytree(finished[0], out)
-    data_dir = os.path.join(ROOT, "data")
+    data_dir = str(tmp_path / "data")  # reproduce.py refuses a --data-dir that does not exist
+    os.makedirs(data_dir)
     tables = tiny_tables()
     assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--dry-run", "--rounds", 3, "--data-dir", data_dir],
                 tables) == 0

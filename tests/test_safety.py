@@ -321,7 +321,7 @@ def truncated_mnist(data_dir):
     for stem in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
                  "t10k-labels-idx1-ubyte"):
         with open(os.path.join(raw, stem), "wb") as f:
-            f.write(bytes([0, 0, 8, 3]) + (40).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2 + b"\0" * 100)
+            f.write(bytes([0, 0, 8, 3]) + (60000).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2 + b"\0" * 100)
 
 
 def npz_declaring(shape):

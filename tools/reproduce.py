@@ -94,6 +94,12 @@ def parse_args(argv, tables):
         fail("--out must name a folder")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         fail(f"--out {args.out} is not a folder")
+    if args.data_dir is not None and not args.report:  # once here, not in every run of the table
+        if not args.data_dir.strip():
+            fail("--data-dir must name the folder the datasets are read from (. for the current one)")
+        if not os.path.isdir(args.data_dir):
+            what = "is not a folder" if os.path.exists(args.data_dir) else "does not exist"
+            fail(f"--data-dir {args.data_dir} {what}; it must name the folder the datasets are read from")
     args.devices = [d.strip() for d in args.device.split(",")]
     for d in args.devices:
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", d):

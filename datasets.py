@@ -1,7 +1,8 @@
 """The data path, top to bottom: a --dataset name or .npz file becomes the clients' tensors.
 torchvision's MNIST family and CIFAR (``load_vision``), the datasets torchvision lacks
 (Tiny-ImageNet-200 and AG News, named in ``LOADERS``; FedProx's Synthetic(alpha, beta), generated
-per client), a user's .npz file (``load_npz``), the checks every loaded dataset passes
+per client), a user's .npz file (``load_npz``), a PFLlib dataset folder whose clients are taken as they are
+(``load_pfllib_folder``, its pickles read without running them), the checks every loaded dataset passes
 (``check_arrays``), ``load_arrays`` over all of them, the conversion to tensors (``to_tensor``),
 the partition over clients (data_partition.py) and ``load_federated_data``, which does it all
 for a script's ``args``. The scripts reach it through common.py. It imports data_partition and
@@ -647,7 +648,7 @@ def check_arrays(name, xtr, ytr, xte, yte, npz=False):
 PFLLIB_MAX_CLIENTS = 100000
 PFLLIB_MAX_CLASSES = 100000
 PFLLIB_CONFIG_MAX_BYTES = 64 * 2 ** 20
-PFLLIB_RESPLIT_FLAGS = ("train_ratio", "test_split")  # with data_partition's flags: refused for a folder
+PFLLIB_RESPLIT_FLAGS = ("train_ratio", "test_split")  # with common.PARTITION_FLAGS: refused for a folder
 _PICKLE_RECONSTRUCT = {("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "_reconstruct")}
 # bool, integers, floats; O: the 0-d object array around the dict
 _PICKLE_DTYPES = {"b1", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "O4", "O8"}
@@ -679,8 +680,9 @@ def read_pfllib_config(folder):
             config = json.load(f)
     except OSError as e:
         raise UserError(f"cannot read {quoted(path)}: {e.strerror or e.__class__.__name__}")
-    except ValueError as e:  # not JSON, not UTF-8
-        raise UserError(f"{quoted(path)} is not JSON ({e.__class__.__name__}: {str(e).splitlines()[0][:100]})")
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested beyond Python's stack
+        why = (str(e).splitlines() or [""])[0][:100]
+        raise UserError(f"{quoted(path)} is not JSON ({e.__class__.__name__}: {why})")
     if not isinstance(config, dict):
         raise UserError(f"{quoted(path)} holds {type(config).__name__}, not PFLlib's object with num_clients, "
                         "num_classes, ...")
@@ -918,8 +920,9 @@ def _check_pfllib_statistic(folder, config, labels):
                             "list of [label, count] pairs")
         found = dict(zip(*(v.tolist() for v in np.unique(y, return_counts=True))))
         if said != found:
-            raise UserError(f"{quoted(path)} counts client {client}'s labels as {first_few(sorted(said.items()), 4)}"
-                            f", but train/{client}.npz and test/{client}.npz hold {first_few(sorted(found.items()), 4)}")
+            raise UserError(f"{quoted(path)} counts client {client}'s labels as {first_few(sorted(said.items()), 4)}, "
+                            f"but train/{client}.npz and test/{client}.npz hold "
+                            f"{first_few(sorted(found.items()), 4)}")
 
 
 def load_pfllib_folder(folder, num_clients=None):
@@ -930,9 +933,9 @@ def load_pfllib_folder(folder, num_clients=None):
     file's declared size is checked against memory before any is inflated."""
     config = read_pfllib_config(folder)
     n = config["num_clients"]
-    if num_clients is not None and num_clients != n:
-        raise UserError(f"--num-clients {num_clients}, but {quoted(os.path.join(folder, 'config.json'))} says "
-                        f"{n} clients; leave --num-clients out (it is the folder's)")
+    if num_clients is not None and num_clients != n:  # a run resumed on a folder changed since
+        raise UserError(f"{quoted(os.path.join(folder, 'config.json'))} says {n} clients, but the run has "
+                        f"{num_clients} (--num-clients)")
     files = pfllib_client_files(folder, n)
     declared = sum(pfllib_declared_bytes(path) for pair in files for path in pair)
     check_fits(f"the client files of {quoted(folder)}", 2 * declared)  # the files' arrays, then one copy of all

@@ -413,7 +413,8 @@ def test_reproduce_finds_a_cells_folder_under_data_dir(folder, tmp_path, capsys)
     assert reproduce.in_data_dir("{data_dir}/FashionMNIST-dir", None) == "./data/FashionMNIST-dir"
     assert reproduce.in_data_dir("fmnist", "/data") == "fmnist"
     capsys.readouterr()
-    argv = ["tiny-pfllib", "--seeds", "0", "--out", tmp_path / "out", "--data-dir", os.path.dirname(folder), "--dry-run"]
+    argv = ["tiny-pfllib", "--seeds", "0", "--out", tmp_path / "out", "--data-dir", os.path.dirname(folder),
+            "--dry-run"]
     assert reproduce.main(list(map(str, argv)), folder_table()) == 0
     (command,) = [line for line in capsys.readouterr().out.splitlines() if "[new]" in line]
     assert f"--dataset {folder} " in command

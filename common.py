@@ -75,8 +75,9 @@ def base_parser(description, script=None, helps=None, **defaults):
     p = _Parser(prog=f"{script}.py" if script else None, description=description, formatter_class=_HelpFormatter)
     a = p.add_argument
     a("--dataset", default="cifar10", help="mnist, fmnist, emnist, cifar10, cifar100, tinyimagenet, agnews, "
-      "synthetic (FedProx's Synthetic(1,1)), synthetic(ALPHA,BETA), synthetic(iid), or path/to/file.npz with x, y "
-      "(optional x_test, y_test)")
+      "synthetic (FedProx's Synthetic(1,1)), synthetic(ALPHA,BETA), synthetic(iid), path/to/file.npz with x, y "
+      "(optional x_test, y_test), or a PFLlib dataset folder (config.json, train/<i>.npz, test/<i>.npz: client i's "
+      "data as it is; docs/datasets.md)")
     a("--data-dir", default="./data", help="where datasets are downloaded and read")
     a("--agnews-vocab", default="authors", choices=["authors", "train"],
       help="AG News vocabulary. authors (default): every word of the train and test texts, id 0 both padding "
@@ -151,6 +152,8 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
         args = run_folder.resumed_args(parser, argv)
     elif resolve:
         resolve(args)
+    if not args.resume and datasets.is_pfllib_folder(args.dataset):
+        pfllib_folder_settings(args, run_folder._given_flags(parser, argv))
     finite = lambda v: v is not None and math.isfinite(v)
     shared = [
         (finite(args.beta) and args.beta > 0, f"--beta must be a finite number > 0, got {args.beta} "
@@ -190,6 +193,23 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
                             "as its own (set the heterogeneity with synthetic(ALPHA,BETA) or synthetic(iid)); "
                             "leave the flag out")
     return args
+
+
+def pfllib_folder_settings(args, given):
+    """--dataset names a PFLlib dataset folder: its clients are taken as they are, so the flags that
+    partition or split data (``given`` on the command line) are refused, --num-clients is the folder's,
+    and each client is tested on its own test file (--test-split client)."""
+    resplit = [f"--{dest.replace('_', '-')}" for dest in (*PARTITION_FLAGS, *datasets.PFLLIB_RESPLIT_FLAGS)
+               if dest in given]
+    if resplit:
+        raise UserError(f"{', '.join(resplit)} {'does' if len(resplit) == 1 else 'do'} not apply to a PFLlib "
+                        "dataset folder: client i trains on its train/i.npz and is tested on its test/i.npz as they "
+                        "are; leave the flag out")
+    clients = datasets.read_pfllib_config(args.dataset)["num_clients"]
+    if "num_clients" in given and args.num_clients != clients:
+        raise UserError(f"--num-clients {args.num_clients}, but {run_folder.quoted(args.dataset)} holds {clients} "
+                        f"clients (its config.json); leave --num-clients out or give {clients}")
+    args.num_clients, args.test_split = clients, "client"
 
 
 # ----------------------------------------------------------------------------- data

@@ -1,7 +1,8 @@
 """The data path, top to bottom: a --dataset name or .npz file becomes the clients' tensors.
 torchvision's MNIST family and CIFAR (``load_vision``), the datasets torchvision lacks
 (Tiny-ImageNet-200 and AG News, named in ``LOADERS``; FedProx's Synthetic(alpha, beta), generated
-per client), a user's .npz file (``load_npz``), the checks every loaded dataset passes
+per client), a user's .npz file (``load_npz``), a PFLlib dataset folder whose clients are taken as they are
+(``load_pfllib_folder``, its pickles read without running them), the checks every loaded dataset passes
 (``check_arrays``), ``load_arrays`` over all of them, the conversion to tensors (``to_tensor``),
 the partition over clients (data_partition.py) and ``load_federated_data``, which does it all
 for a script's ``args``. The scripts reach it through common.py. It imports data_partition and
@@ -11,6 +12,7 @@ import contextlib
 import csv
 import math
 import os
+import pickle
 import socket
 import sys
 import tempfile
@@ -840,6 +842,324 @@ def check_arrays(name, xtr, ytr, xte, yte, npz=False):
                         "a model cannot learn them, so drop those test samples or add training samples")
 
 
+# ----------------------------------------------------------------------------- PFLlib dataset folders
+
+# A folder that PFLlib's generators write (TsingZ0/PFLlib dataset/utils/dataset_utils.py, save_file):
+# config.json, train/<i>.npz and test/<i>.npz for client i, each npz holding one entry, data.npy: a 0-d
+# object array whose pickle holds the dict {'x': samples, 'y': labels}. Pickles are programs; these files
+# are read by a reader that understands exactly that pickle and builds nothing else (_PfllibUnpickler).
+PFLLIB_MAX_CLIENTS = 100000
+PFLLIB_MAX_CLASSES = 100000
+PFLLIB_CONFIG_MAX_BYTES = 64 * 2 ** 20
+PFLLIB_RESPLIT_FLAGS = ("train_ratio", "test_split")  # with common.PARTITION_FLAGS: refused for a folder
+_PICKLE_RECONSTRUCT = {("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "_reconstruct")}
+# bool, integers, floats; O: the 0-d object array around the dict
+_PICKLE_DTYPES = {"b1", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "O4", "O8"}
+
+
+def is_pfllib_folder(name):
+    """Whether --dataset ``name`` is read as a PFLlib dataset folder: an existing folder (not a file) whose
+    name is not one of the datasets' names (``mnist``, ``synthetic(...)``: those names win, ``./mnist`` is
+    the folder) nor ends in .npz. What it holds is checked when it is read (``read_pfllib_config``)."""
+    return (name not in VISION and name not in LOADERS and name != "synthetic" and not name.startswith("synthetic(")
+            and not name.lower().endswith(".npz") and os.path.isdir(name))
+
+
+def read_pfllib_config(folder):
+    """The config.json of the PFLlib dataset folder ``folder`` (a dict), with its num_clients and num_classes
+    checked, and train/ and test/ present: one line naming what is missing or wrong."""
+    import json
+    path = os.path.join(folder, "config.json")
+    layout = "a PFLlib dataset folder holds config.json, train/0.npz ... and test/0.npz ... (docs/datasets.md)"
+    for part in ("config.json", "train", "test"):
+        if not os.path.lexists(os.path.join(folder, part)):
+            raise UserError(f"--dataset {quoted(folder)} is a folder without {part}; {layout}")
+    check_regular(path, doing="--dataset")
+    try:
+        if os.path.getsize(path) > PFLLIB_CONFIG_MAX_BYTES:
+            raise UserError(f"{quoted(path)} is {human_bytes(os.path.getsize(path))}; a PFLlib config.json is a "
+                            f"few KB (at most {human_bytes(PFLLIB_CONFIG_MAX_BYTES)} is read)")
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except OSError as e:
+        raise UserError(f"cannot read {quoted(path)}: {e.strerror or e.__class__.__name__}")
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested beyond Python's stack
+        why = (str(e).splitlines() or [""])[0][:100]
+        raise UserError(f"{quoted(path)} is not JSON ({e.__class__.__name__}: {why})")
+    if not isinstance(config, dict):
+        raise UserError(f"{quoted(path)} holds {type(config).__name__}, not PFLlib's object with num_clients, "
+                        "num_classes, ...")
+    for key, least, most in (("num_clients", 1, PFLLIB_MAX_CLIENTS), ("num_classes", 2, PFLLIB_MAX_CLASSES)):
+        value = config.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= most:
+            raise UserError(f"{quoted(path)}: {key} must be an integer from {least} to {most}, got "
+                            f"{value!r}" if key in config else f"{quoted(path)} has no {key}; {layout}")
+    for part in ("train", "test"):
+        if not os.path.isdir(os.path.join(folder, part)):
+            raise UserError(f"{quoted(os.path.join(folder, part))} is not a folder; {layout}")
+    return config
+
+
+def pfllib_client_files(folder, num_clients):
+    """[(train/<i>.npz, test/<i>.npz)] of the folder's clients: exactly 0.npz ... <n-1>.npz in each of
+    train/ and test/, nothing missing and nothing else there."""
+    files = []
+    for part in ("train", "test"):
+        where = os.path.join(folder, part)
+        try:
+            present = set(os.listdir(where))
+        except OSError as e:
+            raise UserError(f"cannot read {quoted(where)}: {e.strerror or e.__class__.__name__}")
+        expected = [f"{i}.npz" for i in range(num_clients)]
+        missing = [name for name in expected if name not in present]
+        extra = sorted(present - set(expected))
+        said = f"its config.json says {num_clients} client(s): {part}/0.npz ... {part}/{num_clients - 1}.npz"
+        if missing:
+            raise UserError(f"{quoted(os.path.join(where, missing[0]))} is missing ({len(missing)} file(s) missing); "
+                            f"{said}")
+        if extra:
+            raise UserError(f"{quoted(os.path.join(where, extra[0]))} is not a client's file of {quoted(folder)} "
+                            f"({len(extra)} such); {said} and nothing else; move it away")
+        files.append([os.path.join(where, name) for name in expected])
+    return list(zip(*files))
+
+
+class _PickledArray:
+    """What the pickle of an ndarray builds here instead of the array: ``__setstate__`` receives numpy's state
+    (version, shape, dtype, Fortran order, the raw bytes or, for an object array, a list) and checks that the
+    bytes are exactly the shape's before making the array from them, so no declared shape is ever allocated
+    (numpy's own ``__setstate__`` segfaults on an object array whose list is shorter than its shape)."""
+    value = None
+
+    def __setstate__(self, state):
+        if not (isinstance(state, tuple) and len(state) == 5):
+            raise pickle.UnpicklingError("an array's state is not numpy's (version, shape, dtype, order, data)")
+        version, shape, dtype, fortran, raw = state
+        if version != 1 or not isinstance(dtype, _PickledDtype) or not isinstance(fortran, bool) or \
+                not (isinstance(shape, tuple) and len(shape) <= 8 and all(type(n) is int and n >= 0 for n in shape)):
+            raise pickle.UnpicklingError("an array's state is not numpy's (version 1, a shape, a dtype, the order)")
+        if dtype.dtype.kind == "O":  # the 0-d array around PFLlib's dict
+            if shape != () or not (isinstance(raw, list) and len(raw) == 1):
+                raise pickle.UnpicklingError(f"an object array of shape {shape}; only the 0-d one around the dict "
+                                             "is read")
+            self.value = raw[0]
+            return
+        if not isinstance(raw, bytes) or len(raw) != math.prod(shape) * dtype.dtype.itemsize:
+            raise pickle.UnpicklingError(f"an array of shape {shape} and dtype {dtype.dtype} whose data is not "
+                                         "exactly its size")
+        self.value = np.frombuffer(raw, dtype.dtype).reshape(shape, order="F" if fortran else "C")
+
+
+class _PickledDtype:
+    """What the pickle of a numeric (or object) numpy dtype builds here; ``__setstate__`` takes its byte order."""
+
+    def __init__(self, spec):
+        self.dtype = np.dtype(spec)
+
+    def __setstate__(self, state):
+        if not (isinstance(state, tuple) and len(state) == 8 and state[1] in ("<", ">", "|", "=")
+                and state[2] is None and state[3] is None and state[4] is None):
+            raise pickle.UnpicklingError("a dtype with fields or sub-arrays; only plain numbers are read")
+        if state[1] in "<>" and self.dtype.itemsize > 1:
+            self.dtype = self.dtype.newbyteorder(state[1])
+
+
+_NDARRAY = object()  # what the pickle's numpy.ndarray stands for: a token, never the class (it would allocate)
+
+
+def _reconstruct(subtype, shape, typecode):
+    """numpy's ``_reconstruct(ndarray, (0,), b'b')``, the first step of every pickled array, as a _PickledArray."""
+    if subtype is not _NDARRAY or shape != (0,) or typecode != b"b":
+        raise pickle.UnpicklingError("numpy's array reconstruction with other arguments than numpy writes")
+    return _PickledArray()
+
+
+def _dtype(spec, align=False, copy=True):
+    """numpy's ``dtype(spec, align, copy)`` of a pickle, for plain numbers and objects only."""
+    if not (isinstance(spec, str) and spec in _PICKLE_DTYPES) or align is not False or copy is not True:
+        raise pickle.UnpicklingError(f"the dtype {spec!r}; only bool, integer, float (and the object array around "
+                                     "the dict) are read")
+    return _PickledDtype(spec)
+
+
+class _PfllibUnpickler(pickle.Unpickler):
+    """An unpickler that knows three names, numpy's ``_reconstruct``, ``ndarray`` and ``dtype``, each as the
+    stand-in above; any other global (os.system, builtins.eval, subprocess.Popen, numpy.load, ...) is refused
+    before it is looked up, so nothing in the file is called but these."""
+
+    def find_class(self, module, name):
+        if (module, name) in _PICKLE_RECONSTRUCT:
+            return _reconstruct
+        if (module, name) == ("numpy", "ndarray"):
+            return _NDARRAY
+        if (module, name) == ("numpy", "dtype"):
+            return _dtype
+        raise pickle.UnpicklingError(f"it asks for {str(module)[:60]}.{str(name)[:60]}, which a PFLlib file never "
+                                     "holds (it holds numpy arrays in a dict); nothing of it was run")
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("it holds a persistent id, which a PFLlib file never holds")
+
+
+class _Refused(Exception):
+    """Why one client file is not what PFLlib's save_file writes."""
+
+
+def _pfllib_member(z):
+    """The ZipInfo of data.npy, the one member a PFLlib client file has."""
+    names = z.namelist()
+    if names != ["data.npy"]:
+        raise _Refused(f"it holds {first_few([quoted(n) for n in names], 3) or 'nothing'}; PFLlib's files hold "
+                       "data.npy only")
+    return z.getinfo("data.npy")
+
+
+def _unreadable(path, e):
+    """The one line of a client file that cannot be read as PFLlib's, for the exception ``e``."""
+    if isinstance(e, _Refused):
+        return UserError(f"{quoted(path)}: {e}")
+    if isinstance(e, pickle.UnpicklingError):
+        return UserError(f"{quoted(path)} is refused: {e}")
+    if isinstance(e, OSError) and e.strerror:
+        return UserError(f"cannot read {quoted(path)}: {e.strerror}")
+    why = (str(e).strip().splitlines() or [""])[0][:120]  # not a zip, a bad CRC, cut short, a malformed header
+    return UserError(f"{quoted(path)} is not a readable PFLlib client file ({e.__class__.__name__}"
+                     f"{': ' + why if why else ''})")
+
+
+def pfllib_declared_bytes(path):
+    """The uncompressed size that the zip header of ``path`` declares for its data.npy (read, not inflated)."""
+    import zipfile
+    check_regular(path, doing="--dataset")
+    try:
+        with zipfile.ZipFile(path) as z:
+            return _pfllib_member(z).file_size
+    except Exception as e:  # noqa: BLE001  not a zip, cut short
+        raise _unreadable(path, e)
+
+
+def read_pfllib_npz(path):
+    """(x, y) of one PFLlib client file, without running anything it carries: the zip must hold data.npy
+    alone, whose .npy header must declare a 0-d object array; at most the uncompressed size its zip header
+    declares is inflated (checked against memory by the caller), and its CRC is checked; the pickle is read
+    by _PfllibUnpickler; the result must be a dict of exactly 'x' and 'y', numeric arrays."""
+    import io
+    import zipfile
+    check_regular(path, doing="--dataset")
+    try:
+        with zipfile.ZipFile(path) as z, z.open(_pfllib_member(z)) as f:
+            version = np.lib.format.read_magic(f)
+            if version not in ((1, 0), (2, 0)):
+                raise _Refused(f"its data.npy is .npy version {version[0]}.{version[1]}; numpy writes 1.0 or 2.0")
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0
+            shape, _, dtype = read_header(f, max_header_size=10000)
+            if shape != () or dtype != np.dtype(object):
+                raise _Refused(f"its data.npy is a {dtype} array of shape {shape}, not PFLlib's pickled dict "
+                               "{'x': ..., 'y': ...}")
+            payload = bytearray()
+            for chunk in iter(lambda: f.read(1 << 20), b""):  # read(): one inflate of up to 2 GB, whatever the
+                payload += chunk  # header declares; read(n) inflates n at a time, up to the declared size and CRC
+        holder = _PfllibUnpickler(io.BytesIO(payload)).load()
+    except Exception as e:  # noqa: BLE001  not a zip, a bad CRC, a cut file, a malformed pickle or header
+        raise _unreadable(path, e)
+    data = holder.value if isinstance(holder, _PickledArray) else None
+    if not isinstance(data, dict) or set(data) != {"x", "y"}:
+        what = f"a dict of {first_few(sorted(map(repr, data)), 4)}" if isinstance(data, dict) else \
+            type(data).__name__
+        raise UserError(f"{quoted(path)} holds {what}, not PFLlib's dict of 'x' and 'y'")
+    arrays = []
+    for key in ("x", "y"):
+        value = data[key].value if isinstance(data[key], _PickledArray) else None
+        if not isinstance(value, np.ndarray):
+            raise UserError(f"{quoted(path)}: its '{key}' is not a numpy array of numbers")
+        arrays.append(value.astype(value.dtype.newbyteorder("="), copy=False))
+    return tuple(arrays)
+
+
+def _check_pfllib_client(path, x, y, num_classes, like):
+    """One line naming ``path`` unless its (x, y) are samples with as many integer labels in
+    0..num_classes-1, finite and bounded, of the shape and dtype of ``like`` (the first client's x)."""
+    if x.ndim == 3:  # (N, H, W): one channel, as .npz files
+        x = x[:, None]
+    if y.ndim != 1 or x.ndim not in (2, 4) or len(x) != len(y) or 0 in x.shape[1:]:
+        raise UserError(f"{quoted(path)}: x and y must be (N, features), (N, H, W) or (N, C, H, W) samples with N "
+                        f"labels; got shapes {x.shape} and {y.shape}")
+    if not len(y):
+        raise UserError(f"{quoted(path)} holds no samples; every client needs training and test samples")
+    if y.dtype.kind not in "iu":
+        raise UserError(f"{quoted(path)}: the labels y are {y.dtype}; they must be integers 0..C-1")
+    if x.dtype.kind not in "uif":
+        raise UserError(f"{quoted(path)}: x is {x.dtype}; samples must be real numbers (integers or floats)")
+    if like is not None and (x.shape[1:], x.dtype) != (like.shape[1:], like.dtype):
+        raise UserError(f"{quoted(path)} holds samples of shape {x.shape[1:]} and dtype {x.dtype}; the first "
+                        f"client's are {like.shape[1:]}, {like.dtype}: every client's must be the same")
+    if x.dtype.kind == "f" and not np.isfinite(x).all():
+        raise UserError(f"{quoted(path)}: x has {int(np.count_nonzero(~np.isfinite(x)))} non-finite value(s) "
+                        "(NaN or inf)")
+    if max(abs(float(x.max())), abs(float(x.min()))) > MAX_FEATURE:
+        raise UserError(f"{quoted(path)}: x has values beyond {MAX_FEATURE:.0e}; scale the features")
+    if y.min() < 0 or y.max() >= num_classes:
+        raise UserError(f"{quoted(path)} has labels from {y.min()} to {y.max()}; its folder's config.json says "
+                        f"num_classes {num_classes}, so labels are 0..{num_classes - 1}")
+    return x, y.astype(np.int64)
+
+
+def _check_pfllib_statistic(folder, config, labels):
+    """PFLlib's config.json lists each client's [label, count] pairs over its train and test data ("Size of
+    samples for labels in clients"); where it does, they must be the files' counts (a file from another
+    split or another client is refused)."""
+    statistic = config.get("Size of samples for labels in clients")
+    if statistic is None:
+        return
+    path = os.path.join(folder, "config.json")
+    if not isinstance(statistic, list) or len(statistic) != len(labels):
+        raise UserError(f"{quoted(path)}: 'Size of samples for labels in clients' must list {len(labels)} clients")
+    for client, (pairs, y) in enumerate(zip(statistic, labels)):
+        try:
+            said = {int(label): int(count) for label, count in pairs}
+        except (TypeError, ValueError):
+            raise UserError(f"{quoted(path)}: 'Size of samples for labels in clients' of client {client} is not a "
+                            "list of [label, count] pairs")
+        found = dict(zip(*(v.tolist() for v in np.unique(y, return_counts=True))))
+        if said != found:
+            raise UserError(f"{quoted(path)} counts client {client}'s labels as {first_few(sorted(said.items()), 4)}, "
+                            f"but train/{client}.npz and test/{client}.npz hold "
+                            f"{first_few(sorted(found.items()), 4)}")
+
+
+def load_pfllib_folder(folder, num_clients=None):
+    """A PFLlib dataset folder as (x, y, train, test, num_classes): client i's train and test samples are
+    exactly those of train/<i>.npz and test/<i>.npz (no re-split), ``train[i]`` and ``test[i]`` their indices
+    into x and y (the training samples of all clients first); the classes are config.json's num_classes.
+    ``num_clients``: what the run expects (a --resume), refused when config.json says otherwise. Every
+    file's declared size is checked against memory before any is inflated."""
+    config = read_pfllib_config(folder)
+    n = config["num_clients"]
+    if num_clients is not None and num_clients != n:  # a run resumed on a folder changed since
+        raise UserError(f"{quoted(os.path.join(folder, 'config.json'))} says {n} clients, but the run has "
+                        f"{num_clients} (--num-clients)")
+    files = pfllib_client_files(folder, n)
+    declared = sum(pfllib_declared_bytes(path) for pair in files for path in pair)
+    check_fits(f"the client files of {quoted(folder)}", 2 * declared)  # the files' arrays, then one copy of all
+    parts, like = {"train": [], "test": []}, None
+    for pair in files:
+        for part, path in zip(("train", "test"), pair):
+            x, y = _check_pfllib_client(path, *read_pfllib_npz(path), config["num_classes"], like)
+            like = x if like is None else like
+            parts[part].append((x, y))
+    clients = parts["train"] + parts["test"]
+    sizes = [len(y) for _, y in clients]
+    x = np.concatenate([x for x, _ in clients])
+    y = np.concatenate([y for _, y in clients])
+    starts = np.cumsum([0] + sizes)
+    ranges = [np.arange(starts[k], starts[k + 1]) for k in range(2 * n)]
+    _check_pfllib_statistic(folder, config, [np.concatenate([y[ranges[k]], y[ranges[n + k]]]) for k in range(n)])
+    n_train = starts[n]
+    check_arrays(folder, x[:n_train], y[:n_train], x[n_train:], y[n_train:])
+    return x, y, ranges[:n], ranges[n:], config["num_classes"]
+
+
 # ----------------------------------------------------------------------------- every dataset, as tensors on clients
 
 def load_arrays(name, data_dir, agnews_vocab="authors"):
@@ -863,7 +1183,7 @@ def load_arrays(name, data_dir, agnews_vocab="authors"):
         arrays = load_npz(name)
     else:
         raise UserError(f"unknown dataset '{name}'; choose {', '.join([*VISION, *LOADERS])}, "
-                        f"{SYNTHETIC_HELP}, or a .npz file")
+                        f"{SYNTHETIC_HELP}, a .npz file or a PFLlib dataset folder")
     check_arrays(name, *arrays, npz=name.lower().endswith(".npz"))
     xtr, ytr, xte, yte = arrays
     return xtr, ytr.astype(np.int64), xte, yte.astype(np.int64)
@@ -954,6 +1274,7 @@ def load_federated_data(args, device):
     after set_determinism, before any GPU work)."""
     rng = np.random.default_rng([args.seed, 0])  # data and partition: independent of training randomness
     synthetic = synthetic_setting(args.dataset)
+    folder = not synthetic and is_pfllib_folder(args.dataset)
     if synthetic:
         clients = synthetic_clients(args.num_clients, rng, *synthetic)
         x = np.concatenate([c[0] for c in clients])
@@ -964,6 +1285,11 @@ def load_federated_data(args, device):
         num_classes = SYNTHETIC_CLASSES
         # no official test set: under 'global' the union of the clients' test data stands in for it
         global_test = np.concatenate(test) if args.test_split == "global" else None
+    elif folder:  # PFLlib's clients as they are: client i's train and test data are its two files
+        x, y, train, test, num_classes = load_pfllib_folder(args.dataset, args.num_clients)
+        global_test, n_train = None, sum(len(t) for t in train)
+        tokens = x.dtype.kind in "ui" and x.ndim == 2 and args.model == "fasttext"
+        x = to_tensor(x, reference=x[:n_train], tokens=tokens)
     else:
         xtr, ytr, xte, yte = load_arrays(args.dataset, args.data_dir, getattr(args, "agnews_vocab", "authors"))
         num_classes = int(max(ytr.max(), yte.max() if len(yte) else 0)) + 1
@@ -1012,6 +1338,8 @@ def load_federated_data(args, device):
         vocab_size=int(x.max()) + 1 if not x.is_floating_point() else 0)
     if synthetic:  # no file: the run folder's --resume check names the seed it is generated from
         data.info["generated"] = True
-    if not synthetic and args.partition in ("pfedla1", "pfedla2"):
+    if folder:  # a folder: the --resume check names it, not --data-dir
+        data.info["folder"] = True
+    if not synthetic and not folder and args.partition in ("pfedla1", "pfedla2"):
         data.info["samples_per_client"] = {"flag": args.samples_per_client, "samples": len(parts[0])}
     return data

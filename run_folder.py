@@ -762,7 +762,8 @@ class Run:
     def _new_dir(self):
         """Create and lock a new run folder under --out. What it makes (the folder, and --out and its
         parents where they were missing) is removed by close() if the run fails before any result."""
-        name = re.sub(r"[^A-Za-z0-9._-]+", "-", os.path.basename(self.args.dataset).replace(".npz", "")).strip("-")
+        dataset = os.path.basename(os.path.normpath(self.args.dataset))  # a folder's name also when given with a /
+        name = re.sub(r"[^A-Za-z0-9._-]+", "-", dataset.replace(".npz", "")).strip("-")
         base = os.path.join(self.args.out, f"{self.algo}-{name}-s{self.args.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
         _check_path_fits(self.args.out, base)
         self._made = _missing_folders(os.path.dirname(base))
@@ -826,7 +827,8 @@ class Run:
         if saved is not None and saved != self.data_sha256:
             d = self.args.dataset
             name = (f"{d}, generated from --seed {self.args.seed}" if self.data.info.get("generated") else
-                    d if d.endswith(".npz") else f"{d} in --data-dir {self.args.data_dir}")
+                    d if d.endswith(".npz") or self.data.info.get("folder") else
+                    f"{d} in --data-dir {self.args.data_dir}")
             raise UserError(f"cannot resume: the data of {self.dir} changed since the run started ({name}: "
                                    f"fingerprint {saved[:16]} now {self.data_sha256[:16]})")
 

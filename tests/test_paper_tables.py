@@ -170,8 +170,11 @@ def test_every_method_of_a_cell_runs_with_the_algorithms_settings(tid):
         # the reference: the cell's algorithm (the first method of the source's script), else the first method
         ref_method, ref = next(((m, a) for m, a in parsed if m["script"] == algorithm), parsed[0])
         assert ref.rounds == table["rounds"]
-        # synthetic data is generated per client: the partition settings do not apply to it
+        # synthetic data is generated per client: the partition settings do not apply to it; nor the split to a
+        # PFLlib dataset folder's clients (where it exists, every script takes them as they are: --test-split client)
         ignored = PARTITION if common.synthetic_setting(ref.dataset) is not None else set()
+        if ref.dataset.startswith("{data_dir}/"):
+            ignored = PARTITION | {"test_split", "train_ratio"}
         for m, args in parsed:
             for dest in set(SHARED) - ignored:
                 if hasattr(ref, dest) or hasattr(args, dest):
@@ -185,8 +188,16 @@ def test_paper_tables_state_their_settings_explicitly():
             continue
         for cell in table["cells"]:
             given = table["common"] + cell["flags"]
-            missing = [f for f in EXPLICIT if f not in given]
-            if common.synthetic_setting(flag_value(given, "--dataset")) is None:
+            # a PFLlib dataset folder under --data-dir (tools/reproduce.py) is split already: its scripts refuse
+            # the flags that partition or split, so the cell states none of them
+            folder = (flag_value(given, "--dataset") or "").startswith("{data_dir}/")
+            if folder:
+                resplit = {"--partition", "--beta", "--classes-per-client", "--balance", "--samples-per-client",
+                           "--dominant-share", "--train-ratio", "--test-split"}
+                stated = set(given) | {f for method in cell["methods"] for f in method["flags"]}
+                assert not resplit & stated, (tid, cell["name"], resplit & stated)
+            missing = [f for f in EXPLICIT if f not in given and not (folder and f == "--test-split")]
+            if common.synthetic_setting(flag_value(given, "--dataset")) is None and not folder:
                 missing += [f for f in ("--partition",) if f not in given]
             assert not missing, (tid, cell["name"], missing)
             if flag_value(given, "--partition") == "dir":

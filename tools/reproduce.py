@@ -62,7 +62,9 @@ def parse_args(argv, tables):
     a("--workers", default="1", metavar="N", help="runs at once (subprocesses), spread round-robin over --device")
     a("--device", default="auto", help="a device or a comma-separated list, e.g. cuda:0,cuda:1 (default: auto)")
     a("--data-dir", metavar="DIR", help="where every run reads its dataset (the scripts' --data-dir; default: "
-      "theirs, ./data), e.g. /usr/share/datasets/fashion-mnist of Debian's dataset-fashion-mnist")
+      "theirs, ./data), e.g. /usr/share/datasets/fashion-mnist of Debian's dataset-fashion-mnist; a table's "
+      "PFLlib dataset folders lie in it: a cell's --dataset {data_dir}/NAME is the folder DIR/NAME "
+      "(pfllib-fmnist: DIR/FashionMNIST-dir and DIR/FashionMNIST-pat; docs/datasets.md)")
     a("--dry-run", action="store_true", help="print every command and the paper's numbers; run nothing")
     a("--report", action="store_true", help="only the report of the runs that exist; run nothing")
     a("--markdown-paper-tables", nargs="?", const="-", metavar="FILE",
@@ -174,9 +176,23 @@ def table_jobs(table_id, table, args):
                              "script": method["script"],
                              "seed": seed, "rounds": rounds, "metric": metric_of(table, method),
                              "data_dir": getattr(args, "data_dir", None),
-                             "flags": [*table["common"], *cell["flags"], *method["flags"]],
+                             "flags": [in_data_dir(f, getattr(args, "data_dir", None))
+                                       for f in [*table["common"], *cell["flags"], *method["flags"]]],
                              "dir": os.path.join(args.out, table_id, slug(cell["name"]), mslug, f"seed{seed}")})
     return jobs
+
+
+IN_DATA_DIR = "{data_dir}/"  # a table's flag value under --data-dir: --dataset {data_dir}/FashionMNIST-dir
+SCRIPTS_DATA_DIR = "./data"  # the scripts' --data-dir default
+
+
+def in_data_dir(flag, data_dir):
+    """A table's flag as the command gives it: one that starts with {data_dir}/ (a cell's PFLlib dataset
+    folder, docs/datasets.md) becomes that path under --data-dir (the scripts' ./data where it is not given),
+    so the command, and the run's config.json, name the folder itself."""
+    if not flag.startswith(IN_DATA_DIR):
+        return flag
+    return os.path.join(data_dir or SCRIPTS_DATA_DIR, flag[len(IN_DATA_DIR):])
 
 
 def new_command(job, device):

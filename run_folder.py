@@ -782,6 +782,7 @@ class Run:
                 "algorithm": algo, "script": self.script, "args": {**vars(args), "resume": None, "stop_after": None},
                 "command": self._command(), "device": str(device), "device_name": torch.cuda.get_device_name(device)
                 if device.type == "cuda" else platform.processor() or platform.machine(),
+                "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the CPU kernels torch picked (AVX2, ...)
                 "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
                 "num_classes": data.num_classes, "input_shape": list(data.x.shape[1:]),
                 "data_sha256": self.data_sha256, **(extra_config or {})}))

@@ -69,6 +69,13 @@ def _auto_or_count(text):
     raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 1, got {text!r}")
 
 
+def _thread_count(text):
+    """argparse type of --threads: 'auto' or an integer in [1, run_folder.MAX_THREADS]."""
+    if text == "auto" or text.isascii() and text.isdigit() and 1 <= int(text) <= run_folder.MAX_THREADS:
+        return text if text == "auto" else int(text)
+    raise argparse.ArgumentTypeError(f"must be 'auto' or an integer in [1, {run_folder.MAX_THREADS}], got {text!r}")
+
+
 def base_parser(description, script=None, helps=None, **defaults):
     """The flags every script shares; ``defaults`` are the script ``script``'s paper setting and
     ``helps`` replaces the help text of flags whose default depends on the data."""
@@ -114,8 +121,12 @@ def base_parser(description, script=None, helps=None, **defaults):
       "TF32 (repeatable on one GPU model, driver, torch); auto: on for CUDA only (a CPU repeats anyway)")
     a("--parallel-clients", type=_auto_or_count, default="auto",
       help="train this many clients at once on CPU threads, one torch thread each (1: one client at a time on "
-      "all threads; auto: one per torch thread on CPU, 1 on a GPU); results depend on whether this is 1, "
-      "not on the schedule")
+      "all --threads threads; auto: one per --threads thread on CPU, 1 on a GPU); results depend on whether "
+      "this is 1, not on the schedule")
+    a("--threads", type=_thread_count, default="auto",
+      help="CPU torch threads, which decide a CPU run's arithmetic (its results repeat bit for bit at the same "
+      "count); auto (default): torch's own count, set by OMP_NUM_THREADS or the cores; config.json records the "
+      "count taken. On a GPU it sets the threads of the CPU work")
     a("--out", default="runs", help="folder under which the run folder is created")
     a("--resume", default=None, metavar="RUN_DIR",
       help="continue a stopped run from its last checkpoint (default: a new run)")
@@ -154,6 +165,8 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
         resolve(args)
     if not args.resume and datasets.is_pfllib_folder(args.dataset):
         pfllib_folder_settings(args, run_folder._given_flags(parser, argv))
+    if args.threads == "auto":  # the count the run takes, recorded (torch's own: OMP_NUM_THREADS or the cores)
+        args.threads = torch.get_num_threads()
     finite = lambda v: v is not None and math.isfinite(v)
     shared = [
         (finite(args.beta) and args.beta > 0, f"--beta must be a finite number > 0, got {args.beta} "
@@ -218,6 +231,7 @@ def load_federated_data(args, device):
     """The dataset of ``args``, partitioned over its clients, on ``device`` (datasets.py), after
     set_determinism: before any GPU work."""
     set_determinism(device, args.deterministic)
+    set_threads(args.threads)
     return datasets.load_federated_data(args, device)
 
 
@@ -505,6 +519,17 @@ def set_determinism(device, mode):
     return on
 
 
+def set_threads(threads):
+    """--threads: torch's CPU (intra-op) threads for the whole run, whatever OMP_NUM_THREADS says. A CPU
+    run's arithmetic depends on this count (how a sum is split over threads), so a run repeats bit for bit
+    only at the count it was made with. None (a run made before the flag, which recorded none) or 'auto'
+    (flags not resolved by parse_args): torch's default from the environment. Inter-op threads are left
+    as they are: nothing here runs ops concurrently through them (parallel clients use their own threads,
+    ClientPool)."""
+    if threads not in (None, "auto") and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
 def seed_everything(seed):
     """Seed torch (model initialisation) and return the numpy generator that samples clients and
     draws the algorithms' own randomness; the data partition has its own stream (seed, 0)."""
@@ -582,15 +607,32 @@ def client_update(model, global_state, data, client, args, round_, out=None):
     return flatten_state(model, out=out), loss
 
 
+def parallel_clients(args, device):
+    """How many clients train at once: --parallel-clients (auto: one per --threads thread on a CPU, 1 on a
+    GPU), at most the round's clients. Above 1, each client trains on one torch thread (ClientPool)."""
+    n = args.parallel_clients
+    if n == "auto":
+        threads = getattr(args, "threads", None)
+        n = (threads if isinstance(threads, int) else torch.get_num_threads()) if device.type == "cpu" else 1
+    return max(1, min(n, clients_per_round(args)))
+
+
+def client_threads(args, device):
+    """The torch threads one client trains on in a run of ``args``: 1 when clients train in parallel, else
+    all --threads (None: a run that recorded no count, at torch's default)."""
+    return 1 if parallel_clients(args, device) > 1 else getattr(args, "threads", None)
+
+
 class ClientPool:
     """The reusable models that run a round's client updates, and ``map`` over the clients.
 
-    ``--parallel-clients`` models (auto: one per torch thread on a CPU, where a small batch
-    leaves most cores idle; one on a GPU). With one model the clients run one after another on
-    all torch threads. With several, that many clients run at once on threads, one torch thread
-    each, the largest clients first so the threads finish together. Client updates are
-    independent, so results do not depend on the schedule, only on whether each client ran on
-    one torch thread or on all of them. No model is built or copied per client."""
+    ``--parallel-clients`` models (auto: one per torch thread, --threads, on a CPU, where a small
+    batch leaves most cores idle; one on a GPU). With one model the clients run one after another
+    on all --threads torch threads. With several, that many clients run at once on threads, one
+    torch thread each, the largest clients first so the threads finish together; the server's
+    work between rounds runs on all --threads. Client updates are independent, so results do not
+    depend on the schedule, only on whether each client ran on one torch thread or on all of
+    them. No model is built or copied per client."""
 
     def __init__(self, models, client_sizes):
         self.models, self.client_sizes = models, client_sizes
@@ -598,10 +640,7 @@ class ClientPool:
     @classmethod
     def build(cls, args, build_model, device, data):
         """A pool of ``--parallel-clients`` models made by ``build_model``, for ``data``'s clients."""
-        n = args.parallel_clients
-        if n == "auto":
-            n = torch.get_num_threads() if device.type == "cpu" else 1
-        return cls([build_model().to(device) for _ in range(max(1, min(n, clients_per_round(args))))],
+        return cls([build_model().to(device) for _ in range(parallel_clients(args, device))],
                    [len(i) for i in data.train_idx])
 
     def __len__(self):

@@ -182,7 +182,36 @@ RESUME_MAY_CHANGE = {"rounds", "device", "parallel_clients", "data_dir", "out", 
 ADDED_FLAGS = {"deterministic": "off",  # before the flag, torch's own settings
                "dominant_share": 0.8, "local_training": False, "eval_local_models": False,
                "agnews_vocab": "train",  # AG News runs before the flag built the vocabulary from train texts
-               "fedavg": False}  # fedacd.py before --fedavg: FedACD
+               "fedavg": False,  # fedacd.py before --fedavg: FedACD
+               "threads": None}  # UNRECORDED: see below
+# --threads (the CPU torch threads that decide a run's arithmetic) was not recorded before the flag: such a run
+# resumes as it ran, at torch's default from the environment (OMP_NUM_THREADS), and its record stays without a
+# count; tools/record_threads.py adds the count where the run's launches (reproduce.json) show it
+UNRECORDED = None
+MAX_THREADS = 1024  # --threads: more is a typing error, not a machine
+
+
+def with_threads(command, threads):
+    """``command`` (a script's argv) with its thread count as the last ``--threads`` (argparse takes the
+    last): a ``--threads auto`` dropped and ``--threads N`` appended unless the command ends its --threads
+    with N already. So the command, run as it stands, takes the thread count the run took."""
+    command, out, i = [str(t) for t in command], [], 0
+    given = None
+    while i < len(command):
+        token = command[i]
+        if token == "--threads" and i + 1 < len(command):
+            given, i = command[i + 1], i + 2
+            if given != "auto":
+                out += [token, given]
+            continue
+        if token.startswith("--threads="):
+            given = token.partition("=")[2]
+            if given != "auto":
+                out.append(token)
+        else:
+            out.append(token)
+        i += 1
+    return out if given == str(threads) else [*out, "--threads", str(threads)]
 
 
 def _given_flags(parser, argv):
@@ -318,6 +347,7 @@ CONFIG_ARGS_SCHEMA = {  # the flags read before the scripts' own checks (common.
     "batch_size": (False, _is_int(1), "an integer >= 1"),
     "data_dir": (False, _optional(lambda v: isinstance(v, str)), "a folder"),
     "device": (False, _optional(_is_str), "a device"),
+    "threads": (False, _optional(_is_int(1, MAX_THREADS)), f"an integer in [1, {MAX_THREADS}]"),
 }
 LAUNCH_SCHEMA = {  # one entry of tools/reproduce.py's reproduce.json "launches"
     "time": (True, lambda v: isinstance(v, str), "a time"),
@@ -423,6 +453,8 @@ def read_config(path, doing="cannot resume"):
 def resumed_args(parser, argv):
     """The saved arguments of ``--resume RUN_DIR``, with the flags given now that may change."""
     given = _given_flags(parser, argv)
+    if given.get("threads") == "auto":  # auto: the count the run took, which it keeps
+        del given["threads"]
     folder = given["resume"]
     path = os.path.join(folder, "config.json")
     for name in RUN_FILES:  # before any of them is opened
@@ -447,9 +479,16 @@ def resumed_args(parser, argv):
     if not os.path.exists(os.path.join(folder, "checkpoint.pt")):
         raise UserError(f"cannot resume: {folder} has no checkpoint.pt (the run stopped before its first "
                                "checkpoint; start it again)")
+    if "threads" in saved and saved["threads"] is UNRECORDED and "threads" in given:
+        raise UserError(f"cannot resume with --threads {given['threads']}: {path} records no thread count (the run "
+                        "was made before --threads); it resumes as it ran, at torch's default from the environment "
+                        "(OMP_NUM_THREADS); if you know the count it was made with, record it first: python "
+                        f"tools/record_threads.py {quoted(folder)} --threads N")
     if changed:
         raise UserError(f"cannot resume with other settings: {'; '.join(changed)}; only --rounds may change")
     for action in parser._actions:
+        if action.dest == "threads" and saved.get("threads") is UNRECORDED:
+            continue
         if action.dest in saved and action.dest not in given and not _fits(action, saved[action.dest]):
             raise UserError(f"cannot resume: {path} has {action.option_strings[-1]} "
                                    f"{saved[action.dest]!r}, which that flag does not take")
@@ -751,13 +790,20 @@ class Run:
             self._new_dir()
             self._write("config.json", _json({
                 "algorithm": algo, "script": self.script, "args": {**vars(args), "resume": None, "stop_after": None},
-                "command": sys.argv, "device": str(device), "device_name": torch.cuda.get_device_name(device)
+                "command": self._command(), "device": str(device), "device_name": torch.cuda.get_device_name(device)
                 if device.type == "cuda" else platform.processor() or platform.machine(),
+                "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the CPU kernels torch picked (AVX2, ...)
                 "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
                 "num_classes": data.num_classes, "input_shape": list(data.x.shape[1:]),
                 "data_sha256": self.data_sha256, **(extra_config or {})}))
         self._write_partition()
         self._t_last, self._last_round = time.perf_counter(), 0
+
+    def _command(self):
+        """config.json's command: how the program was started, with the thread count it took (with_threads),
+        so that it repeats the run as it stands, whatever the environment's thread count."""
+        threads = getattr(self.args, "threads", UNRECORDED)
+        return sys.argv if threads is UNRECORDED else with_threads(sys.argv, threads)
 
     def _new_dir(self):
         """Create and lock a new run folder under --out. What it makes (the folder, and --out and its
@@ -969,6 +1015,8 @@ class Run:
             fixed = self._fixed_args()
             added = {k: v for k, v in ADDED_FLAGS.items() if k in fixed}  # this script's flags only
             saved = {**added, **blob["args"]} if "args" in blob else fixed  # checkpoints before 2026-11: none
+            if "args" in blob and "threads" not in blob["args"]:  # written before --threads: config.json holds
+                saved["threads"] = fixed.get("threads")            # the count (tools/record_threads.py) or none
             if saved != fixed:
                 differ = [k for k in fixed if saved.get(k) != fixed[k]]
                 raise ValueError(f"it was written by a run with other settings: {', '.join(differ) or 'other flags'}")

@@ -193,6 +193,7 @@ def node_work(message_type, client, config, received):
     job = job_for(config["algorithm"], list(config["flags"]))
     if not 0 <= client < job.args.num_clients:
         raise common.UserError(f"this node's partition-id {client} is outside 0..{job.args.num_clients - 1}")
+    common.set_threads(common.client_threads(job.args, job.device))  # the torch threads of the script's client
     sent, metrics = HANDLERS[message_type][job.algorithm](
         job, client, int(config["round"]), {k: torch.from_numpy(v).to(job.device) for k, v in received.items()},
         bool(config["evaluate"]))
@@ -589,7 +590,9 @@ def serve(grid, algorithm, flags, options, clients=None):
     its clients on the grid's nodes. Returns the Clients (the node of each client)."""
     job = job_for(algorithm, flags)
     args = job.args
-    node_flags = saved_flower_run(args.resume)[1] if args.resume else list(flags)  # nodes need no run folder
+    # nodes need no run folder; they take the thread count the server resolved (a Flower run from before
+    # --threads: the count of each node's environment)
+    node_flags = saved_flower_run(args.resume)[1] if args.resume else run_folder.with_threads(flags, args.threads)
     if clients is None:
         clients = Clients(grid, args.num_clients)
         clients.wait_for_all(options.wait_for_nodes)

@@ -195,12 +195,15 @@ def in_data_dir(flag, data_dir):
     return os.path.join(data_dir or SCRIPTS_DATA_DIR, flag[len(IN_DATA_DIR):])
 
 
-def new_command(job, device):
+def new_command(job, device, threads=None):
+    """A new run's command; ``threads``: its --threads (launch_threads), None in comparisons (NOT_SETTINGS)."""
     return [sys.executable, script_path(job["script"]), *job["flags"], "--rounds", str(job["rounds"]),
-            "--seed", str(job["seed"]), "--out", job["dir"], "--device", device, *data_dir_flag(job)]
+            "--seed", str(job["seed"]), "--out", job["dir"], "--device", device, *data_dir_flag(job),
+            *(["--threads", str(threads)] if threads is not None else [])]
 
 
 def resume_command(job, folder, device):
+    """No --threads: a run resumes at the thread count it recorded (one made before the flag: OMP_NUM_THREADS)."""
     return [sys.executable, script_path(job["script"]), "--resume", folder, "--rounds", str(job["rounds"]),
             "--device", device, *data_dir_flag(job)]
 
@@ -306,6 +309,12 @@ def same_value(a, b):
         return False
 
 
+# flags whose value is no setting of the table's run: those that may change on --resume, and --threads, which
+# decides a CPU run's arithmetic and is recorded in its config.json (kept on --resume), but not what is run:
+# a seed folder's run keeps its own count whatever --workers gives new runs
+NOT_SETTINGS = run_folder.RESUME_MAY_CHANGE | {"threads"}
+
+
 def other_settings(job, folder):
     """What makes the run in ``folder`` another setting than ``job``: the script, a flag of its
     command line (except those run_folder lets change on --resume), or more rounds than asked
@@ -322,7 +331,7 @@ def other_settings(job, folder):
             saved[k] = now[k]
     differ = [f"--{k.replace('_', '-')} {saved.get(k, 'not given')} (now {now.get(k, 'not given')})"
               for k in sorted(set(saved) | set(now))
-              if k not in run_folder.RESUME_MAY_CHANGE and not same_value(saved.get(k), now.get(k))]
+              if k not in NOT_SETTINGS and not same_value(saved.get(k), now.get(k))]
     differ += changed_defaults(job, config["args"], set(saved) | set(now))
     planned = config["args"].get("rounds")
     if isinstance(planned, int) and planned > job["rounds"]:
@@ -343,7 +352,7 @@ def changed_defaults(job, saved_args, given):
     saved = {**run_folder.ADDED_FLAGS, **saved_args}
     irrelevant = set() if saved.get("dataset") == "agnews" else {"agnews_vocab"}
     return [f"--{k.replace('_', '-')} {saved[k]} (now {v}; a default changed)" for k, v in sorted(now.items())
-            if k not in run_folder.RESUME_MAY_CHANGE | irrelevant and k not in given and k in saved
+            if k not in NOT_SETTINGS | irrelevant and k not in given and k in saved
             and not same_value(saved[k], v)]
 
 
@@ -458,13 +467,30 @@ def cpu_model():
     return platform.processor() or platform.machine()
 
 
+def launch_threads(workers):
+    """The torch threads of each run: OMP_NUM_THREADS where it is set, else the CPUs shared out over the
+    workers. New runs are given it as --threads, which their config.json records."""
+    given = os.environ.get("OMP_NUM_THREADS")
+    if given is None:
+        return max(1, cpu_count() // workers)
+    if not (given.isascii() and given.isdigit() and 1 <= int(given) <= run_folder.MAX_THREADS):
+        fail(f"OMP_NUM_THREADS={given!r} is not a thread count for the runs (an integer in [1, "
+             f"{run_folder.MAX_THREADS}]); set it to one or unset it")
+    return int(given)
+
+
 def child_env(workers):
-    """The environment of a run: torch threads (and so --parallel-clients auto) shared out over
-    the workers, unless OMP_NUM_THREADS is set already."""
-    cpus = cpu_count()
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, cpus // workers)))
-    return env
+    """The environment of a run: OMP_NUM_THREADS = launch_threads, which a run made before --threads
+    (recording no count) resumes at, and which other OpenMP users in the run see."""
+    return {**os.environ, "OMP_NUM_THREADS": str(launch_threads(workers))}
+
+
+def run_threads(folder, env):
+    """The torch threads a resumed run takes: its config.json's --threads, else (made before the flag) the
+    environment's OMP_NUM_THREADS."""
+    config, _ = compare.read_json(os.path.join(folder, "config.json"))
+    threads = ((config or {}).get("args") or {}).get("threads")
+    return threads if isinstance(threads, int) else int(env["OMP_NUM_THREADS"])
 
 
 def start(job, device, env):
@@ -479,11 +505,12 @@ def start(job, device, env):
               file=sys.stderr, flush=True)
         job["running"] = pid
         return None
-    command = new_command(job, device) if what == "new" else resume_command(job, folder, device)
+    threads = int(env["OMP_NUM_THREADS"]) if what == "new" else run_threads(folder, env)
+    command = new_command(job, device, threads) if what == "new" else resume_command(job, folder, device)
     job["command"], job["log"] = command, os.path.join(job["dir"], "run.log")
     try:
         os.makedirs(job["dir"], exist_ok=True)
-        record_launch(job, command, env, device)
+        record_launch(job, command, threads, device)
         with open(job["log"], "a") as log:
             log.write(f"== {time.strftime('%Y-%m-%d %H:%M:%S')} reproduce.py: {shown(command)}\n")
             log.flush()
@@ -496,22 +523,20 @@ def start(job, device, env):
         job["not_started"] = True
         return None
     with contextlib.suppress(OSError):  # the run is started: supervised, whether or not its pid is recorded
-        record_launch(job, command, env, device, proc.pid)  # a later reproduce.py sees that it runs (running_pid)
+        record_launch(job, command, threads, device, proc.pid)  # a later reproduce.py sees that it runs (running_pid)
     return proc
 
 
-def record_launch(job, command, env, device, pid=None):
-    """Append where and how a run was (re)started to reproduce.json in its seed folder; with ``pid``, add
-    the started process's pid to that last entry."""
+def record_launch(job, command, threads, device, pid=None):
+    """Append where and how a run was (re)started, and the torch ``threads`` it runs on, to reproduce.json in
+    its seed folder; with ``pid``, add the started process's pid to that last entry."""
     path = os.path.join(job["dir"], "reproduce.json")
     launches = read_launches(job)
     if pid is not None and launches:
         launches[-1]["pid"] = pid
     else:
-        threads = int(env["OMP_NUM_THREADS"]) if env.get("OMP_NUM_THREADS", "").isdigit() else None
         launches.append({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "host": socket.gethostname(), "cpu": cpu_model(),
-                         "threads": threads if threads and threads >= 1 else None, "device": device,
-                         "command": command})
+                         "threads": threads, "device": device, "command": command})
     common.atomic_write(path, json.dumps({"launches": launches}, indent=1))
 
 
@@ -901,7 +926,8 @@ def dry_run(table_id, table, jobs, args):
                     print(f"    seed {job['seed']} [{what}]: {folder}")
                     continue
                 device = args.devices[0]  # when run: the device of the worker that takes it
-                command = new_command(job, device) if what == "new" else resume_command(job, folder, device)
+                command = new_command(job, device, launch_threads(args.workers)) if what == "new" else \
+                    resume_command(job, folder, device)
                 print(f"    seed {job['seed']} [{what}]: {shown(command)}")
 
 
@@ -968,6 +994,8 @@ def main(argv=None, tables=None):
     jobs = table_jobs(args.table, table, args)
     check_paths(args.table, table, jobs, args)
     check_settings(jobs, report_only=args.report)
+    if not args.report:
+        launch_threads(args.workers)  # a bad OMP_NUM_THREADS: one line before anything starts
     if args.dry_run:
         dry_run(args.table, table, jobs, args)
         return 0

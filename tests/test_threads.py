@@ -1,0 +1,198 @@
+"""--threads: the CPU torch thread count that decides a run's arithmetic is resolved, recorded in config.json's
+args and command, set whatever OMP_NUM_THREADS says, and kept by --resume; runs made before the flag resume
+as they ran, and tools/record_threads.py records their count from reproduce.json. The runs here use
+--parallel-clients 1 (each client on all --threads threads), where 1 and 2 threads give other weights."""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import common
+import fedavg
+import run_folder
+from conftest import ROOT, metrics_rows, run_dir
+from tools import record_threads, reproduce
+
+TIMING = {"seconds", "sec_per_round", "host_mb"}
+BASE = ["--dataset", "synthetic", "--num-clients", "4"]
+FLAGS = [*BASE, "--rounds", "2", "--parallel-clients", "1", "--checkpoint-every", "1"]
+
+
+def run(argv, threads=1, monkeypatch=None):
+    """fedavg.py ``argv`` in this process as ``python fedavg.py argv`` with torch's own count at ``threads`` (what
+    OMP_NUM_THREADS gives a process); returns the exit status."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    if monkeypatch is not None:
+        monkeypatch.setattr(sys, "argv", ["fedavg.py", *argv])
+    try:
+        run_folder.run_main(fedavg.main, list(argv))
+        return 0
+    except SystemExit as e:
+        return e.code
+    finally:
+        torch.set_num_threads(before)
+
+
+def weights(folder):
+    return torch.load(os.path.join(folder, "checkpoint.pt"), weights_only=True)["state"]["global_model"]
+
+
+def same_weights(a, b):
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+def rows(folder):
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in metrics_rows(folder)]
+
+
+def config(folder):
+    with open(os.path.join(folder, "config.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1.5", "two", "", "1025", "10000000000", "²"])
+def test_a_bad_thread_count_is_one_line(value):
+    with pytest.raises(run_folder.UserError, match=r"--threads: must be 'auto' or an integer in \[1, 1024\]"):
+        fedavg.parse_args([*FLAGS, "--threads", value])
+
+
+def test_auto_is_torch_s_count_and_the_command_keeps_the_count_taken(tmp_path, monkeypatch):
+    assert fedavg.parse_args(FLAGS).threads == torch.get_num_threads()
+    assert fedavg.parse_args([*FLAGS, "--threads", "3"]).threads == 3
+    assert run([*FLAGS, "--threads", "auto", "--out", str(tmp_path)], threads=1, monkeypatch=monkeypatch) == 0
+    saved = config(run_dir(tmp_path))
+    assert saved["args"]["threads"] == 1
+    assert saved["command"] == ["fedavg.py", *FLAGS, "--out", str(tmp_path), "--threads", "1"]  # auto dropped
+    assert fedavg.parse_args(saved["command"][1:]).threads == 1
+    assert run_folder.with_threads(["a.py", "--threads", "2"], 2) == ["a.py", "--threads", "2"]
+    assert run_folder.with_threads(["a.py", "--threads=2", "--x"], 3) == ["a.py", "--threads=2", "--x", "--threads", "3"]
+
+
+def test_the_command_repeats_under_another_omp_num_threads(tmp_path, monkeypatch):
+    """A run made on one thread; its config.json command, run as it stands by a process whose environment
+    says OMP_NUM_THREADS=2, gives its metrics and weights bit for bit; at --threads 2 the weights differ
+    (so the thread count matters here, and the environment did not decide it)."""
+    made, at_two = tmp_path / "made", tmp_path / "two"
+    assert run([*FLAGS, "--out", str(made)], threads=1, monkeypatch=monkeypatch) == 0
+    assert run([*FLAGS, "--out", str(at_two), "--threads", "2"], threads=1) == 0
+    first = run_dir(made)
+    assert not same_weights(weights(first), weights(run_dir(at_two)))
+    script, *flags = config(first)["command"]
+    again = tmp_path / "again"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, script), *flags, "--out", str(again)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "2", "PYTHONHASHSEED": "0"})
+    assert proc.returncode == 0, proc.stderr
+    assert config(run_dir(again))["args"]["threads"] == 1
+    assert rows(run_dir(again)) == rows(first) and same_weights(weights(run_dir(again)), weights(first))
+
+
+def test_resume_keeps_the_recorded_count_and_refuses_another(tmp_path):
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    assert run([*FLAGS, "--out", str(whole)], threads=1) == 0
+    assert run([*FLAGS, "--out", str(part), "--stop-after", "1"], threads=1) == 0
+    folder = run_dir(part)
+    with pytest.raises(run_folder.UserError, match=r"other settings: --threads 1 \(now 2\)"):
+        fedavg.parse_args(["--resume", folder, "--threads", "2"])
+    assert fedavg.parse_args(["--resume", folder, "--threads", "auto"]).threads == 1
+    assert fedavg.parse_args(["--resume", folder, "--threads", "1"]).threads == 1
+    assert run(["--resume", folder], threads=2) == 0  # the environment's count is not the run's
+    assert config(folder)["args"]["threads"] == 1
+    assert rows(folder) == rows(run_dir(whole)) and same_weights(weights(folder), weights(run_dir(whole)))
+
+
+def make_pre_flag_run(out):
+    """A run stopped after round 1, then made to look as one made before --threads: no count in config.json
+    (args, command) nor in its checkpoint."""
+    assert run([*FLAGS, "--out", str(out), "--stop-after", "1"], threads=1) == 0
+    folder = run_dir(out)
+    saved = config(folder)
+    del saved["args"]["threads"]
+    assert saved["command"][-2:] == ["--threads", "1"]
+    saved["command"] = saved["command"][:-2]
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(saved, f)
+    blob = torch.load(os.path.join(folder, "checkpoint.pt"), weights_only=True)
+    del blob["args"]["threads"]
+    torch.save(blob, os.path.join(folder, "checkpoint.pt"))
+    return folder
+
+
+def test_a_run_from_before_the_flag_resumes_as_it_ran_and_its_count_is_recorded_from_reproduce_json(tmp_path,
+                                                                                                      capsys):
+    whole = tmp_path / "whole"
+    assert run([*FLAGS, "--out", str(whole)], threads=1) == 0
+    folder = make_pre_flag_run(tmp_path / "seed0")
+    assert fedavg.parse_args(["--resume", folder]).threads is None  # torch's count from the environment
+    with pytest.raises(run_folder.UserError, match="records no thread count.*tools/record_threads.py"):
+        fedavg.parse_args(["--resume", folder, "--threads", "1"])
+    # no evidence: left unchanged
+    assert record_threads.main([str(tmp_path / "seed0")]) == 0
+    assert "no evidence" in capsys.readouterr().err and "threads" not in config(folder)["args"]
+    # reproduce.json of its seed folder: launches at 2 threads and 1 thread are no one count
+    launch = {"time": "t", "host": "h", "cpu": "c", "device": "auto", "command": ["python", "fedavg.py"]}
+    with open(tmp_path / "seed0" / "reproduce.json", "w") as f:
+        json.dump({"launches": [{**launch, "threads": 1}, {**launch, "threads": 2}]}, f)
+    assert record_threads.main([str(tmp_path)]) == 0 and "threads" not in config(folder)["args"]
+    with open(tmp_path / "seed0" / "reproduce.json", "w") as f:
+        json.dump({"launches": [{**launch, "threads": 1}, {**launch, "threads": 1}]}, f)
+    assert record_threads.main([str(tmp_path / "seed0"), "--threads", "2"]) == 0  # contradicts: refused
+    assert "threads" not in config(folder)["args"]
+    assert record_threads.main([str(tmp_path / "seed0"), "--dry-run"]) == 0 and "threads" not in config(folder)["args"]
+    assert record_threads.main([str(tmp_path / "seed0")]) == 0
+    saved = config(folder)
+    assert saved["args"]["threads"] == 1 and saved["command"][-2:] == ["--threads", "1"]
+    assert record_threads.main([str(tmp_path / "seed0")]) == 0 and config(folder) == saved  # once
+    # its checkpoint has no count: config.json's is taken; the run ends as the uninterrupted one
+    assert run(["--resume", folder], threads=2) == 0
+    assert rows(folder) == rows(run_dir(whole)) and same_weights(weights(folder), weights(run_dir(whole)))
+
+
+@pytest.mark.parametrize("argv, line", [(["x"], "is not a folder"), (["--threads", "0", "."], "--threads must be"),
+                                        (["{tmp}"], "no run folder")])
+def test_record_threads_bad_input_is_one_line(argv, line, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        record_threads.main([a.format(tmp=tmp_path) for a in argv])
+    assert e.value.code == 2 and line in capsys.readouterr().err
+
+
+def test_reproduce_gives_new_runs_the_count_it_records_and_resumes_keep_theirs(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert reproduce.launch_threads(workers=2) == 3 and reproduce.child_env(2)["OMP_NUM_THREADS"] == "3"
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(reproduce, "cpu_count", lambda: 8)
+    assert reproduce.launch_threads(workers=2) == 4 and reproduce.child_env(2)["OMP_NUM_THREADS"] == "4"
+    job = {"script": "fedavg.py", "flags": BASE, "rounds": 2, "seed": 0, "dir": str(tmp_path / "seed0"),
+           "data_dir": None}
+    assert reproduce.new_command(job, "cpu", 4)[-2:] == ["--threads", "4"]
+    assert "--threads" not in reproduce.resume_command(job, "f", "cpu")
+    os.makedirs(job["dir"])
+    reproduce.record_launch(job, reproduce.new_command(job, "cpu", 4), 4, "cpu")
+    with open(os.path.join(job["dir"], "reproduce.json")) as f:
+        assert json.load(f)["launches"][-1]["threads"] == 4
+    folder = tmp_path / "run"
+    os.makedirs(folder)
+    with open(folder / "config.json", "w") as f:
+        json.dump({"script": "fedavg", "command": ["fedavg.py", *BASE, "--threads", "1"],
+                   "args": {**vars(fedavg.parse_args([*BASE, "--rounds", "2"])), "threads": 1}}, f)
+    assert reproduce.run_threads(str(folder), {"OMP_NUM_THREADS": "4"}) == 1
+    assert reproduce.other_settings(job, str(folder)) == []  # a count is no setting of the table
+    monkeypatch.setenv("OMP_NUM_THREADS", "0")
+    with pytest.raises(SystemExit) as e:
+        reproduce.launch_threads(workers=1)
+    assert e.value.code == 2
+
+
+def test_committed_runs_record_one_thread():
+    """Every committed run records the count it was made with (reproduce.json's launches: one thread), or
+    is one of the quick-look runs, whose count nothing records (tests/test_results.py repeats them at 1)."""
+    for path in glob.glob(os.path.join(ROOT, "results", "**", "config.json"), recursive=True):
+        saved = config(os.path.dirname(path))
+        if "quick-look" in path:
+            continue
+        assert saved["args"].get("threads") == 1 and saved["command"][-2:] == ["--threads", "1"], path

@@ -5,7 +5,15 @@ for bit (timing and memory columns aside). Only where the data lies, the rounds,
 folder are given after it. Fashion-MNIST is read where test_real_data finds it. The quick-look runs record
 no thread count (no reproduce.json was kept), so they run at the one thread their rows were checked at.
 One subprocess per run (measured on the busy 2-core machine here: 9 synthetic runs in 325 s; a
-Fashion-MNIST pFedLA run 4 rounds in about 400 s); ``-k synthetic`` or ``-k fmnist`` picks a part."""
+Fashion-MNIST pFedLA run 4 rounds in about 400 s); ``-k synthetic`` or ``-k fmnist`` picks a part.
+
+Bit for bit holds on the CPU kind a run was made on (torch's CPU capability: AVX2, AVX512, ...; config.json
+records it as ``cpu_capability`` since it was added): the vector width of torch's kernels changes the order of
+float sums. A run made before that record, or on another CPU kind, is checked to the first rounds within
+DRIFT instead (the same algorithm, setting and data; the communication columns exactly), and the test says
+so. Measured on this project's AVX2 machine against runs made on an earlier machine: round 3 of the pFedLA
+Table 1 Fashion-MNIST run gives 54.476 against the committed 54.286, a synthetic pFedLA test loss 2.164053
+against 2.164052; the rounds before agree bit for bit."""
 import glob
 import json
 import os
@@ -13,6 +21,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from conftest import ROOT, metrics_rows, run_dir
 from test_real_data import fmnist_dir  # noqa: F401  the fixture
@@ -21,6 +30,18 @@ pytestmark = pytest.mark.slow
 RUNS = sorted(os.path.dirname(p) for p in glob.glob(os.path.join(ROOT, "results", "**", "config.json"), recursive=True))
 TIMING = {"seconds", "sec_per_round", "host_mb", "device_mb", "agg_seconds"}
 ROUNDS = 4
+EXACT = {"round", "mb_down", "mb_up"}
+DRIFT = (1.0, 0.02)  # accuracy columns (%): absolute; every other column: relative (float sums in another order)
+HERE = torch.backends.cpu.get_cpu_capability()
+
+
+def within_drift(column, again, committed):
+    a, c = float(again), float(committed)
+    if column in EXACT:
+        return a == c
+    if "acc" in column:
+        return abs(a - c) <= DRIFT[0]
+    return abs(a - c) <= DRIFT[1] * max(abs(c), 1e-3)
 
 
 @pytest.mark.parametrize("folder", RUNS, ids=[os.path.relpath(f, os.path.join(ROOT, "results")) for f in RUNS])
@@ -30,6 +51,9 @@ def test_a_committed_run_s_command_repeats_its_first_rounds_at_another_omp_num_t
     # Fashion-MNIST where test_real_data finds it (skipped without it, a failure under CI)
     data_dir = request.getfixturevalue("fmnist_dir") if config["args"]["dataset"] == "fmnist" else \
         config["args"]["data_dir"]
+    dataset = config["args"]["dataset"]
+    if os.sep in dataset and not os.path.isdir(dataset):  # a PFLlib folder: made by PFLlib's generator (docs/datasets.md)
+        pytest.skip(f"{dataset} is not on this machine (docs/datasets.md makes it)")
     script, *flags = config["command"]
     recorded = config["args"].get("threads")
     environment = "2" if recorded is not None else "1"  # the quick-look runs: see above
@@ -40,5 +64,11 @@ def test_a_committed_run_s_command_repeats_its_first_rounds_at_another_omp_num_t
     assert proc.returncode == 0, proc.stderr[-2000:]
     again, committed = metrics_rows(run_dir(tmp_path)), metrics_rows(folder)[:ROUNDS]
     columns = [c for c in committed[0] if c not in TIMING]
-    assert len(again) == len(committed) and [[r[c] for c in columns] for r in again] == [[r[c] for c in columns]
-                                                                                     for r in committed]
+    assert len(again) == len(committed)
+    if config.get("cpu_capability") == HERE:
+        assert [[r[c] for c in columns] for r in again] == [[r[c] for c in columns] for r in committed]
+        return
+    drifted = [(r["round"], c, a[c], r[c]) for a, r in zip(again, committed) for c in columns
+               if not within_drift(c, a[c], r[c])]
+    assert not drifted, drifted
+    print(f"made on CPU kind {config.get('cpu_capability', 'not recorded')}, here {HERE}: checked within {DRIFT}")

@@ -247,18 +247,18 @@ def test_sizes_beyond_memory_are_refused_before_anything_is_inflated(folder, mon
 
 
 def test_a_member_that_inflates_beyond_its_declared_size_is_refused_within_that_size(folder):
-    # a zip bomb: 64 MB of zeros (64 KB compressed) whose zip header says 4 KB; zipfile's read() would inflate
-    # it all at once before cutting it to 4 KB
+    # a zip bomb: 64 MB of zeros (64 KB compressed) whose zip header says 2 MB; zipfile's read() would inflate
+    # it all at once before cutting it to 2 MB
     path = os.path.join(folder, "train", "2.npz")
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z, z.open("data.npy", "w") as f:
         f.write(npy_of_pickle(b""))
         for _ in range(64):
             f.write(bytes(2 ** 20))
     raw = bytearray(open(path, "rb").read())
-    struct.pack_into("<I", raw, raw.find(b"PK\x03\x04") + 22, 4096)  # local header's uncompressed size
-    struct.pack_into("<I", raw, raw.rfind(b"PK\x01\x02") + 24, 4096)  # central directory's
+    struct.pack_into("<I", raw, raw.find(b"PK\x03\x04") + 22, 2 ** 21)  # local header's uncompressed size
+    struct.pack_into("<I", raw, raw.rfind(b"PK\x01\x02") + 24, 2 ** 21)  # central directory's
     open(path, "wb").write(raw)
-    assert zipfile.ZipFile(path).getinfo("data.npy").file_size == 4096
+    assert zipfile.ZipFile(path).getinfo("data.npy").file_size == 2 ** 21
     tracemalloc.start()
     try:
         with pytest.raises(UserError, match="is not a readable PFLlib client file"):

@@ -940,8 +940,8 @@ class _PickledArray:
             raise pickle.UnpicklingError("an array's state is not numpy's (version 1, a shape, a dtype, the order)")
         if dtype.dtype.kind == "O":  # the 0-d array around PFLlib's dict
             if shape != () or not (isinstance(raw, list) and len(raw) == 1):
-                raise pickle.UnpicklingError(f"an object array of shape {shape}; only the 0-d one around the dict "
-                                             "is read")
+                raise pickle.UnpicklingError(f"an object array of shape {shape}; only arrays of numbers are read "
+                                             "(PFLlib's text datasets keep (tokens, length) objects: not these)")
             self.value = raw[0]
             return
         if not isinstance(raw, bytes) or len(raw) != math.prod(shape) * dtype.dtype.itemsize:

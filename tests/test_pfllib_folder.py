@@ -247,18 +247,18 @@ def test_sizes_beyond_memory_are_refused_before_anything_is_inflated(folder, mon
 
 
 def test_a_member_that_inflates_beyond_its_declared_size_is_refused_within_that_size(folder):
-    # a zip bomb: 64 MB of zeros (64 KB compressed) whose zip header says 4 KB; zipfile's read() would inflate
-    # it all at once before cutting it to 4 KB
+    # a zip bomb: 64 MB of zeros (64 KB compressed) whose zip header says 2 MB; zipfile's read() would inflate
+    # it all at once before cutting it to 2 MB
     path = os.path.join(folder, "train", "2.npz")
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z, z.open("data.npy", "w") as f:
         f.write(npy_of_pickle(b""))
         for _ in range(64):
             f.write(bytes(2 ** 20))
     raw = bytearray(open(path, "rb").read())
-    struct.pack_into("<I", raw, raw.find(b"PK\x03\x04") + 22, 4096)  # local header's uncompressed size
-    struct.pack_into("<I", raw, raw.rfind(b"PK\x01\x02") + 24, 4096)  # central directory's
+    struct.pack_into("<I", raw, raw.find(b"PK\x03\x04") + 22, 2 ** 21)  # local header's uncompressed size
+    struct.pack_into("<I", raw, raw.rfind(b"PK\x01\x02") + 24, 2 ** 21)  # central directory's
     open(path, "wb").write(raw)
-    assert zipfile.ZipFile(path).getinfo("data.npy").file_size == 4096
+    assert zipfile.ZipFile(path).getinfo("data.npy").file_size == 2 ** 21
     tracemalloc.start()
     try:
         with pytest.raises(UserError, match="is not a readable PFLlib client file"):
@@ -382,6 +382,10 @@ def test_config_records_the_folder_and_resume_on_other_files_is_refused(folder, 
     assert config["args"]["dataset"] == folder and config["args"]["num_clients"] == NUM_CLIENTS
     assert len(config["data_sha256"]) == 64
     assert os.path.basename(run).startswith("fedavg-FashionMNIST-tiny-s0-")
+    same = str(tmp_path / "same")
+    shutil.copytree(run, same)
+    assert run_in_process("fedavg.py", "--resume", same) in (0, None)  # the same files: it goes on
+    assert [r["round"] for r in metrics_rows(same)] == ["1", "2"]
     replace_client("test", 1, lambda x, y: (x[::-1].copy(), y[::-1].copy()))(folder)  # same samples, other order
     capsys.readouterr()
     assert run_in_process("fedavg.py", "--resume", run) == 2
@@ -395,6 +399,19 @@ def test_flower_app_takes_the_folder(folder):
     job = flower_app.Job("fedavg", ["--dataset", folder, "--device", "cpu"])
     assert job.args.num_clients == NUM_CLIENTS  # one node per client of the folder
     assert [len(i) for i in job.data.train_idx] == [12 + 3 * i for i in range(NUM_CLIENTS)]
+
+
+@pytest.mark.slow  # a Flower simulation: Ray's start-up
+def test_a_flower_simulation_on_the_folder_gives_the_scripts_metrics(folder, tmp_path, one_thread):
+    pytest.importorskip("flwr", reason="Flower is not installed (pip install -r requirements-flower.txt)")
+    from flower import app as flower_app
+    flags = ["--dataset", folder, "--rounds", "2", "--model", "mlp", "--device", "cpu"]
+    fedavg.main([*flags, "--out", str(tmp_path / "script")])
+    flower_app.simulate([["fedavg", *flags, "--out", str(tmp_path / "flower")]])
+    expected, got = (metrics_rows(run_dir(str(tmp_path / d))) for d in ("script", "flower"))
+    assert [r["round"] for r in got] == ["1", "2"] and all(r["clients_answered"] == str(NUM_CLIENTS) for r in got)
+    for e, g in zip(expected, got):
+        assert float(g["test_acc"]) == pytest.approx(float(e["test_acc"]), abs=1e-4)
 
 
 # ----------------------------------------------------------------------------- tools/reproduce.py

@@ -182,7 +182,8 @@ RESUME_MAY_CHANGE = {"rounds", "device", "parallel_clients", "data_dir", "out", 
 ADDED_FLAGS = {"deterministic": "off",  # before the flag, torch's own settings
                "dominant_share": 0.8, "local_training": False, "eval_local_models": False,
                "agnews_vocab": "train",  # AG News runs before the flag built the vocabulary from train texts
-               "fedavg": False}  # fedacd.py before --fedavg: FedACD
+               "fedavg": False,  # fedacd.py before --fedavg: FedACD
+               "log_risk": True, "log_kl": True}  # fedacd.py logged both at every evaluation before the flags
 
 
 def _given_flags(parser, argv):

@@ -6,22 +6,25 @@ Each round (Eq. 11, Appendix A.1; our choices where the paper is silent: docs/fe
      trains on L = L1 + lambda * L2 (Eq. 7-9) with input mixup, re-estimating P^m from
      the softmax outputs of every epoch;
   3. each client scores its trained model, V_m = sigmoid(1 / KL(P^m || Q)) (Eq. 10), the KL
-     averaged over the client's classes (Table 9's scale; --score-kl sum sums them);
+     averaged over the client's classes (our choice, Table 9's scale; --score-kl sum: the printed sum);
   4. the server averages the local models with weights V_m / sum_k V_k (Eq. 11);
      --uniform-agg gives the plain mean (FedACD_base, Table 8).
 --fedavg is the FedAvg of FedACD's Tables 3, 5 and 9: plain cross-entropy in step 2 and the
-sample-weighted mean in step 4 (FedAvg, as fedavg.py), with step 3's diagnostics still logged;
-input mixup stays on unless --no-mixup (Table 5's "FedAvg w/ Input Mixup" keeps it, Tables 3
-and 9's plain FedAvg turn it off).
+sample-weighted mean in step 4 (FedAvg, as fedavg.py), no P^m and no score; input mixup stays
+on unless --no-mixup (Table 5's "FedAvg w/ Input Mixup" keeps it, Tables 3 and 9's plain FedAvg
+turn it off).
 Evaluation (--test-split global): the global model on the uniform test set (Table 1, the
-headline), on per-client test sets with each client's label proportions (Table 2), and
-the average risk of the round's local models over the client distributions (Table 3).
+headline) and on per-client test sets with each client's label proportions (Table 2). Only when
+asked, on evaluation rounds: --log-risk, the average risk of the round's local models over the
+client distributions (Table 3); --log-kl, KL(P^m || Q) of --fedavg's local models (Table 9;
+FedACD's own KL comes with its score and is always logged).
 
     python fedacd.py --dataset synthetic --rounds 20        # offline quick start
     python fedacd.py --dataset cifar100 --beta 0.1          # Table 1, CIFAR-100, 46.24
 """
 import common  # first, before torch: common.py's first lines make a Ctrl-C while starting one line
 
+import itertools
 import math
 
 import torch
@@ -56,7 +59,14 @@ def parse_args(argv=None):
       help="FedAvg with FedACD's diagnostics (Tables 3, 5, 9): cross-entropy and the sample-weighted mean in place of "
            "FedACD's loss and score weights; local_risk and local_kl still logged; mixup as --no-mixup says")
     a("--score-kl", default="mean", choices=["mean", "sum"],
-      help="KL(P^m||Q) in the score V_m: mean over the client's present rows (Table 9's scale) or their sum")
+      help="KL(P^m||Q) in the score V_m: mean over the client's present rows (ours, Table 9's scale) or their sum "
+           "(the printed equation)")
+    a("--log-risk", action="store_true",
+      help="log local_risk, Table 3's average risk of the round's local models (each on the whole test set), on "
+           "evaluation rounds (default: off)")
+    a("--log-kl", action="store_true",
+      help="with --fedavg: log local_kl, score_min, score_max (Table 9), one more pass of each trained model over "
+           "its train data (default: off; FedACD logs them always, its score needs them)")
     return common.parse_args(parser, argv, resolve, checks=lambda args: [
         (0 < args.tau < 1, f"--tau must be in (0, 1), got {args.tau}"),
         (math.isfinite(args.missing_delta) and args.missing_delta > 0,
@@ -80,40 +90,36 @@ def flattening_loss(logits, y):
 
 
 def margin_deltas(P, present, missing_delta, eps=1e-8):
-    """Delta_yi = P_yi / P_iy of Eq. (8), clamped to >= eps. For a class i the client has no
-    samples of, P_iy is unknown and Delta_yi = ``missing_delta`` (Sec. 3, missing classes).
-    ``present`` is the client's (C,) boolean class mask; the diagonal is 1."""
-    delta = (P / P.T.clamp_min(eps)).clamp_min(eps)
-    delta = torch.where(present[None, :], delta, torch.full_like(delta, missing_delta))
-    return delta.fill_diagonal_(1.0)
+    """Delta_yi = P_yi / P_iy of Eq. (8), clamped to >= eps (ours: the paper does not say how a zero P_iy
+    is handled). For a class i the client has no samples of, P_iy is unknown and Delta_yi =
+    ``missing_delta`` (Sec. 3: "a small value"; 0.01 is our choice). ``present`` is the client's (C,)
+    boolean class mask; the diagonal is 1."""
+    margins = (P / P.T.clamp_min(eps)).clamp_min(eps)
+    margins = torch.where(present[None, :], margins, torch.full_like(margins, missing_delta))
+    return margins.fill_diagonal_(1.0)
 
 
-def adjusted_margin_loss(logits, y, delta):
-    """L2, Eq. (8), per sample: log(1 + sum_{i != y} exp(f_i - f_y + log Delta_yi)). This is
-    the cross-entropy of the logits f_i + log Delta_yi with log Delta_yy := 0, so Delta = 1
-    gives plain cross-entropy."""
-    log_delta = delta.log().fill_diagonal_(0)
-    return F.cross_entropy(logits + log_delta[y], y, reduction="none")
+def adjusted_margin_loss(logits, y, margins):
+    """L2, Eq. (8), per sample: log(1 + sum_{i != y} exp(f_i - f_y + log Delta_yi)), ``margins`` the
+    (C, C) matrix Delta of ``margin_deltas``. This is the cross-entropy of the logits f_i + log Delta_yi
+    with log Delta_yy := 0, so Delta = 1 gives plain cross-entropy."""
+    log_margins = margins.log().fill_diagonal_(0)
+    return F.cross_entropy(logits + log_margins[y], y, reduction="none")
 
 
-def fedacd_loss(logits, y, delta, lam):
+def fedacd_loss(logits, y, margins, lam):
     """L = L1 + lambda L2, Eq. (9), per sample."""
-    return flattening_loss(logits, y) + lam * adjusted_margin_loss(logits, y, delta)
+    return flattening_loss(logits, y) + lam * adjusted_margin_loss(logits, y, margins)
 
 
-def batch_loss(logits, y_a, y_b, mix, delta, lam, fedavg=False, mixup=True):
-    """The minibatch loss of the local update: the batch mean of FedACD's L (Eq. 9) or, with
-    ``fedavg`` (--fedavg), of FedAvg's cross-entropy; with input mixup, mix * loss(y_a) +
-    (1 - mix) * loss(y_b)."""
-    if fedavg and not mixup:
-        return F.cross_entropy(logits, y_a)  # fedavg.py's loss, to the bit
-
-    def per_sample(logits, y):
-        return F.cross_entropy(logits, y, reduction="none") if fedavg else fedacd_loss(logits, y, delta, lam)
-
-    if not mixup:
-        return per_sample(logits, y_a).mean()
-    per_label = per_sample(logits.repeat(2, 1), torch.cat([y_a, y_b])).view(2, -1).mean(1)  # both labels, one call
+def mixup_loss(per_sample_loss, logits, y_a, y_b, mix):
+    """Input mixup's minibatch loss (Zhang et al. 2018; FedACD Sec. 3 and Table 5 cite it, without
+    details): mix * mean loss(y_a) + (1 - mix) * mean loss(y_b) for the logits of the mixed inputs
+    mix x_a + (1 - mix) x_b, ``per_sample_loss(logits, y)`` a per-sample loss (e.g. ``fedacd_loss``
+    with its margins and lambda bound). mix = 1 (no mixup) gives the batch mean of loss(y_a)."""
+    if mix == 1:
+        return per_sample_loss(logits, y_a).mean()
+    per_label = per_sample_loss(logits.repeat(2, 1), torch.cat([y_a, y_b])).view(2, -1).mean(1)  # one call
     return mix * per_label[0] + (1 - mix) * per_label[1]
 
 
@@ -136,17 +142,53 @@ def rows_to_matrix(sums, fallback):
 
 
 @torch.no_grad()
-def probability_matrix(model, x, y, idx, num_classes, batch_size=1024):
-    """P^m of ``model`` on the samples ``x[idx]``: one no-grad pass in eval mode, no mixup.
+def probability_matrix(model, batches, num_classes):
+    """P^m of ``model`` (Sec. 3: P_ij the mean probability output j over the client's samples of class
+    i) from one no-grad pass in eval mode, no mixup, over ``batches``: the client's (x, y) train data.
     Rows of classes without samples are zero."""
     was_training = model.training
     model.eval()
-    sums = torch.zeros(num_classes, num_classes, device=x.device)
-    for start in range(0, len(idx), batch_size):
-        batch = idx[start: start + batch_size]
-        accumulate_probabilities(sums, model(x[batch]).softmax(1), y[batch], y[batch], 1.0)
+    sums = torch.zeros(num_classes, num_classes, device=next(model.parameters()).device)
+    for x, y in batches:
+        accumulate_probabilities(sums, model(x).softmax(1), y, y, 1.0)
     model.train(was_training)
     return rows_to_matrix(sums, torch.zeros_like(sums))
+
+
+def fedacd_local_training(model, optimizer, epochs, clean_batches, num_classes, present, lam=1.0,
+                          missing_delta=0.01):
+    """Client m's local update (Sec. 3, Appendix A.1), with the schedule of its estimates of P^m, which
+    is ours (the paper says how P^m is computed, not when):
+      1. P^m of the received model, one no-grad eval-mode pass over ``clean_batches()``, gives the
+         margins Delta of L2 (Eq. 8) for the first epoch;
+      2. each epoch minimises L1 + lambda L2 (Eq. 9) through ``mixup_loss`` and accumulates the batch
+         softmax outputs (train mode, detached, with the mixup weights); at the epoch's end they replace
+         P^m, and Delta with it, for the next epoch (rows of classes the epoch did not see keep theirs);
+      3. P^m of the trained model, a fresh pass as in 1, for the score V_m (Eq. 10).
+    ``epochs``: one iterable per epoch of minibatches (x, y_a, y_b, mix), input mixup already applied
+    (x = mix x_a + (1 - mix) x_b; mix = 1 and y_b = y_a without mixup). ``clean_batches``: a function
+    returning the client's train data as (x, y) batches, unmixed; it is called twice. ``present``: the
+    (C,) boolean mask of the classes the client holds, on the model's device. Returns (the mean
+    minibatch loss, 0-dim; P^m of the trained model)."""
+    P = probability_matrix(model, clean_batches(), num_classes)
+    margins = margin_deltas(P, present, missing_delta)
+    sums = torch.zeros_like(P)
+    model.train()
+    total, steps = torch.zeros((), device=P.device), 0
+    for epoch in epochs:
+        for x, y_a, y_b, mix in epoch:
+            logits = model(x)
+            loss = mixup_loss(lambda logits, y: fedacd_loss(logits, y, margins, lam), logits, y_a, y_b, mix)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total += loss.detach()
+            steps += 1
+            accumulate_probabilities(sums, logits.detach().softmax(1), y_a, y_b, mix)
+        P = rows_to_matrix(sums, P)  # end of an epoch: its outputs replace P^m
+        margins = margin_deltas(P, present, missing_delta)
+        sums.zero_()
+    return total / steps, probability_matrix(model, clean_batches(), num_classes)
 
 
 # ----------------------------------------------------------------------------- aggregation (Eq. 10-11)
@@ -157,12 +199,14 @@ def template_matrix(num_classes, tau, dtype=torch.float64, device=None):
     return Q.fill_diagonal_(tau)
 
 
-def aggregation_score(P, present, tau, reduction="mean"):
-    """V_m = sigmoid(1 / KL(P^m || Q)), Eq. (10). KL of the two matrices: the mean over the rows i
-    of classes the client holds of sum_j P_ij log(P_ij / Q_ij), the scale of Table 9 (0.60-5.59
-    on CIFAR-100); ``reduction="sum"`` sums the rows instead (tens of times larger, every V_m
-    near 0.5). ``present``: those classes as a (C,) boolean mask or as indices (on a GPU a mask
-    costs a host sync, indices do not). Returns (V_m, KL) as 0-dim float64 tensors."""
+def aggregation_score(P, present, tau, reduction="sum"):
+    """V_m = sigmoid(1 / KL(P^m || Q)), Eq. (10). KL of the two matrices as printed: the sum over the
+    rows i of classes the client holds of sum_j P_ij log(P_ij / Q_ij) (rows of absent classes, zero in
+    ``probability_matrix``, add nothing). Caveat: summed over tens of rows the KL is tens of times
+    Table 9's 0.60-5.59 (CIFAR-100) and every V_m is near 0.5, i.e. uniform weights; ``reduction="mean"``
+    (our choice, what fedacd.py runs by default) averages the rows instead, Table 9's scale.
+    ``present``: those classes as a (C,) boolean mask or as indices (on a GPU a mask costs a host sync,
+    indices do not). Returns (V_m, KL) as 0-dim float64 tensors."""
     P = P.double()
     Q = template_matrix(P.shape[0], tau, device=P.device)
     kl_rows = (torch.xlogy(P, P) - P * Q.log()).sum(1)[present]
@@ -170,9 +214,10 @@ def aggregation_score(P, present, tau, reduction="mean"):
     return torch.sigmoid(1 / kl), kl
 
 
-def aggregation_weights(scores, uniform=False):
-    """Eq. (11): V_m / sum_k V_k; ``uniform`` gives 1/K (FedACD_base, Table 8)."""
-    return torch.full_like(scores, 1 / len(scores)) if uniform else scores / scores.sum()
+def aggregation_weights(scores):
+    """Eq. (11): V_m / sum_k V_k, over the clients whose scores are given (Eq. (11) sums over all M
+    clients; only the sampled ones have a score, so we normalise over them)."""
+    return scores / scores.sum()
 
 
 # ----------------------------------------------------------------------------- client and round
@@ -189,40 +234,59 @@ def mixup_draws(seed, batch_sizes, device):
     return mixes, common.to_device(torch.cat(perms), device).split(batch_sizes)
 
 
-def local_train(model, data, idx, present, args, batch_seed, mixup_seed):
-    """The local update (Sec. 3, Appendix A.1): minimise fedacd_loss from the received model, with input mixup
-    (x = mix x_a + (1 - mix) x_b, mix ~ Beta(1, 1) = U(0, 1), one per batch). P^m is estimated
-    before the first epoch with the received model, accumulated (detached, with the mixup
-    weights) during each epoch and replaced at the end of it. Returns the mean loss (0-dim)
-    and the last epoch's P^m."""
-    C, device = data.num_classes, data.x.device
-    P = probability_matrix(model, data.x, data.y, idx, C)
-    delta = margin_deltas(P, present, args.missing_delta)
-    sums = torch.zeros(C, C, device=device)
+def client_batches(data, idx, args, batch_seed, mixup_seed):
+    """The local update's minibatches as ``fedacd_local_training`` takes them: per epoch, (x, y_a, y_b,
+    mix) of index slices of the client's data (common.epoch_batches), inputs mixed by ``mixup_draws``
+    unless --no-mixup."""
     bounds = common.batch_bounds(len(idx), args.batch_size)  # those of epoch_batches
-    steps_per_epoch = len(bounds)
     if args.mixup:
-        mixes, perms = mixup_draws(mixup_seed, [end - start for start, end in bounds] * args.local_epochs, device)
-    optimizer = common.make_optimizer(model, args)
+        mixes, perms = mixup_draws(mixup_seed, [end - start for start, end in bounds] * args.local_epochs,
+                                   data.x.device)
+
+    def minibatches():
+        for step, batch in enumerate(common.epoch_batches(idx, args.batch_size, args.local_epochs, batch_seed)):
+            x, y_a, y_b, mix = data.x[batch], data.y[batch], data.y[batch], 1.0
+            if args.mixup:
+                mix, perm = mixes[step], perms[step]
+                mixed = mix * x  # keeps x's strides (channels-last images: the fast convolutions)
+                mixed += (1 - mix) * x[perm]  # the sum as mix * x + (1 - mix) * x[perm], to the bit
+                x, y_b = mixed, y_a[perm]
+            yield x, y_a, y_b, mix
+
+    steps = minibatches()
+    return [itertools.islice(steps, len(bounds)) for _ in range(args.local_epochs)]
+
+
+def fedavg_local_training(model, optimizer, epochs):
+    """--fedavg's local update on the same minibatches: FedAvg's cross-entropy (fedavg.py's loss to the
+    bit without mixup, through ``mixup_loss`` with it); no P^m. Returns the mean minibatch loss."""
     model.train()
-    total = torch.zeros((), device=device)
-    for step, batch in enumerate(common.epoch_batches(idx, args.batch_size, args.local_epochs, batch_seed)):
-        x, y_a, y_b, mix = data.x[batch], data.y[batch], data.y[batch], 1.0
-        if args.mixup:
-            mix, perm = mixes[step], perms[step]
-            x, y_b = mix * x + (1 - mix) * x[perm], y_a[perm]
-        logits = model(x)
-        loss = batch_loss(logits, y_a, y_b, mix, delta, args.lam, args.fedavg, args.mixup)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        total += loss.detach()
-        accumulate_probabilities(sums, logits.detach().softmax(1), y_a, y_b, mix)
-        if (step + 1) % steps_per_epoch == 0:  # end of an epoch: the accumulated P^m replaces the old one
-            P = rows_to_matrix(sums, P)
-            delta = margin_deltas(P, present, args.missing_delta)
-            sums.zero_()
-    return total / (steps_per_epoch * args.local_epochs), P
+    total, steps = torch.zeros((), device=next(model.parameters()).device), 0
+    for epoch in epochs:
+        for x, y_a, y_b, mix in epoch:
+            logits = model(x)
+            loss = F.cross_entropy(logits, y_a) if mix == 1 else mixup_loss(
+                lambda logits, y: F.cross_entropy(logits, y, reduction="none"), logits, y_a, y_b, mix)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total += loss.detach()
+            steps += 1
+    return total / steps
+
+
+def local_train(model, data, idx, present, args, batch_seed, mixup_seed):
+    """The local update from the received model: ``fedacd_local_training`` (--fedavg:
+    ``fedavg_local_training``, then P^m of the trained model only with --log-kl). Returns the mean
+    loss (0-dim) and P^m of the trained model (None if not computed)."""
+    optimizer = common.make_optimizer(model, args)
+    epochs = client_batches(data, idx, args, batch_seed, mixup_seed)
+    clean_batches = lambda: ((data.x[batch], data.y[batch]) for batch in idx.split(1024))  # noqa: E731
+    if not args.fedavg:
+        return fedacd_local_training(model, optimizer, epochs, clean_batches, data.num_classes, present, args.lam,
+                                     args.missing_delta)
+    loss = fedavg_local_training(model, optimizer, epochs)
+    return loss, probability_matrix(model, clean_batches(), data.num_classes) if args.log_kl else None
 
 
 def per_class_errors(model, data, class_test_idx):
@@ -237,27 +301,33 @@ def average_risk(errors, priors):
 
 
 def client_update(model, global_state, data, client, present, args, round_, risk=None, out=None):
-    """Client m (Appendix A.1): local training from the global model (flat), then P^m of the
-    trained model and its score V_m. With ``risk = (class_test_idx, priors)`` also the trained
-    model's average risk (Table 3). Returns (the trained model, flat, written into ``out`` if
-    given; mean loss; V_m; KL; risk)."""
+    """Client m (Appendix A.1): local training from the global model (flat), then its score V_m from
+    P^m of the trained model (--fedavg: only with --log-kl). With ``risk = (class_test_idx, priors)``
+    also the trained model's average risk (Table 3). Returns (the trained model, flat, written into
+    ``out`` if given; mean loss; V_m; KL; risk), None for what was not computed."""
     common.load_flat_state(model, global_state)
     idx, device = data.train_idx[client], data.x.device
     # the client's classes as indices, found where the mask is: with main's host mask, no GPU sync
     present = present[client]
     classes = common.to_device(present.nonzero().flatten(), device)
     seeds = common.client_seed(args.seed, round_, client), common.client_seed(args.seed, round_, client, tag=1)
-    loss, _ = local_train(model, data, idx, common.to_device(present, device), args, *seeds)
-    P = probability_matrix(model, data.x, data.y, idx, data.num_classes)  # P^m of the trained model
-    score, kl = aggregation_score(P, classes, args.tau, args.score_kl)
+    loss, P = local_train(model, data, idx, common.to_device(present, device), args, *seeds)
+    # the score with the KL averaged over the client's classes (--score-kl mean), our default: docs/fedacd.md
+    score, kl = aggregation_score(P, classes, args.tau, reduction=args.score_kl) if P is not None else (None, None)
     local_risk = average_risk(per_class_errors(model, data, risk[0]), risk[1]) if risk is not None else None
     return common.flatten_state(model, out=out), loss, score, kl, local_risk
 
 
 def server_update(client_states, scores, uniform=False, num_samples=None):
-    """The server's step: the score-weighted average of the local models (FedACD_base: the mean);
-    given the clients' ``num_samples`` (--fedavg), FedAvg's sample-weighted mean instead."""
-    weights = num_samples if num_samples is not None else aggregation_weights(torch.stack(scores), uniform)
+    """The server's step: the score-weighted average of the local models (aggregation_weights); ``uniform``: their
+    plain mean (FedACD_base, Table 8); given the clients' ``num_samples`` (--fedavg), FedAvg's
+    sample-weighted mean."""
+    if num_samples is not None:
+        weights = num_samples
+    elif uniform:
+        weights = torch.full((len(scores),), 1 / len(scores), dtype=torch.float64)
+    else:
+        weights = aggregation_weights(torch.stack(scores))
     return common.weighted_average(common.as_rows(client_states), weights)
 
 
@@ -286,12 +356,12 @@ def main(argv=None):
     start = run.resume(state, rng)
     print(f"[fedacd] model {global_model.__class__.__name__}: {common.flatten_state(global_model).numel()} "
           f"parameters, {model_bytes / 2**20:.2f} MB; {len(pool)} client(s) at a time"
-          + ("; --fedavg: FedAvg's loss and aggregation, FedACD's diagnostics" if args.fedavg else ""))
+          + ("; --fedavg: FedAvg's loss and aggregation" if args.fedavg else ""))
 
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
         evaluate = run.should_eval(round_)
-        risk = (class_test_idx, priors) if evaluate else None
+        risk = (class_test_idx, priors) if evaluate and args.log_risk else None  # Table 3's diagnostic
         global_state = common.flatten_state(global_model)
         row = dict(zip(clients, client_stack))  # where each client's model lands: no copies per client
         updates = pool.map(lambda model, client: client_update(model, global_state, data, client, present, args,
@@ -304,16 +374,21 @@ def main(argv=None):
         score_bytes = 0 if args.fedavg else 8  # FedAvg's server does not need the score V_m
         run.add_bytes(down=model_bytes * len(clients), up=(model_bytes + score_bytes) * len(clients))
         if evaluate:
-            scores = torch.stack(scores)
+            diagnostics = {}
+            if scores[0] is not None:  # Table 9: FedACD always, --fedavg with --log-kl
+                scores = torch.stack(scores)
+                diagnostics.update(local_kl=float(torch.stack(kls).mean()), score_min=float(scores.min()),
+                                   score_max=float(scores.max()))
+            if args.log_risk:
+                diagnostics["local_risk"] = float(torch.stack(risks).mean())
             run.log(round_, {**common.evaluate_global(global_model, data), "train_loss": sum(losses) / len(losses),
-                             "local_kl": float(torch.stack(kls).mean()), "score_min": float(scores.min()),
-                             "score_max": float(scores.max()), "local_risk": float(torch.stack(risks).mean())})
+                             **diagnostics})
         run.checkpoint(round_, state, rng)
         if run.stop_requested(round_):  # Ctrl-C: this round's checkpoint is written
             return run.stop(round_)
-    risks = [float(r["local_risk"]) for r in run.rows]  # Table 3: lower is better, so "best" is the minimum
-    run.finish({"local_risk": {"best": min(risks), "final": risks[-1],
-                               "last10_mean": sum(risks[-10:]) / len(risks[-10:])}})
+    risks = [float(r["local_risk"]) for r in run.rows if "local_risk" in r]  # Table 3: lower is better
+    run.finish({"local_risk": {"best": min(risks), "final": risks[-1], "last10_mean": sum(risks[-10:]) / len(
+        risks[-10:])}} if risks else None)
 
 
 if __name__ == "__main__":

@@ -77,26 +77,35 @@ def parse_args(argv=None):
 
 def fedpake_aggregate(stacked, weights, kappa=0.2, n_micro=4, n_macro=4, delta=0.2, ablate=None, seed=0,
                       stats=None, chunk_elems=2 ** 20):
-    """FedPake's server aggregation, Eq. (2)-(11), a drop-in replacement for FedAvg's weighted
-    average of the rows of ``stacked`` (K clients x D) with ``weights``
-    the clients' sample counts. Columns go in chunks of about ``chunk_elems`` values, in two
-    passes (Micro-Classes are recomputed, not stored); on a GPU the host waits twice, whatever
-    the number of chunks: for |H| of every chunk and for the disagreements the clustering needs.
-    ``ablate`` 'micro', 'macro' or both (a list) draws those classes at random from ``seed``
-    (Table 4). ``stats``, if a
-    dict, receives the share of high-dispersion parameters and the number of Macro-Classes.
-    Needs only torch: its stages are defined inside it, so it can be pasted alone;
-    ``fedpake_aggregate(None, None)`` returns them by name instead of aggregating (for tests and
-    reuse)."""
+    """FedPake's server aggregation, Eq. (2)-(11) AS RECONSTRUCTED BY US: the equations are missing
+    from our copy of the paper and no code is public, so every formula here is our reading of its
+    prose (docs/fedpake.md in the project this comes from says what and why). A drop-in replacement
+    for FedAvg's weighted average of the rows of ``stacked`` (K clients x D) with ``weights`` the
+    clients' sample counts; ``kappa = inf`` gives that average bit for bit. Our choices where the
+    prose is open: the low-dispersion set L gets the sample-weighted mean (FedAvg's; Eq. (10)); the
+    Macro-Classes come from ONE clustering over all of H across layers (``cluster_macro_classes``);
+    H is chosen by the coefficient of variation, which puts every near-zero-mean parameter in H
+    (``parameter_division``). ``delta`` is the paper's merge threshold on D (Eq. 8). Columns go in
+    chunks of about ``chunk_elems`` values, in two passes (Micro-Classes are recomputed, not stored);
+    on a GPU the host waits twice, whatever the number of chunks: for |H| of every chunk and for the
+    disagreements the clustering needs. ``ablate`` 'micro', 'macro' or both (a list) draws those
+    classes at random from ``seed`` (Table 4). ``stats``, if a dict, receives the share of
+    high-dispersion parameters and the number of Macro-Classes. Needs only torch: its stages are
+    defined inside it, so it can be pasted alone; ``fedpake_aggregate(None, None)`` returns them by
+    name instead of aggregating (for tests and reuse)."""
 
     def parameter_division(values, kappa):
-        """Eq. (2)-(5): True where the coefficient of variation over clients (rows) exceeds kappa."""
+        """Eq. (2)-(5) as reconstructed: True where the coefficient of variation over clients (rows),
+        CV = population std / (|mean| + 1e-12), exceeds kappa. Caveat (ours): a parameter whose mean
+        over clients is near zero has a large CV whatever its spread, so every such parameter is
+        "high-dispersion"."""
         mu = values.mean(0)
         sigma = (values - mu).square_().mean(0).sqrt_()  # population std
         return sigma / (mu.abs() + 1e-12) > kappa
 
     def micro_classes(values, n_micro):
-        """Eq. (6)-(7): each column's [min, max] over clients in n_micro equal bins; uint8 classes."""
+        """Eq. (6)-(7) as reconstructed: each column's [min, max] over clients in n_micro equal bins
+        (the maximum in the last bin); uint8 classes."""
         lo, hi = values.amin(0), values.amax(0)
         scaled = (values - lo).div_((hi - lo).clamp_min(torch.finfo(values.dtype).tiny))  # in [0, 1]
         # >= 0, so the cast to uint8 is the floor; the maximum goes into the last bin
@@ -111,11 +120,13 @@ def fedpake_aggregate(stacked, weights, kappa=0.2, n_micro=4, n_macro=4, delta=0
             agree += one_hot @ one_hot.T  # exact: counts stay far below 2^24
         return mic.shape[1] - agree.double()
 
-    def macro_classes(disagreements, num_high, n_macro, delta):
-        """Eq. (8) and the clustering after it: average-linkage agglomerative clustering on
-        D(a, b) = disagreements[a, b] / num_high. Merge the closest pair while D <= delta, and
-        while there are more than n_macro clusters. Returns labels 0..C-1 numbered by each
-        cluster's smallest client (ties between pairs: the first in row-major order)."""
+    def cluster_macro_classes(disagreements, num_high, n_macro, delta):
+        """Eq. (8) and the clustering after it, as reconstructed: average-linkage agglomerative
+        clustering on D(a, b) = disagreements[a, b] / num_high, ONE clustering over all of H across
+        layers (our choice; the paper does not say per layer or not). Merge the closest pair while
+        D <= delta (the paper's threshold), and while there are more than n_macro clusters. Returns
+        labels 0..C-1 numbered by each cluster's smallest client (ties between pairs: the first in
+        row-major order)."""
         pair_sums = disagreements.double().cpu().clone()  # summed over the client pairs of two clusters
         sizes = torch.ones(len(pair_sums), dtype=torch.float64)
         labels = torch.arange(len(pair_sums))
@@ -136,8 +147,9 @@ def fedpake_aggregate(stacked, weights, kappa=0.2, n_micro=4, n_macro=4, delta=0
         return labels
 
     def tendency(mic, n_micro):
-        """Eq. (9) for one Macro-Class (``mic``: its clients x h): the most frequent Micro-Class of
-        each column; ties go to the class nearest the median class, then to the lower class.
+        """Eq. (9) as reconstructed, for one Macro-Class (``mic``: its clients x h): the most frequent
+        Micro-Class of each column; ties (ours) go to the class nearest the median class, then to the
+        lower class.
         (A loop over the classes: reductions over a few rows are slow on CPU.)"""
         size = len(mic)
         counts = [(mic == m).sum(0, dtype=torch.int32) for m in range(n_micro)]
@@ -163,8 +175,8 @@ def fedpake_aggregate(stacked, weights, kappa=0.2, n_micro=4, n_macro=4, delta=0
         rows = torch.tensor(sum(members, [])).to(device, non_blocking=True)
         return rows.split([len(m) for m in members])
 
-    def aggregation_weights(mic, members, sizes, n_micro):
-        """Eq. (9) and (11): the weight of client k (in Macro-Class c) for column j is
+    def tendency_weights(mic, members, sizes, n_micro):
+        """Eq. (9) and (11) as reconstructed: the weight of client k (in Macro-Class c) for column j is
         [MIC_kj = T_cj] * n_k / (sum of n over the matching clients of c) * N_c / N, ``members``
         the rows of each Macro-Class (``macro_class_members``). Each client is in one
         Macro-Class, so its weight is counted once; columns sum to 1."""
@@ -177,11 +189,11 @@ def fedpake_aggregate(stacked, weights, kappa=0.2, n_micro=4, n_macro=4, delta=0
 
     if stacked is None:
         return {f.__name__: f for f in (parameter_division, micro_classes, micro_class_disagreements,
-                                         macro_classes, tendency, macro_class_members, aggregation_weights)}
+                                         cluster_macro_classes, tendency, macro_class_members, tendency_weights)}
     ablate = {ablate} if isinstance(ablate, str) else set(ablate or ())
     num_clients, dim = stacked.shape
     sizes = torch.as_tensor(weights, dtype=stacked.dtype).to(stacked.device, non_blocking=True)
-    out = (sizes / sizes.sum()) @ stacked  # Eq. (10) on L; H is overwritten below
+    out = (sizes / sizes.sum()) @ stacked  # Eq. (10) on L: the sample-weighted mean (ours); H is overwritten below
     cols = max(1, chunk_elems // num_clients)
     chunks = [slice(s, s + cols) for s in range(0, dim, cols)]
     high = [parameter_division(stacked[:, c], kappa) for c in chunks]  # H, chunk by chunk
@@ -208,18 +220,18 @@ def fedpake_aggregate(stacked, weights, kappa=0.2, n_micro=4, n_macro=4, delta=0
         labels = torch.unique(draw, return_inverse=True)[1]
     else:
         disagreements = sum(micro_class_disagreements(mic, n_micro) for _, _, mic in high_columns())
-        labels = macro_classes(disagreements, num_high, n_macro, delta)
+        labels = cluster_macro_classes(disagreements, num_high, n_macro, delta)
     members = macro_class_members(labels, stacked.device)
     for columns, values, mic in high_columns():
-        out[columns] = aggregation_weights(mic, members, sizes, n_micro).mul_(values).sum(0)  # Eq. (11)
+        out[columns] = tendency_weights(mic, members, sizes, n_micro).mul_(values).sum(0)  # Eq. (11)
     if stats is not None:
         stats["macro_classes"] = len(members)
     return out
 
 
 # the stages of fedpake_aggregate by name (it holds them so that it can be pasted alone)
-(parameter_division, micro_classes, micro_class_disagreements, macro_classes, tendency, macro_class_members,
- aggregation_weights) = fedpake_aggregate(None, None).values()
+(parameter_division, micro_classes, micro_class_disagreements, cluster_macro_classes, tendency, macro_class_members,
+ tendency_weights) = fedpake_aggregate(None, None).values()
 
 
 # ----------------------------------------------------------------------------- server step and main

@@ -138,8 +138,10 @@ def aggregate_layerwise(alpha, client_models, sizes):
 
 def retained_layers(alpha, clients, k):
     """Eq. (12), Alg. 2 l. 6: for each client i, the k layers with the largest self-weight
-    alpha_i^{l,i}, as a (S, layers) boolean mask."""
-    self_weight = alpha[torch.arange(len(clients), device=clients.device), :, clients]  # (S, layers)
+    alpha_i^{l,i}, as a (S, layers) boolean mask. ``alpha`` (S, layers, N) as ``LayerHypernetworks``
+    returns it for ``clients``, the S client ids (a list or a tensor)."""
+    clients = torch.as_tensor(clients, device=alpha.device)
+    self_weight = alpha[torch.arange(len(clients), device=alpha.device), :, clients]  # (S, layers)
     keep = torch.zeros_like(self_weight, dtype=torch.bool)
     if k > 0:
         keep.scatter_(1, self_weight.topk(k, dim=1).indices, True)
@@ -157,12 +159,19 @@ def with_retained_layers(theta_bar, client_models, clients, sizes, keep):
     return torch.where(keep_entries, client_models[clients], theta_bar)
 
 
-def hypernetwork_step(hypernetworks, theta_bar, delta, hn_lr):
-    """Alg. 1 l. 8, Eq. (10)-(11): (v_i, psi_i) += hn_lr (d theta_bar_i / d(v_i, psi_i))^T Delta theta_i.
-    Written as one SGD step on 1/2 ||theta_bar_i - stop_grad(theta_bar_i + Delta theta_i)||^2, whose
-    gradient is -(d theta_bar_i / d psi_i)^T Delta theta_i: theta_bar_i moves towards the trained
-    model. Summed over clients, since every client has its own v_i, psi_i."""
-    loss = 0.5 * (theta_bar - (theta_bar + delta).detach()).pow(2).sum()
+def hypernetwork_step(hypernetworks, theta_bar, update, hn_lr):
+    """Alg. 1 l. 8, Eq. (10)-(11): (v_i, psi_i) += hn_lr (d theta_bar_i / d(v_i, psi_i))^T Delta theta_i,
+    ``update`` the clients' Delta theta_i (S, D), trained minus received. Written as one SGD step on
+    1/2 ||theta_bar_i - stop_grad(theta_bar_i + Delta theta_i)||^2, whose gradient is
+    -(d theta_bar_i / d psi_i)^T Delta theta_i: theta_bar_i moves towards the trained model. Summed
+    over clients, since every client has its own v_i, psi_i.
+    Precondition: ``theta_bar`` must be the server's own aggregate, still attached to the graph of
+    ``hypernetworks`` (``aggregate_layerwise(hypernetworks(clients), ...)`` of this round, not
+    detached and not the copy a client received): the gradient flows through it."""
+    if theta_bar.grad_fn is None:
+        raise ValueError("hypernetwork_step needs theta_bar attached to the hypernetworks' graph (the server's "
+                         "aggregate_layerwise(hypernetworks(clients), ...) of this round), not a detached copy")
+    loss = 0.5 * (theta_bar - (theta_bar + update).detach()).pow(2).sum()
     grads = torch.autograd.grad(loss, list(hypernetworks.parameters()))
     with torch.no_grad():
         for p, g in zip(hypernetworks.parameters(), grads):

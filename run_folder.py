@@ -183,6 +183,7 @@ ADDED_FLAGS = {"deterministic": "off",  # before the flag, torch's own settings
                "dominant_share": 0.8, "local_training": False, "eval_local_models": False,
                "agnews_vocab": "train",  # AG News runs before the flag built the vocabulary from train texts
                "fedavg": False,  # fedacd.py before --fedavg: FedACD
+               "log_risk": True, "log_kl": True,  # fedacd.py logged both at every evaluation before the flags
                "threads": None}  # UNRECORDED: see below
 # --threads (the CPU torch threads that decide a run's arithmetic) was not recorded before the flag: such a run
 # resumes as it ran, at torch's default from the environment (OMP_NUM_THREADS), and its record stays without a

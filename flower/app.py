@@ -167,13 +167,15 @@ def fedacd_client(job, client, round_, received, evaluate):
     counts = torch.as_tensor(data.train_counts, dtype=torch.float64, device=job.device)
     present = torch.as_tensor(data.train_counts > 0)  # on the host, as the script's: no GPU sync
     risk = None
-    if evaluate:  # the script's average-risk set-up: client label priors and the per-class test sets
+    if evaluate and job.args.log_risk:  # the script's average-risk set-up: client label priors, per-class test sets
         risk_test = data.global_test_idx if data.global_test_idx is not None else torch.cat(data.test_idx)
         risk = ([risk_test[data.y[risk_test] == c] for c in range(data.num_classes)],
                 counts / counts.sum(1, keepdim=True))
     trained, loss, score, kl, local_risk = job.module.client_update(
         job.model(), received["global"], data, client, present, job.args, round_, risk)
-    metrics = {"loss": float(loss), "score": float(score), "kl": float(kl)}
+    metrics = {"loss": float(loss)}
+    if score is not None:  # FedACD; --fedavg only with --log-kl
+        metrics.update(score=float(score), kl=float(kl))
     if local_risk is not None:
         metrics["local_risk"] = float(local_risk)
     return {"trained": trained}, metrics
@@ -432,15 +434,17 @@ def fedavg_round(job, server, clients, round_, evaluate, send):
     losses = [common.check_finite(replies[c][1]["loss"], round_, c) for c in clients]
     metrics, up = {}, 0
     if job.algorithm == "fedacd":
-        scores = [torch.tensor(replies[c][1]["score"], dtype=torch.float64, device=job.device) for c in clients]
+        scores = [torch.tensor(replies[c][1]["score"], dtype=torch.float64, device=job.device) for c in clients
+                  if "score" in replies[c][1]]
         num_samples = [len(job.data.train_idx[c]) for c in clients] if args.fedavg else None
         new_global = m.server_update(states, scores, args.uniform_agg, num_samples)
         up = 0 if args.fedavg else 8 * len(clients)  # + the score V_m, which FedAvg's server does not need
-        if evaluate:
-            kls, risks = ([replies[c][1][k] for c in clients] for k in ("kl", "local_risk"))
-            mean = lambda values: float(torch.tensor(values, dtype=torch.float64).mean())
-            metrics = {"local_kl": mean(kls), "score_min": float(min(scores)), "score_max": float(max(scores)),
-                       "local_risk": mean(risks)}
+        mean = lambda values: float(torch.tensor(values, dtype=torch.float64).mean())  # noqa: E731
+        if evaluate and scores:  # Table 9: FedACD always, --fedavg with --log-kl
+            metrics = {"local_kl": mean([replies[c][1]["kl"] for c in clients]), "score_min": float(min(scores)),
+                       "score_max": float(max(scores))}
+        if evaluate and args.log_risk:  # Table 3
+            metrics["local_risk"] = mean([replies[c][1]["local_risk"] for c in clients])
     elif job.algorithm == "fedpake":
         new_global, metrics = m.server_update(states, [len(job.data.train_idx[c]) for c in clients], args, round_)
     else:
@@ -553,10 +557,10 @@ def summary_extra(job, server, run):
             self_weight = server["hypernetworks"](ids)[ids, :, ids].mean(0).tolist()
         return {"self_weight_per_layer": [[name, round(w, 4)] for (name, _), w
                                           in zip(common.layers(server["global_model"]), self_weight)]}
-    if job.algorithm == "fedacd":
-        risks = [float(r["local_risk"]) for r in run.rows]
+    if job.algorithm == "fedacd" and job.args.log_risk:
+        risks = [float(r["local_risk"]) for r in run.rows if "local_risk" in r]
         return {"local_risk": {"best": min(risks), "final": risks[-1],
-                               "last10_mean": sum(risks[-10:]) / len(risks[-10:])}}
+                               "last10_mean": sum(risks[-10:]) / len(risks[-10:])}} if risks else {}
     return {}
 
 

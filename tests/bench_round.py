@@ -73,6 +73,10 @@ SETTINGS = {
                              "--partition", "pfedla1"], 1.0),
     "fedacd": ("fedacd.py", ["--model", "simplecnn", "--num-clients", "20", "--join-ratio", "0.4", "--batch-size", "64",
                              "--local-epochs", "5", "--momentum", "0.9", "--weight-decay", "1e-5"], 1.0),
+    # FedAvg in FedACD's setting (its lr and test split too): the base of FedACD's round-time ratio
+    "fedavg-fedacd-setting": ("fedavg.py", ["--model", "simplecnn", "--num-clients", "20", "--join-ratio", "0.4",
+                                            "--batch-size", "64", "--local-epochs", "5", "--momentum", "0.9",
+                                            "--weight-decay", "1e-5", "--lr", "0.01", "--test-split", "global"], 1.0),
     "fedavg-resnet18": ("fedavg.py", ["--model", "resnet18", "--num-clients", "20", "--batch-size", "10",
                                       "--local-epochs", "1"], 1 / 3),
     "fedpake": ("fedpake.py", ["--model", "resnet18", "--num-clients", "20", "--batch-size", "10",

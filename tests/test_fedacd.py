@@ -121,7 +121,7 @@ def test_probability_matrix_is_the_per_class_mean_softmax():
     model = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 4))
     x, y = torch.randn(30, 5), torch.tensor([0, 1, 3] * 10)
     idx = torch.arange(2, 29)
-    P = fedacd.probability_matrix(model, x, y, idx, 4, batch_size=7)
+    P = fedacd.probability_matrix(model, ((x[b], y[b]) for b in idx.split(7)), 4)
     with torch.no_grad():
         probs = model(x).softmax(1)
     for c in range(4):
@@ -145,6 +145,11 @@ def test_mixup_accumulation_uses_the_mixing_weights():
     assert torch.allclose(P[0], p[0]) and torch.allclose(P[2], p[1])  # weights 0.25 and 0.75 normalised away
 
 
+def batches_of(data, idx, size=1024):
+    """The client's unmixed (x, y) train batches, as fedacd.local_train gives them to P^m."""
+    return ((data.x[b], data.y[b]) for b in idx.split(size))
+
+
 def _tiny_data(num_clients=3, seed=0):
     args = fedacd.parse_args(["--dataset", "synthetic", "--num-clients", str(num_clients), "--seed", str(seed),
                               "--device", "cpu"])
@@ -152,69 +157,108 @@ def _tiny_data(num_clients=3, seed=0):
 
 
 @pytest.mark.parametrize("mixup", [True, False])
-def test_local_training_mixes_losses_and_accumulates_p_with_mixup_weights(mixup):
+def test_local_training_mixes_losses_and_replaces_p_with_the_epochs_mixup_weighted_outputs(mixup):
+    """The schedule of fedacd_local_training on a frozen model (lr 0), two epochs, recomputed by hand:
+    epoch 1's margins from the received model's unmixed P^m, epoch 2's from epoch 1's outputs weighted
+    by mixup; the returned P^m is the trained model's unmixed one."""
     args, data = _tiny_data()
-    args.local_epochs, args.lr, args.momentum, args.weight_decay, args.mixup = 1, 0.0, 0.0, 0.0, mixup  # frozen model
+    args.local_epochs, args.lr, args.momentum, args.weight_decay, args.mixup = 2, 0.0, 0.0, 0.0, mixup  # frozen model
     torch.manual_seed(1)
     model = common.build_model("auto", data)
     idx, present = data.train_idx[0], torch.as_tensor(data.train_counts[0] > 0)
     loss, P = fedacd.local_train(model, data, idx, present, args, batch_seed=5, mixup_seed=7)
-    # the same epoch recomputed by hand; P^m before it is the no-grad estimate, so Delta is fixed
-    delta = fedacd.margin_deltas(fedacd.probability_matrix(model, data.x, data.y, idx, 10), present, 0.01)
-    sums, losses, g = torch.zeros(10, 10), [], torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for batch in common.epoch_batches(idx, args.batch_size, 1, 5):
-            xb, yb = data.x[batch], data.y[batch]
-            if mixup:
-                mix = float(torch.rand((), generator=g))
-                perm = torch.randperm(len(batch), generator=g)
-                logits = model(mix * xb + (1 - mix) * xb[perm])
-                weights = mix * F.one_hot(yb, 10) + (1 - mix) * F.one_hot(yb[perm], 10)  # sample n -> class rows
-                losses.append(mix * fedacd.fedacd_loss(logits, yb, delta, 1.0).mean()
-                              + (1 - mix) * fedacd.fedacd_loss(logits, yb[perm], delta, 1.0).mean())
-            else:
-                logits = model(xb)
-                weights = F.one_hot(yb, 10).float()
-                losses.append(fedacd.fedacd_loss(logits, yb, delta, 1.0).mean())
-            sums += weights.T @ logits.softmax(1)
+    clean = fedacd.probability_matrix(model, batches_of(data, idx), 10)
+    assert torch.equal(P, clean)  # the trained model's P^m, for V_m
+    margins, losses, g = fedacd.margin_deltas(clean, present, 0.01), [], torch.Generator().manual_seed(7)
+    epochs = list(common.epoch_batches(idx, args.batch_size, 2, 5))
+    per_epoch = len(epochs) // 2
+    for epoch in (epochs[:per_epoch], epochs[per_epoch:]):
+        sums = torch.zeros(10, 10)
+        with torch.no_grad():
+            for batch in epoch:
+                xb, yb = data.x[batch], data.y[batch]
+                if mixup:
+                    mix = float(torch.rand((), generator=g))
+                    perm = torch.randperm(len(batch), generator=g)
+                    logits = model(mix * xb + (1 - mix) * xb[perm])
+                    weights = mix * F.one_hot(yb, 10) + (1 - mix) * F.one_hot(yb[perm], 10)  # sample n -> class rows
+                    losses.append(mix * fedacd.fedacd_loss(logits, yb, margins, 1.0).mean()
+                                  + (1 - mix) * fedacd.fedacd_loss(logits, yb[perm], margins, 1.0).mean())
+                else:
+                    logits = model(xb)
+                    weights = F.one_hot(yb, 10).float()
+                    losses.append(fedacd.fedacd_loss(logits, yb, margins, 1.0).mean())
+                sums += weights.T @ logits.softmax(1)
+        rows = sums.sum(1) > 0
+        epoch_P = clean.clone()
+        epoch_P[rows] = sums[rows] / sums[rows].sum(1, keepdim=True)
+        margins = fedacd.margin_deltas(epoch_P, present, 0.01)  # the next epoch's
     assert loss.item() == pytest.approx(torch.stack(losses).mean().item(), rel=1e-5)
-    rows = sums.sum(1) > 0
-    assert torch.allclose(P[rows], sums[rows] / sums[rows].sum(1, keepdim=True), atol=1e-5)
-    if not mixup:  # frozen model, no mixup: the epoch's P^m is the no-grad estimate
-        assert torch.allclose(P, fedacd.probability_matrix(model, data.x, data.y, idx, 10), atol=1e-5)
+    if mixup:  # the mixed outputs moved P^m, so epoch 2 trained with other margins than epoch 1
+        assert not torch.allclose(epoch_P, clean, atol=1e-3)
 
 
-def test_fedavg_flag_loss_is_cross_entropy_mixed_as_input_mixup_mixes_it():
-    """--fedavg (Tables 3, 5, 9): FedAvg's cross-entropy, no L1 and no margins; with input mixup
-    (Table 5) mix * CE(y_a) + (1 - mix) * CE(y_b), computed here by hand from log-softmax."""
+def test_schedule_piece_needs_only_torch_and_gives_local_train_s_result():
+    """fedacd_local_training pasted alone (with the pieces it calls) into torch-only code, fed plain
+    (x, y_a, y_b, mix) batches, gives the script's local update bit for bit."""
+    from test_paste import paste_pieces
+    args, data = _tiny_data()
+    args.local_epochs = 2
+    idx, present = data.train_idx[1], torch.as_tensor(data.train_counts[1] > 0)
+    results = []
+    for pasted in (False, True):
+        torch.manual_seed(1)
+        model = common.build_model("auto", data)
+        if pasted:
+            train = paste_pieces("fedacd.py", "fedacd_local_training")["fedacd_local_training"]
+            optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
+                                        weight_decay=args.weight_decay)
+            loss, P = train(model, optimizer, fedacd.client_batches(data, idx, args, 5, 7),
+                            lambda: batches_of(data, idx), 10, present, args.lam, args.missing_delta)
+        else:
+            loss, P = fedacd.local_train(model, data, idx, present, args, batch_seed=5, mixup_seed=7)
+        results.append((loss, P, common.flatten_state(model)))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_mixup_loss_mixes_the_two_labels_losses():
+    """Input mixup's loss: mix * CE(y_a) + (1 - mix) * CE(y_b), computed here by hand from log-softmax;
+    mix = 1 is the plain batch mean. --fedavg's local update feeds it cross-entropy, FedACD L1 + L2."""
     g = torch.Generator().manual_seed(3)
-    logits, y_a, y_b = torch.randn(7, 5, generator=g), torch.randint(5, (7,), generator=g), torch.randint(5, (7,), generator=g)
-    delta = torch.rand(5, 5, generator=g) + 0.5  # would change FedACD's L2; FedAvg ignores it
-    by_hand = lambda y: -F.log_softmax(logits, 1)[torch.arange(7), y].mean()
-    assert fedacd.batch_loss(logits, y_a, y_b, 0.3, delta, 1.0, fedavg=True, mixup=True).item() == \
+    logits, y_a, y_b = (torch.randn(7, 5, generator=g), torch.randint(5, (7,), generator=g),
+                        torch.randint(5, (7,), generator=g))
+    cross_entropy = lambda logits, y: F.cross_entropy(logits, y, reduction="none")  # noqa: E731
+    by_hand = lambda y: -F.log_softmax(logits, 1)[torch.arange(7), y].mean()  # noqa: E731
+    assert fedacd.mixup_loss(cross_entropy, logits, y_a, y_b, 0.3).item() == \
         pytest.approx((0.3 * by_hand(y_a) + 0.7 * by_hand(y_b)).item(), rel=1e-6)
-    assert torch.equal(fedacd.batch_loss(logits, y_a, y_a, 1.0, delta, 1.0, fedavg=True, mixup=False),
-                       F.cross_entropy(logits, y_a))
-    assert fedacd.batch_loss(logits, y_a, y_a, 1.0, delta, 1.0, fedavg=False, mixup=False).item() == \
-        pytest.approx(fedacd.fedacd_loss(logits, y_a, delta, 1.0).mean().item())
+    assert fedacd.mixup_loss(cross_entropy, logits, y_a, y_b, 1.0).item() == pytest.approx(by_hand(y_a).item())
+    margins = torch.rand(5, 5, generator=g) + 0.5
+    fedacd_loss = lambda logits, y: fedacd.fedacd_loss(logits, y, margins, 1.0)  # noqa: E731
+    assert fedacd.mixup_loss(fedacd_loss, logits, y_a, y_b, 0.25).item() == pytest.approx(
+        (0.25 * fedacd_loss(logits, y_a).mean() + 0.75 * fedacd_loss(logits, y_b).mean()).item(), rel=1e-6)
 
 
 def test_fedavg_flag_gives_fedavg_py_metrics_and_fedacd_diagnostics(tmp_path):
     """fedacd.py --fedavg --no-mixup is FedAvg: every column fedavg.py writes is equal on the same
-    settings (timing aside), and local_risk and local_kl are written besides."""
+    settings (timing aside), and local_risk and local_kl are written besides when asked (--log-risk,
+    --log-kl); without them, not."""
     import fedavg
     flags = ["--dataset", "synthetic", "--num-clients", "6", "--rounds", "3", "--join-ratio", "0.5",
              "--local-epochs", "2", "--batch-size", "16", "--lr", "0.01", "--momentum", "0.9", "--weight-decay", "1e-5",
              "--test-split", "global", "--parallel-clients", "1"]  # synthetic data: no partition flags
     fedavg.main(flags + ["--out", str(tmp_path / "fedavg")])
-    fedacd.main(flags + ["--fedavg", "--no-mixup", "--out", str(tmp_path / "diag")])
+    fedacd.main(flags + ["--fedavg", "--no-mixup", "--log-risk", "--log-kl", "--out", str(tmp_path / "diag")])
+    fedacd.main(flags + ["--fedavg", "--no-mixup", "--out", str(tmp_path / "bare")])
     fedacd.main(flags + ["--no-mixup", "--out", str(tmp_path / "fedacd")])
-    plain, diag, acd = (metrics_rows(run_dir(tmp_path / name)) for name in ("fedavg", "diag", "fedacd"))
+    plain, diag, bare, acd = (metrics_rows(run_dir(tmp_path / name)) for name in ("fedavg", "diag", "bare", "fedacd"))
     timing = {"seconds", "sec_per_round", "host_mb", "device_mb"}
     columns = [c for c in plain[0] if c not in timing]
     assert "global_acc" in columns and "mb_up" in columns
     assert [{c: r[c] for c in columns} for r in diag] == [{c: r[c] for c in columns} for r in plain]
+    assert [{c: r[c] for c in columns} for r in bare] == [{c: r[c] for c in columns} for r in plain]
     assert [{c: r[c] for c in columns} for r in acd] != [{c: r[c] for c in columns} for r in plain]
+    assert not {"local_risk", "local_kl", "score_min", "score_max"} & set(bare[0])  # nothing computed unasked
+    assert "local_kl" in acd[0] and "local_risk" not in acd[0]  # FedACD's KL comes with its score
     for r in diag:
         assert 0 <= float(r["local_risk"]) <= 1 and math.isfinite(float(r["local_kl"])) and float(r["local_kl"]) > 0
     assert os.path.basename(run_dir(tmp_path / "diag")).startswith("fedacd-fedavg-")
@@ -234,7 +278,7 @@ def test_p_matrix_is_replaced_at_every_epoch_end_when_a_single_sample_batch_is_m
     idx, present = data.train_idx[0][:21], torch.as_tensor(data.train_counts[0] > 0)  # batches of 10 and 11
     loss, P = fedacd.local_train(model, data, idx, present, args, batch_seed=5, mixup_seed=7)
     rows = torch.bincount(data.y[idx], minlength=10) > 0
-    expected = fedacd.probability_matrix(model, data.x, data.y, idx, 10)  # frozen: every epoch's P^m is this
+    expected = fedacd.probability_matrix(model, batches_of(data, idx), 10)  # frozen: every epoch's P^m is this
     assert torch.allclose(P[rows], expected[rows], atol=1e-5)
     with torch.no_grad():
         by_hand = torch.stack([fedacd.fedacd_loss(model(data.x[b]), data.y[b],
@@ -253,7 +297,9 @@ def test_score_hand_example_and_absent_rows_left_out():
     V, got_kl = fedacd.aggregation_score(P, torch.ones(3, dtype=torch.bool), tau, reduction="sum")
     assert got_kl.item() == pytest.approx(kl, rel=1e-6)
     assert V.item() == pytest.approx(1 / (1 + math.exp(-1 / kl)), rel=1e-9)
-    V_mean, kl_mean = fedacd.aggregation_score(P, torch.ones(3, dtype=torch.bool), tau)  # the default: the mean
+    V_sum, kl_sum = fedacd.aggregation_score(P, torch.ones(3, dtype=torch.bool), tau)  # the default: Eq. (10)'s sum
+    assert (V_sum, kl_sum) == (V, got_kl)
+    V_mean, kl_mean = fedacd.aggregation_score(P, torch.ones(3, dtype=torch.bool), tau, reduction="mean")  # ours
     assert kl_mean.item() == pytest.approx(kl / 3, rel=1e-6)
     assert V_mean.item() == pytest.approx(1 / (1 + math.exp(-3 / kl)), rel=1e-9)
     Q = fedacd.template_matrix(3, tau)
@@ -293,13 +339,15 @@ def test_mean_score_separates_a_good_local_model_from_a_poor_one_where_the_sum_c
         weights = fedacd.aggregation_weights(V)
         off_uniform = (weights / 0.5 - 1).abs().max().item()
         assert (off_uniform > 0.05) if spread == "wide" else (off_uniform < 0.02), (reduction, weights)
-    assert fedacd.parse_args(["--dataset", "synthetic"]).score_kl == "mean"
+    assert fedacd.parse_args(["--dataset", "synthetic"]).score_kl == "mean"  # the script's choice, not the piece's
 
 
 def test_aggregation_weights():
     V = torch.tensor([0.6, 0.9, 0.75], dtype=torch.float64)
     assert torch.allclose(fedacd.aggregation_weights(V), V / V.sum())
-    assert torch.allclose(fedacd.aggregation_weights(V, uniform=True), torch.full((3,), 1 / 3, dtype=torch.float64))
+    stack = torch.randn(3, 5, dtype=torch.float64)
+    assert torch.allclose(fedacd.server_update(stack, list(V)), (V / V.sum()) @ stack)
+    assert torch.allclose(fedacd.server_update(stack, list(V), uniform=True), stack.mean(0))  # FedACD_base
 
 
 @pytest.mark.parametrize("uniform", [False, True])
@@ -316,8 +364,8 @@ def test_round_aggregates_with_scores_of_the_trained_models(uniform):
     scores = []
     for slot, c in enumerate(clients):  # V_m recomputed from each uploaded model
         common.load_flat_state(check, stack[slot])
-        P = fedacd.probability_matrix(check, data.x, data.y, data.train_idx[c], 10)
-        scores.append(fedacd.aggregation_score(P, present[c], args.tau)[0].item())
+        P = fedacd.probability_matrix(check, batches_of(data, data.train_idx[c]), 10)
+        scores.append(fedacd.aggregation_score(P, present[c], args.tau, reduction=args.score_kl)[0].item())
     w = torch.ones(3) / 3 if uniform else torch.tensor(scores) / sum(scores)
     want = (w[:, None] * stack).sum(0)
     assert torch.allclose(common.flatten_state(global_model), want, atol=1e-6)
@@ -385,7 +433,8 @@ METRICS = ("round", "global_acc", "global_loss", "test_acc", "test_acc_mean", "t
 @pytest.mark.slow  # end to end, several seconds: runs in CI with the full suite
 def test_default_synthetic_run_is_fast_and_logs_all_three_tables(script, tmp_path):
     start = time.time()
-    result = script("fedacd.py", "--dataset", "synthetic", "--rounds", "10", "--device", "cpu", "--out", tmp_path)
+    result = script("fedacd.py", "--dataset", "synthetic", "--rounds", "10", "--device", "cpu", "--log-risk",
+                    "--out", tmp_path)
     assert result.returncode == 0, result.stderr
     assert time.time() - start < 60
     folder = run_dir(tmp_path)
@@ -405,7 +454,7 @@ def test_default_synthetic_run_is_fast_and_logs_all_three_tables(script, tmp_pat
 def test_resume_gives_the_uninterrupted_result(tmp_path, capsys):
     # in-process: the same path as the command line, minus three interpreter start-ups
     flags = ["--dataset", "synthetic", "--num-clients", "5", "--rounds", "4", "--local-epochs", "1",
-             "--checkpoint-every", "2", "--device", "cpu"]
+             "--checkpoint-every", "2", "--device", "cpu", "--log-risk"]
     run_folder.run_main(fedacd.main, [*flags, "--out", str(tmp_path / "full")])
     with pytest.raises(SystemExit) as stop:
         run_folder.run_main(fedacd.main, [*flags, "--out", str(tmp_path / "part"), "--stop-after", "3"])
@@ -444,3 +493,23 @@ def test_clients_in_parallel_give_the_same_round_as_one_at_a_time():
         outcomes.append((common.flatten_state(global_model), stats))
     (g1, s1), (g3, s3) = outcomes
     assert torch.equal(g1, g3) and s1 == s3 and s1["score_min"] < s1["score_max"]
+
+
+def test_a_run_made_before_the_diagnostic_flags_resumes_logging_them(tmp_path):
+    """Runs made before --log-risk and --log-kl logged both at every evaluation: resumed, they go on so."""
+    flags = ["--dataset", "synthetic", "--num-clients", "3", "--rounds", "3", "--local-epochs", "1",
+             "--checkpoint-every", "1", "--device", "cpu", "--fedavg", "--log-risk", "--log-kl"]
+    with pytest.raises(SystemExit) as stop:
+        run_folder.run_main(fedacd.main, [*flags, "--out", str(tmp_path), "--stop-after", "2"])
+    assert stop.value.code == 0
+    folder = run_dir(tmp_path)
+    config_path, checkpoint_path = os.path.join(folder, "config.json"), os.path.join(folder, "checkpoint.pt")
+    config = json.load(open(config_path))
+    blob = torch.load(checkpoint_path, weights_only=False)
+    for saved in (config["args"], blob["args"]):  # as an older fedacd.py wrote them
+        del saved["log_risk"], saved["log_kl"]
+    json.dump(config, open(config_path, "w"))
+    torch.save(blob, checkpoint_path)
+    run_folder.run_main(fedacd.main, ["--resume", folder])
+    rows = metrics_rows(folder)
+    assert len(rows) == 3 and rows[-1]["local_risk"] != "" and rows[-1]["local_kl"] != ""

@@ -135,13 +135,13 @@ HAND = torch.tensor([[0, 1, 6, 7, 9],  # disagreements out of |H| = 10
     (1, 0.2, [0, 0, 0, 0, 0]),
 ])
 def test_macro_classes_hand_example(n_macro, delta, expected):
-    assert fedpake.macro_classes(HAND, 10, n_macro, delta).tolist() == expected
+    assert fedpake.cluster_macro_classes(HAND, 10, n_macro, delta).tolist() == expected
 
 
 def test_macro_classes_use_average_linkage():
     d = torch.tensor([[0, 1, 2, 4], [1, 0, 9, 4], [2, 9, 0, 8], [4, 4, 8, 0]], dtype=torch.float64)
     # after {0,1}: to {2} average 5.5 (single linkage 2), to {3} average 4 -> {0,1,3}
-    assert fedpake.macro_classes(d, 10, 2, 0.0).tolist() == [0, 0, 1, 0]
+    assert fedpake.cluster_macro_classes(d, 10, 2, 0.0).tolist() == [0, 0, 1, 0]
 
 
 def test_macro_classes_never_exceed_n_macro_and_stop_above_delta():
@@ -151,7 +151,7 @@ def test_macro_classes_never_exceed_n_macro_and_stop_above_delta():
         d = torch.randint(0, 50, (k, k), generator=g).double()
         d = (d + d.T).fill_diagonal_(0)
         n_macro, delta = int(torch.randint(1, 5, (1,), generator=g)), 0.3
-        labels = fedpake.macro_classes(d, 100, n_macro, delta)
+        labels = fedpake.cluster_macro_classes(d, 100, n_macro, delta)
         num = int(labels.max()) + 1
         assert num <= n_macro and sorted(set(labels.tolist())) == list(range(num))
         members = torch.nn.functional.one_hot(labels).double()
@@ -186,12 +186,12 @@ def test_tendency_matches_counter_with_median_tie_rule():
             assert got[j] == min(modes, key=lambda m: (abs(m - median), m))
 
 
-def test_aggregation_weights_sum_to_one_and_count_every_client_once():
+def test_tendency_weights_sum_to_one_and_count_every_client_once():
     g = torch.Generator().manual_seed(6)
     mic = torch.randint(4, (9, 300), generator=g, dtype=torch.uint8)
     labels = torch.tensor([0, 1, 0, 2, 1, 0, 2, 2, 1])
     sizes = torch.tensor([5., 1., 8., 3., 3., 2., 9., 4., 6.])
-    w = fedpake.aggregation_weights(mic, fedpake.macro_class_members(labels, mic.device), sizes, 4)
+    w = fedpake.tendency_weights(mic, fedpake.macro_class_members(labels, mic.device), sizes, 4)
     assert torch.allclose(w.sum(0), torch.ones(300))
     for c in range(3):
         rows = labels == c

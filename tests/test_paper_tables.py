@@ -130,13 +130,35 @@ def test_every_paper_cell_has_its_algorithm_and_a_number():
             assert any(m["paper"] is not None for m in cell["methods"]), (tid, cell["name"])
 
 
+def written_columns(script, argv):
+    """The columns a run of ``script`` with ``argv`` writes: fedacd.py's diagnostics only where asked for
+    (local_risk: --log-risk; --fedavg's local_kl and scores: --log-kl)."""
+    columns = COLUMNS[script]
+    if flag_value(argv, "--test-split") == "global":
+        columns = columns | GLOBAL_COLUMNS
+    if script == "fedacd.py":
+        if "--log-risk" not in argv:
+            columns = columns - {"local_risk"}
+        if "--fedavg" in argv and "--log-kl" not in argv:
+            columns = columns - {"local_kl", "score_min", "score_max"}
+    return columns
+
+
 def test_metric_columns_are_written_by_the_scripts():
     for tid, table, cell, method, argv in runs():
         column = method.get("metric", table["metric"])["column"]
-        allowed = COLUMNS[method["script"]]
-        if flag_value(argv, "--test-split") == "global":
-            allowed = allowed | GLOBAL_COLUMNS
-        assert column in allowed, (tid, cell["name"], method["method"], column)
+        assert column in written_columns(method["script"], argv), (tid, cell["name"], method["method"], column)
+
+
+def test_fedacd_diagnostics_are_asked_for_by_the_cells_that_quote_them_only():
+    """Table 3's local_risk and Table 9's --fedavg local_kl cost passes over data: only their cells ask."""
+    for tid, table, cell, method, argv in runs():
+        if method["script"] == "fedacd.py":
+            column = method.get("metric", table["metric"])["column"]
+            assert ("--log-risk" in argv) == (column == "local_risk"), (tid, cell["name"], method["method"])
+            assert "--log-kl" not in argv or column == "local_kl", (tid, cell["name"], method["method"])
+    assert "local_risk" not in written_columns("fedacd.py", ["--test-split", "global"])
+    assert "local_kl" not in written_columns("fedacd.py", ["--fedavg"])
 
 
 def test_left_out_entries():

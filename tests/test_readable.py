@@ -126,7 +126,7 @@ def test_same_seed_gives_the_metrics_of_the_code_before_the_refactor(tmp_path):
         run_folder.run_main(SCRIPTS[name].main, ["--dataset", "synthetic", "--num-clients", "5", "--rounds", "3",
                                              "--join-ratio", "0.6", "--local-epochs", "1", "--seed", "3",
                                              "--parallel-clients", "1", "--out", str(tmp_path / name),
-                                             *(["--score-kl", "sum"] if name == "fedacd" else []),  # then defaults
+                                             *(["--score-kl", "sum", "--log-risk"] if name == "fedacd" else []),
                                              *(["--threshold", "0.1"] if name == "fedala" else [])])
         with open(os.path.join(run_dir(tmp_path / name), "metrics.csv")) as f:
             now = list(csv.DictReader(f))

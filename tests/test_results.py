@@ -57,6 +57,10 @@ def test_a_committed_run_s_command_repeats_its_first_rounds_at_another_omp_num_t
     script, *flags = config["command"]
     recorded = config["args"].get("threads")
     environment = "2" if recorded is not None else "1"  # the quick-look runs: see above
+    # fedacd.py's diagnostics were written unasked before they took a flag: ask for them where the run has them
+    if script == "fedacd.py":
+        flags += [f for f, column in (("--log-risk", "local_risk"), ("--log-kl", "local_kl"))
+                  if column in metrics_rows(folder)[0] and f not in flags]
     proc = subprocess.run([sys.executable, os.path.join(ROOT, script), *flags, "--rounds", str(ROUNDS), "--device",
                            "cpu", "--data-dir", data_dir, "--out", str(tmp_path)], cwd=ROOT, capture_output=True,
                           text=True, timeout=1800,

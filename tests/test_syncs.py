@@ -453,9 +453,10 @@ def old_local_train(model, data, idx, present, args, batch_seed, mixup_seed):
     (x = mix x_a + (1 - mix) x_b, mix ~ Beta(1, 1) = U(0, 1), one per batch). P^m is estimated
     before the first epoch with the received model, accumulated (detached, with the mixup
     weights) during each epoch and replaced at the end of it. Returns the mean loss (0-dim)
-    and the last epoch's P^m."""
+    and P^m of the trained model (what client_update scored it with)."""
     C, device = data.num_classes, data.x.device
-    P = probability_matrix(model, data.x, data.y, idx, C)
+    clean = lambda: ((data.x[b], data.y[b]) for b in idx.split(1024))  # noqa: E731
+    P = probability_matrix(model, clean(), C)
     delta = margin_deltas(P, present, args.missing_delta)
     sums = torch.zeros(C, C, device=device)
     mixup_rng = torch.Generator().manual_seed(mixup_seed)
@@ -484,4 +485,4 @@ def old_local_train(model, data, idx, present, args, batch_seed, mixup_seed):
             P = rows_to_matrix(sums, P)
             delta = margin_deltas(P, present, args.missing_delta)
             sums.zero_()
-    return total / (steps_per_epoch * args.local_epochs), P
+    return total / (steps_per_epoch * args.local_epochs), probability_matrix(model, clean(), C)

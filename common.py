@@ -358,6 +358,8 @@ def build_model(name, data, auto_image="cnn"):
     try:
         model = _model(name, data)
         run_once(model, x[:1])
+        if x.is_cuda:
+            deterministic_pooling(model)
         # channels-last weights for channels-last images, or cuDNN converts them on every call; CUDA only: on
         # a CPU other kernels run (ResNet-18's gradients change). Flat states keep the logical order
         return model.to(memory_format=torch.channels_last) if x.is_cuda and x.dim() == 4 else model
@@ -369,6 +371,27 @@ def build_model(name, data, auto_image="cnn"):
         why = (str(e).strip().splitlines() or [e.__class__.__name__])[0]
         raise UserError(f"--model {name} does not take samples of shape {tuple(x.shape[1:])}, "
                         f"{str(x.dtype).removeprefix('torch.')} ({why}); models that do: {', '.join(takes) or 'none'}")
+
+
+class GlobalAvgPool(nn.Module):
+    """``nn.AdaptiveAvgPool2d(1)`` as a mean over height and width: the same values, and a backward that
+    torch's deterministic mode admits on CUDA (AdaptiveAvgPool2d's raises there under
+    ``torch.use_deterministic_algorithms``)."""
+
+    def forward(self, x):
+        return x.mean((2, 3), keepdim=True)
+
+
+def deterministic_pooling(model):
+    """Replace ``model``'s ``AdaptiveAvgPool2d(1)`` modules (torchvision's ResNets end in one) by
+    GlobalAvgPool, in place. build_model does it for data on CUDA only: on a CPU the original kernel
+    is kept, so CPU runs keep their arithmetic."""
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            size = getattr(child, "output_size", None)
+            if isinstance(child, nn.AdaptiveAvgPool2d) and size in (1, (1, 1)):
+                setattr(module, child_name, GlobalAvgPool())
+    return model
 
 
 def run_once(model, sample):

@@ -148,3 +148,27 @@ def test_a_run_made_before_the_newer_flags_resumes_with_the_values_it_ran_with(s
     assert run_in_process(f"{script}.py", "--resume", folder) == 0
     keep = lambda rows: [{k: v for k, v in r.items() if k not in MEASURED} for r in rows]
     assert keep(metrics_rows(folder)) == keep(metrics_rows(run_dir(tmp_path / "full")))
+
+
+def test_resnet_pooling_on_cuda_is_a_mean_with_the_same_values_and_gradients():
+    """torch raises for AdaptiveAvgPool2d's CUDA backward in deterministic mode (--deterministic auto on
+    CUDA), so build_model swaps it for a mean there; checked here on a CPU: same outputs and gradients,
+    every AdaptiveAvgPool2d(1) replaced, other modules kept."""
+    import torchvision
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None, num_classes=10)
+    x = torch.randn(3, 3, 32, 32)
+    before = model(x)
+    before.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    common.deterministic_pooling(model)
+    assert isinstance(model.avgpool, common.GlobalAvgPool)
+    assert not any(isinstance(m, torch.nn.AdaptiveAvgPool2d) for m in model.modules())
+    after = model(x)
+    after.sum().backward()
+    assert torch.allclose(before, after, atol=1e-6)
+    assert all(torch.allclose(g, p.grad, atol=1e-5) for g, p in zip(grads, model.parameters()))
+    other = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(2))
+    common.deterministic_pooling(other)
+    assert isinstance(other[0], torch.nn.AdaptiveAvgPool2d)  # not a global mean: kept

@@ -450,3 +450,14 @@ def test_reproduce_runs_a_cells_folder_and_the_command_names_it(folder, tmp_path
     capsys.readouterr()
     assert reproduce.main(list(map(str, [*argv, "--dry-run"])), folder_table()) == 0
     assert "[done]" in capsys.readouterr().out  # the same table and --data-dir: the same run, not another
+    moved = tmp_path / "moved"  # the same folder found under another --data-dir: the same setting, the run done
+    shutil.copytree(data_dir, moved)
+    capsys.readouterr()
+    assert reproduce.main(list(map(str, [*argv[:-2], "--data-dir", moved, "--dry-run"])), folder_table()) == 0
+    assert "[done]" in capsys.readouterr().out
+    args = reproduce.parse_args(list(map(str, [*argv[:-2], "--data-dir", moved])), folder_table())
+    (job,) = reproduce.table_jobs("tiny-pfllib", folder_table()["tiny-pfllib"], args)
+    assert reproduce.other_settings(job, run) == []
+    job["flags"] = [f.replace(os.path.basename(folder), "FashionMNIST-other") for f in job["flags"]]
+    assert reproduce.other_settings(job, run) == \
+        [f"--dataset {os.path.basename(folder)} (now FashionMNIST-other)"]  # another folder's name: another setting

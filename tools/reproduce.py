@@ -326,6 +326,9 @@ def other_settings(job, folder):
         return [f"a run of {config.get('script')}.py (now {job['script']})"]
     saved = given_flags([str(t) for t in config["command"][1:]])
     now = given_flags(new_command(job, "auto")[2:])
+    for flags in (saved, now):  # a PFLlib folder is found under --data-dir, which may move: its name is the
+        if os.sep in str(flags.get("dataset", "")):  # setting (its content is checked on --resume: data_sha256)
+            flags["dataset"] = os.path.basename(os.path.normpath(flags["dataset"]))
     for k in set(now) - set(saved):  # not given then: the value the run took is in config.json's args
         if k in config["args"] and same_value(config["args"][k], now[k]):
             saved[k] = now[k]

@@ -51,8 +51,8 @@ def test_a_committed_run_s_command_repeats_its_first_rounds_at_another_omp_num_t
         config = json.load(f)
     # Fashion-MNIST where test_real_data finds it (skipped without it, a failure under CI)
     if str(config.get("device", "cpu")).startswith("cuda"):
-        pytest.skip(f"made on a GPU ({config.get('device_name')}): its command repeats it bit for bit on that GPU "
-                    f"model with the same driver and torch (README), not on a CPU")
+        pytest.skip(f"made on a GPU ({config.get('device_name')}): a CPU does not repeat GPU arithmetic (README: "
+                    f"which guarantees hold on which device)")
     data_dir = request.getfixturevalue("fmnist_dir") if config["args"]["dataset"] == "fmnist" else \
         config["args"]["data_dir"]
     dataset = config["args"]["dataset"]

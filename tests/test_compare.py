@@ -197,6 +197,7 @@ def test_default_metric_is_each_algorithms_headline_and_loss_is_minimised(tmp_pa
     assert (row["metric"], cell(row["best"])[0], row["@round"], cell(row["final"])[0]) == ("test_loss", 60.0, "4", 65.0)
 
 
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_bad_input_gives_one_line_and_exit_2(tmp_path):
     assert_one_line_error(compare(tmp_path / "missing")[0], "no such path")
     (tmp_path / "empty").mkdir()
@@ -218,6 +219,7 @@ def test_bad_input_gives_one_line_and_exit_2(tmp_path):
         assert proc.stdout == ""
 
 
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_plot_of_groups_and_missing_matplotlib(tmp_path):
     for seed in range(2):
         make_run(tmp_path / "runs", f"s{seed}", seed=seed, acc=(10 + seed, 20, 30 - seed, 40, 50))
@@ -320,6 +322,7 @@ def test_symlinked_run_folders_are_followed_once(tmp_path):
     assert proc.returncode == 0 and len(rows) == 1 and rows[0]["seeds"] == "0", proc.stdout + proc.stderr
 
 
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_a_closed_pipe_ends_quietly(tmp_path):
     for seed in range(600):  # more than a pipe's buffer (64 KB) of table: the write after head exits fails
         make_run(tmp_path, f"fedavg-synthetic-s{seed}-1", seed=seed, lr=0.001 * (seed + 1))

@@ -74,6 +74,7 @@ def test_trying_the_model_once_changes_no_weight_statistic_mode_or_random_state(
     assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), tried.state_dict().values()))
 
 
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_from_the_shell_data_no_model_takes_is_one_line_exit_2_and_no_run_folder(tmp_path):
     np.savez(tmp_path / "d.npz", x=np.zeros((40, 1, 16, 64), np.float32), y=Y40)
     r = run_script("pfedla.py", "--dataset", tmp_path / "d.npz", "--num-clients", "2", "--partition", "iid",

@@ -307,6 +307,7 @@ def test_fedavg_trains_on_tinyimagenet(tmp_path):
     assert row["round"] == "1" and 0 <= float(row["test_acc"]) <= 100 and np.isfinite(float(row["train_loss"]))
 
 
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 @pytest.mark.parametrize("script", ["fedavg.py", "fedala.py"])
 def test_fasttext_trains_on_agnews(tmp_path, script):
     if not os.path.exists(os.path.join(ROOT, script)):
@@ -320,6 +321,7 @@ def test_fasttext_trains_on_agnews(tmp_path, script):
     assert 0 <= float(row["test_acc"]) <= 100 and np.isfinite(float(row["train_loss"]))
 
 
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_missing_tinyimagenet_one_line_exit_2(tmp_path):
     started = time.perf_counter()
     result = run_script("fedavg.py", "--dataset", "tinyimagenet", "--data-dir", tmp_path, "--out", tmp_path / "runs",

@@ -289,6 +289,7 @@ def test_global_model_acc_is_the_aggregated_global_model_pooled_over_the_clients
     assert float(last["global_model_acc"]) != float(last["test_acc"])  # not the local models' number
 
 
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_personalised_accuracy_beats_fedavg_on_label_skew():
     """Synthetic data is label-skewed per client. Measured with 8 clients, 20 rounds, seed 0, lr 0.005:
     FedALA (ALA-initialised models) 93.2% client mean / 94.0% pooled, FedAvg's global model 48.5% / 73.5%."""

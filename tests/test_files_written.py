@@ -110,6 +110,7 @@ def test_compare_plot_on_a_full_disk_keeps_the_previous_plot(tmp_path, monkeypat
     assert not new.exists() and leftovers(tmp_path) == []
 
 
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_compare_plot_on_a_full_disk_as_a_user_runs_it(tmp_path):
     """python tools/compare.py RUNS --plot FILE: the table is printed, then one line and exit status 1."""
     make_run(tmp_path / "runs", "fedavg-synthetic-s0")

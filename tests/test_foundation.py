@@ -293,6 +293,7 @@ def test_cifar10_end_to_end_run(tmp_path, fabricated_publishers_files):
 
 @pytest.mark.parametrize("dataset,expected", [("cifar10", "cifar-10-python.tar.gz"), ("mnist", "train-images-idx3-ubyte"),
                                               ("cifar100", "cifar-100-python.tar.gz")])
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_missing_files_without_network_is_one_line(tmp_path, dataset, expected):
     start = time.perf_counter()
     r = run_script("fedavg.py", "--dataset", dataset, "--data-dir", tmp_path / "nothing", "--out", tmp_path / "runs")
@@ -327,6 +328,7 @@ def test_quick_start_under_a_minute(tmp_path):
     assert len(partition["train_class_counts"]) == 20 and len(partition["train_class_counts"][0]) == 10
 
 
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_same_seed_same_metrics_other_seed_other_partition(tmp_path):
     args = ["--dataset", "synthetic", "--rounds", "3", "--num-clients", "6"]
     outs = [tmp_path / n for n in "abc"]
@@ -386,11 +388,13 @@ def test_bad_input_is_one_line_exit_2(tmp_path, flags, needle, capsys):
     assert len(lines) == 1 and needle in lines[0], lines
 
 
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_bad_input_from_the_shell_has_no_traceback(tmp_path):
     r = run_script("fedavg.py", "--dataset", "synthetic", "--join-ratio", "2", "--out", tmp_path)
     assert r.returncode == 2 and r.stderr.strip() == "error: --join-ratio must be in (0, 1], got 2.0"
 
 
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_user_npz_runs(tmp_path):
     rng = np.random.default_rng(0)
     npz = str(tmp_path / "img.npz")

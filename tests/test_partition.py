@@ -155,6 +155,7 @@ def test_pfedla_partitions_give_10_and_100_clients_the_same_data_per_client(tmp_
     (["--samples-per-client", "many"], "--samples-per-client"),
     (["--samples-per-client", "5000"], "--samples-per-client 5000"),
     (["--samples-per-client", "5000", "--partition", "pfedla2"], "--samples-per-client 5000")])
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_impossible_samples_per_client_is_one_line_exit_2(tmp_path, flags, message):
     from conftest import run_script
     r = run_script("pfedla.py", "--dataset", _npz(tmp_path), "--rounds", 1, "--out", tmp_path / "runs", *flags)

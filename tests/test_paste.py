@@ -131,6 +131,7 @@ def _one_thread(one_thread):
 
 # ----------------------------------------------------------------------------- the five algorithms
 
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_fedavg_is_the_plain_loop(tmp_path):
     data, state, logged = script_run("fedavg.py", tmp_path)
     x, y, clients = data.x, data.y, range(3)
@@ -148,6 +149,7 @@ def test_fedavg_is_the_plain_loop(tmp_path):
     same_losses(losses, logged)
 
 
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_fedala_s_ala_pastes_into_the_loop(tmp_path):
     data, state, logged = script_run("fedala.py", tmp_path)
     ALA = paste_pieces("fedala.py", "ALA")["ALA"]
@@ -175,6 +177,7 @@ def test_fedala_s_ala_pastes_into_the_loop(tmp_path):
     same_losses(losses, logged)
 
 
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_pfedla_s_hypernetworks_and_layerwise_aggregation_paste_into_the_loop(tmp_path):
     data, state, logged = script_run("pfedla.py", tmp_path, "--k", "1")  # HeurpFedLA: every piece
     pieces = paste_pieces("pfedla.py", "LayerHypernetworks", "layer_sizes", "aggregate_layerwise",
@@ -207,6 +210,7 @@ def test_pfedla_s_hypernetworks_and_layerwise_aggregation_paste_into_the_loop(tm
         pieces["hypernetwork_step"](hypernetworks, theta_bar.detach(), trained - received, 1.0)
 
 
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_fedpake_s_aggregation_pastes_into_the_loop(tmp_path):
     data, state, logged = script_run("fedpake.py", tmp_path)
     fedpake_aggregate = paste_pieces("fedpake.py", "fedpake_aggregate")["fedpake_aggregate"]
@@ -230,6 +234,7 @@ def test_fedpake_s_aggregation_pastes_into_the_loop(tmp_path):
     same_losses(losses, logged)
 
 
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_fedacd_s_losses_schedule_and_score_paste_into_the_loop(tmp_path):
     data, state, logged = script_run("fedacd.py", tmp_path)
     pieces = paste_pieces("fedacd.py", "fedacd_local_training", "aggregation_score", "aggregation_weights")

@@ -251,6 +251,7 @@ def test_clients_weight_their_own_label_group_highest():
 
 # ----------------------------------------------------------------------------- 5. memory
 
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_no_tensor_growth_over_rounds():
     data = group_data()
     worker, sizes, client_models, hn = seeded_setup(data)
@@ -302,6 +303,7 @@ def test_resume_gives_the_uninterrupted_result(script, tmp_path):
     assert strip(metrics_rows(run_dir(part))) == strip(metrics_rows(run_dir(full)))
 
 
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 @pytest.mark.parametrize("flags", [["--k", "3"], ["--k", "-1"]])
 def test_bad_k_is_one_line_exit_2(script, tmp_path, flags):
     r = script("pfedla.py", "--dataset", "synthetic", "--rounds", 1, "--out", tmp_path, *flags)

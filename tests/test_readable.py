@@ -118,6 +118,7 @@ def test_no_file_cites_a_document_users_do_not_have_and_sizes_stay_readable():
     assert sum(1 for _ in open(os.path.join(ROOT, "common.py"))) <= 850
 
 
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_same_seed_gives_the_metrics_of_the_code_before_the_refactor(tmp_path):
     """tests/data/metrics_before_refactor.json: the metrics the scripts wrote before they were
     restructured into client_update / server_update (same flags, --parallel-clients 1)."""

@@ -674,6 +674,7 @@ def test_a_report_on_a_full_disk_keeps_the_previous_files(finished, tmp_path, mo
     assert caught.value.filename == str(doc) and doc.read_text() == text and _tmp_files(tmp_path) == []
 
 
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_a_report_on_a_full_disk_is_one_line_and_exit_1(finished, tmp_path):
     """python tools/reproduce.py TABLE --report as a user runs it, on a full disk: one line naming the file."""
     from test_files_written import ON_A_FULL_DISK

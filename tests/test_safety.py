@@ -190,6 +190,7 @@ def test_a_stale_lock_is_taken_over_and_every_lock_is_released(fedala_run, tmp_p
     assert json.load(open(os.path.join(run, "config.json")))["args"]["rounds"] == 3
 
 
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_result_files_follow_the_umask(tmp_path):
     r = run_script("fedavg.py", *SMALL, "--out", tmp_path)
     assert r.returncode == 0, r.stderr

@@ -73,6 +73,7 @@ def test_auto_is_torch_s_count_and_the_command_keeps_the_count_taken(tmp_path, m
     assert run_folder.with_threads(["a.py", "--threads=2", "--x"], 3) == ["a.py", "--threads=2", "--x", "--threads", "3"]
 
 
+@pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_the_command_repeats_under_another_omp_num_threads(tmp_path, monkeypatch):
     """A run made on one thread; its config.json command, run as it stands by a process whose environment
     says OMP_NUM_THREADS=2, gives its metrics and weights bit for bit; at --threads 2 the weights differ

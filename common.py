@@ -386,7 +386,7 @@ def deterministic_pooling(model):
     """Replace ``model``'s ``AdaptiveAvgPool2d(1)`` modules (torchvision's ResNets end in one) by
     GlobalAvgPool, in place. build_model does it for data on CUDA only: on a CPU the original kernel
     is kept, so CPU runs keep their arithmetic."""
-    for name, module in list(model.named_modules()):
+    for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             size = getattr(child, "output_size", None)
             if isinstance(child, nn.AdaptiveAvgPool2d) and size in (1, (1, 1)):

@@ -38,10 +38,9 @@ VARIANTS = {"fedacd": {"fedavg": False, "mixup": True, "missing_delta": 0.01},  
 TAUS = (1 - 1e-5, 0.999, 0.99)
 
 
-def kl_rows(P, classes, tau):
-    Q = fedacd.template_matrix(P.shape[0], tau)
-    P = P.double()
-    return (torch.xlogy(P, P) - P * Q.log()).sum(1)[classes]
+def kl(P, classes, tau=TAUS[0], reduction="mean"):
+    """KL(P^m || Q) of Eq. (10) as fedacd.py computes it (``aggregation_score``), over the client's rows."""
+    return float(fedacd.aggregation_score(P, classes, tau, reduction=reduction)[1])
 
 
 @torch.no_grad()
@@ -60,11 +59,10 @@ def readings(model, data, idx, classes, present, args, batch_seed, mixup_seed):
     for x, y_a, y_b, mix in fedacd.client_batches(data, idx, mixed_args, batch_seed, mixup_seed)[0]:
         fedacd.accumulate_probabilities(sums, model(x).softmax(1), y_a, y_b, mix)
     P_mixed = fedacd.rows_to_matrix(sums, torch.zeros_like(sums))
-    out = {"diag": float(P.diagonal()[classes].mean()), "kl_mean": float(kl_rows(P, classes, TAUS[0]).mean()),
-           "kl_sum": float(kl_rows(P, classes, TAUS[0]).sum()),
-           "kl_adjusted": float(kl_rows(P_adjusted, classes, TAUS[0]).mean()),
-           "kl_mixed": float(kl_rows(P_mixed, classes, TAUS[0]).mean())}
-    out.update({f"kl_tau{tau}": float(kl_rows(P, classes, tau).mean()) for tau in TAUS[1:]})
+    out = {"diag": float(P.diagonal()[classes].mean()), "kl_mean": kl(P, classes),
+           "kl_sum": kl(P, classes, reduction="sum"), "kl_adjusted": kl(P_adjusted, classes),
+           "kl_mixed": kl(P_mixed, classes)}
+    out.update({f"kl_tau{tau}": kl(P, classes, tau) for tau in TAUS[1:]})
     return out
 
 
@@ -82,8 +80,7 @@ def main():
         base = fedacd.parse_args([*config["command"][1:], "--data-dir", a.data_dir, "--device", "cpu"])
         data = common.load_federated_data(base, torch.device("cpu"))
         model = common.build_model(base.model, data)
-        global_model = checkpoint["state"]["global_model"]
-        global_model = global_model.state_dict() if hasattr(global_model, "state_dict") else global_model
+        global_model = checkpoint["state"]["global_model"]  # its state_dict
         round_ = checkpoint["round"] + 1
         rng = common.seed_everything(base.seed)
         rng.bit_generator.state = checkpoint["rng"]

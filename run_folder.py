@@ -689,6 +689,19 @@ def _check_path_fits(out, folder):
                                f"paths of {longest} bytes, and at most {path_max - 1} are allowed")
 
 
+def cpu_model():
+    """The CPU's model name (/proc/cpuinfo on Linux, else platform's): with torch's CPU capability, the CPU
+    kind a run repeats bit for bit on (libraries may pick other kernels by CPU vendor and model)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def data_fingerprint(data, chunk_bytes=64 * 2 ** 20):
     """sha256 of the data as it enters the run: the samples and labels, a chunk at a time whatever
     their device and memory layout (GPU data is copied to the host in chunks), and every client's
@@ -794,6 +807,7 @@ class Run:
                 "command": self._command(), "device": str(device), "device_name": torch.cuda.get_device_name(device)
                 if device.type == "cuda" else platform.processor() or platform.machine(),
                 "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the CPU kernels torch picked (AVX2, ...)
+                "cpu_model": cpu_model(),  # the same code and capability gave other last digits on another machine
                 "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
                 "num_classes": data.num_classes, "input_shape": list(data.x.shape[1:]),
                 "data_sha256": self.data_sha256, **(extra_config or {})}))

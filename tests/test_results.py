@@ -7,13 +7,15 @@ no thread count (no reproduce.json was kept), so they run at the one thread thei
 One subprocess per run (measured on the busy 2-core machine here: 9 synthetic runs in 325 s; a
 Fashion-MNIST pFedLA run 4 rounds in about 400 s); ``-k synthetic`` or ``-k fmnist`` picks a part.
 
-Bit for bit holds on the CPU kind a run was made on (torch's CPU capability: AVX2, AVX512, ...; config.json
-records it as ``cpu_capability`` since it was added): the vector width of torch's kernels changes the order of
-float sums. A run made before that record, or on another CPU kind, is checked to the first rounds within
-DRIFT instead (the same algorithm, setting and data; the communication columns exactly), and the test says
-so. Measured on this project's AVX2 machine against runs made on an earlier machine: round 3 of the pFedLA
-Table 1 Fashion-MNIST run gives 54.476 against the committed 54.286, a synthetic pFedLA test loss 2.164053
-against 2.164052; the rounds before agree bit for bit. A run made on a GPU (config.json's device) is
+Bit for bit holds on the CPU kind a run was made on (torch's CPU capability: AVX2, AVX512, ...; and the CPU
+model: config.json records them as ``cpu_capability`` and ``cpu_model`` since they were added): the vector
+width of torch's kernels changes the order of float sums, and the same code at the same capability gave
+other last digits on another machine. A run made before that record, or on another CPU kind, is checked to
+the first rounds within DRIFT instead (the same algorithm, setting and data; the communication columns
+exactly), and the test says so. Measured on this project's AVX2 machine against runs made on an earlier
+machine: round 3 of the pFedLA Table 1 Fashion-MNIST run gives 54.476 against the committed 54.286, a
+synthetic pFedLA test loss 2.164053 against 2.164052 (also with the code of the commit that made it); the
+rounds before agree bit for bit. A run made on a GPU (config.json's device) is
 skipped: a CPU does not repeat GPU arithmetic, and CI has no GPU."""
 import glob
 import json
@@ -25,6 +27,7 @@ import pytest
 import torch
 
 from conftest import ROOT, metrics_rows, run_dir
+from run_folder import cpu_model
 from test_real_data import fmnist_dir  # noqa: F401  the fixture
 
 pytestmark = pytest.mark.slow
@@ -34,6 +37,7 @@ ROUNDS = 4
 EXACT = {"round", "mb_down", "mb_up"}
 DRIFT = (1.0, 0.02)  # accuracy columns (%): absolute; every other column: relative (float sums in another order)
 HERE = torch.backends.cpu.get_cpu_capability()
+HERE_MODEL = cpu_model()
 
 
 def within_drift(column, again, committed):
@@ -76,10 +80,11 @@ def test_a_committed_run_s_command_repeats_its_first_rounds_at_another_omp_num_t
     again, committed = metrics_rows(run_dir(tmp_path)), metrics_rows(folder)[:ROUNDS]
     columns = [c for c in committed[0] if c not in TIMING]
     assert len(again) == len(committed)
-    if config.get("cpu_capability") == HERE:
+    if (config.get("cpu_capability"), config.get("cpu_model")) == (HERE, HERE_MODEL):
         assert [[r[c] for c in columns] for r in again] == [[r[c] for c in columns] for r in committed]
         return
     drifted = [(r["round"], c, a[c], r[c]) for a, r in zip(again, committed) for c in columns
                if not within_drift(c, a[c], r[c])]
     assert not drifted, drifted
-    print(f"made on CPU kind {config.get('cpu_capability', 'not recorded')}, here {HERE}: checked within {DRIFT}")
+    print(f"made on CPU kind {config.get('cpu_capability', 'not recorded')} {config.get('cpu_model', '')}, here "
+          f"{HERE} {HERE_MODEL}: checked within {DRIFT}")

@@ -69,6 +69,9 @@ def test_auto_is_torch_s_count_and_the_command_keeps_the_count_taken(tmp_path, m
     assert saved["args"]["threads"] == 1
     assert saved["command"] == ["fedavg.py", *FLAGS, "--out", str(tmp_path), "--threads", "1"]  # auto dropped
     assert fedavg.parse_args(saved["command"][1:]).threads == 1
+    # the CPU kind it repeats on: torch's kernels and the model name (the same capability differed elsewhere)
+    assert saved["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert saved["cpu_model"] == run_folder.cpu_model() and saved["cpu_model"]
     assert run_folder.with_threads(["a.py", "--threads", "2"], 2) == ["a.py", "--threads", "2"]
     assert run_folder.with_threads(["a.py", "--threads=2", "--x"], 3) == ["a.py", "--threads=2", "--x", "--threads", "3"]
 
@@ -199,3 +202,15 @@ def test_committed_runs_record_one_thread():
         command = saved["command"]
         assert saved["args"].get("threads") == 1 and ["--threads", "1"] in [command[i:i + 2] for i in
                                                                             range(len(command) - 1)], path
+
+
+def test_cpu_model_is_proc_cpuinfo_s_model_name_else_platform_s(monkeypatch, tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13 64-Core\nflags\t: avx2\n")
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda p, *a, **k: real_open(info if p == "/proc/cpuinfo" else p, *a, **k))
+    assert run_folder.cpu_model() == "AMD EPYC 7B13 64-Core"
+    monkeypatch.setattr("builtins.open", lambda p, *a, **k: (_ for _ in ()).throw(OSError("no /proc")))
+    monkeypatch.setattr(run_folder.platform, "processor", lambda: "")
+    monkeypatch.setattr(run_folder.platform, "machine", lambda: "arm64")
+    assert run_folder.cpu_model() == "arm64"

@@ -26,7 +26,6 @@ import contextlib  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
-import platform  # noqa: E402
 import re  # noqa: E402
 import shlex  # noqa: E402
 import signal  # noqa: E402
@@ -458,18 +457,6 @@ def action(job):
 
 # ----------------------------------------------------------------------------- running
 
-def cpu_model():
-    """The CPU's model name (/proc/cpuinfo on Linux, else platform)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def launch_threads(workers):
     """The torch threads of each run: OMP_NUM_THREADS where it is set, else the CPUs shared out over the
     workers. New runs are given it as --threads, which their config.json records."""
@@ -538,8 +525,8 @@ def record_launch(job, command, threads, device, pid=None):
     if pid is not None and launches:
         launches[-1]["pid"] = pid
     else:
-        launches.append({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "host": socket.gethostname(), "cpu": cpu_model(),
-                         "threads": threads, "device": device, "command": command})
+        launches.append({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "host": socket.gethostname(),
+                         "cpu": run_folder.cpu_model(), "threads": threads, "device": device, "command": command})
     common.atomic_write(path, json.dumps({"launches": launches}, indent=1))
 
 

@@ -86,5 +86,5 @@ def test_a_committed_run_s_command_repeats_its_first_rounds_at_another_omp_num_t
     drifted = [(r["round"], c, a[c], r[c]) for a, r in zip(again, committed) for c in columns
                if not within_drift(c, a[c], r[c])]
     assert not drifted, drifted
-    print(f"made on CPU kind {config.get('cpu_capability', 'not recorded')} {config.get('cpu_model', '')}, here "
-          f"{HERE} {HERE_MODEL}: checked within {DRIFT}")
+    made = " ".join(str(config[k]) for k in ("cpu_capability", "cpu_model") if k in config) or "not recorded"
+    print(f"made on CPU kind {made}, here {HERE} {HERE_MODEL}: checked within {DRIFT}")

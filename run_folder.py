@@ -690,16 +690,24 @@ def _check_path_fits(out, folder):
 
 
 def cpu_model():
-    """The CPU's model name (/proc/cpuinfo on Linux, else platform's): with torch's CPU capability, the CPU
-    kind a run repeats bit for bit on (libraries may pick other kernels by CPU vendor and model)."""
+    """The CPU's model name with its family and model numbers (/proc/cpuinfo on Linux, else platform's): with
+    torch's CPU capability, the CPU kind a run repeats bit for bit on. The numbers are kept because a virtual
+    machine may show only a generic name ("AMD EPYC") for CPU generations whose kernels sum in another order
+    (other cache sizes, other blocking): runs made on an earlier "AMD EPYC" machine give other last digits on
+    this project's (family 25, model 1)."""
     try:
         with open("/proc/cpuinfo") as f:
+            fields = {}
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    break  # the first processor's block
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        fields = {}
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    numbers = [f"{key} {fields[key]}" for key in ("cpu family", "model") if fields.get(key)]
+    return f"{name} ({', '.join(numbers)})" if numbers and fields.get("model name") else name
 
 
 def data_fingerprint(data, chunk_bytes=64 * 2 ** 20):
@@ -807,7 +815,7 @@ class Run:
                 "command": self._command(), "device": str(device), "device_name": torch.cuda.get_device_name(device)
                 if device.type == "cuda" else platform.processor() or platform.machine(),
                 "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the CPU kernels torch picked (AVX2, ...)
-                "cpu_model": cpu_model(),  # the same code and capability gave other last digits on another machine
+                "cpu_model": cpu_model(),  # a generic name hides generations that sum in another order
                 "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
                 "num_classes": data.num_classes, "input_shape": list(data.x.shape[1:]),
                 "data_sha256": self.data_sha256, **(extra_config or {})}))

@@ -8,9 +8,9 @@ One subprocess per run (measured on the busy 2-core machine here: 9 synthetic ru
 Fashion-MNIST pFedLA run 4 rounds in about 400 s); ``-k synthetic`` or ``-k fmnist`` picks a part.
 
 Bit for bit holds on the CPU kind a run was made on (torch's CPU capability: AVX2, AVX512, ...; and the CPU
-model: config.json records them as ``cpu_capability`` and ``cpu_model`` since they were added): the vector
-width of torch's kernels changes the order of float sums, and the same code at the same capability gave
-other last digits on another machine. A run made before that record, or on another CPU kind, is checked to
+model with its family and model numbers: config.json records them as ``cpu_capability`` and ``cpu_model``
+since they were added): the vector width and blocking of torch's kernels change the order of float sums, and
+runs made on an earlier machine, its model name also "AMD EPYC", give other last digits on this one. A run made before that record, or on another CPU kind, is checked to
 the first rounds within DRIFT instead (the same algorithm, setting and data; the communication columns
 exactly), and the test says so. Measured on this project's AVX2 machine against runs made on an earlier
 machine: round 3 of the pFedLA Table 1 Fashion-MNIST run gives 54.476 against the committed 54.286, a

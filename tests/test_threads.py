@@ -204,13 +204,22 @@ def test_committed_runs_record_one_thread():
                                                                             range(len(command) - 1)], path
 
 
-def test_cpu_model_is_proc_cpuinfo_s_model_name_else_platform_s(monkeypatch, tmp_path):
+def test_cpu_model_is_the_first_processor_s_name_family_and_model_else_platform_s(monkeypatch, tmp_path):
     info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13 64-Core\nflags\t: avx2\n")
     real_open = open
     monkeypatch.setattr("builtins.open", lambda p, *a, **k: real_open(info if p == "/proc/cpuinfo" else p, *a, **k))
+    block = "processor\t: {}\nvendor_id\t: AuthenticAMD\ncpu family\t: {}\nmodel\t\t: {}\nmodel name\t: AMD EPYC\n" \
+            "stepping\t: 1\nflags\t\t: avx2\n\n"
+    info.write_text(block.format(0, 25, 1) + block.format(1, 23, 49))
+    assert run_folder.cpu_model() == "AMD EPYC (cpu family 25, model 1)"
+    info.write_text(block.format(0, 23, 49))  # a VM's generic name: the numbers tell Zen 2 from Zen 3
+    assert run_folder.cpu_model() == "AMD EPYC (cpu family 23, model 49)"
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC 7B13 64-Core\nflags\t: avx2\n")
     assert run_folder.cpu_model() == "AMD EPYC 7B13 64-Core"
-    monkeypatch.setattr("builtins.open", lambda p, *a, **k: (_ for _ in ()).throw(OSError("no /proc")))
     monkeypatch.setattr(run_folder.platform, "processor", lambda: "")
+    monkeypatch.setattr(run_folder.platform, "machine", lambda: "aarch64")
+    info.write_text("processor\t: 0\nBogoMIPS\t: 50.00\nCPU part\t: 0xd0c\n\nHardware\t: x\n")  # ARM: no name
+    assert run_folder.cpu_model() == "aarch64"
+    monkeypatch.setattr("builtins.open", lambda p, *a, **k: (_ for _ in ()).throw(OSError("no /proc")))
     monkeypatch.setattr(run_folder.platform, "machine", lambda: "arm64")
     assert run_folder.cpu_model() == "arm64"

@@ -695,19 +695,21 @@ def cpu_model():
     machine may show only a generic name ("AMD EPYC") for CPU generations whose kernels sum in another order
     (other cache sizes, other blocking): runs made on an earlier "AMD EPYC" machine give other last digits on
     this project's (family 25, model 1)."""
+    fields = {}
     try:
         with open("/proc/cpuinfo") as f:
-            fields = {}
             for line in f:
                 if not line.strip():
                     break  # the first processor's block
                 key, _, value = line.partition(":")
                 fields.setdefault(key.strip(), value.strip())
     except OSError:
-        fields = {}
-    name = fields.get("model name") or platform.processor() or platform.machine()
+        pass
+    name = fields.get("model name")
+    if not name:
+        return platform.processor() or platform.machine()
     numbers = [f"{key} {fields[key]}" for key in ("cpu family", "model") if fields.get(key)]
-    return f"{name} ({', '.join(numbers)})" if numbers and fields.get("model name") else name
+    return f"{name} ({', '.join(numbers)})" if numbers else name
 
 
 def data_fingerprint(data, chunk_bytes=64 * 2 ** 20):

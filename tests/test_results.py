@@ -11,12 +11,12 @@ Bit for bit holds on the CPU kind a run was made on (torch's CPU capability: AVX
 model with its family and model numbers: config.json records them as ``cpu_capability`` and ``cpu_model``
 since they were added): the vector width and blocking of torch's kernels change the order of float sums, and
 runs made on an earlier machine, its model name also "AMD EPYC", give other last digits on this one. A run
-made before that record, or on another CPU kind, is checked to the first rounds within DRIFT instead (the
-same algorithm, setting and data; the communication columns exactly), and the test says so. Measured on this project's AVX2 machine against runs made on an earlier
-machine: round 3 of the pFedLA Table 1 Fashion-MNIST run gives 54.476 against the committed 54.286, a
-synthetic pFedLA test loss 2.164053 against 2.164052 (also with the code of the commit that made it); the
-rounds before agree bit for bit. A run made on a GPU (config.json's device) is
-skipped: a CPU does not repeat GPU arithmetic, and CI has no GPU."""
+made before that record, or on another CPU kind, is checked to the first rounds within DRIFT instead (the same
+algorithm, setting and data; the communication columns exactly), and the test says so. Measured on this
+project's AVX2 machine against runs made on an earlier machine: round 3 of the pFedLA Table 1 Fashion-MNIST
+run gives 54.476 against the committed 54.286, a synthetic pFedLA test loss 2.164053 against 2.164052 (also
+with the code of the commit that made it); the rounds before agree bit for bit. A run made on a GPU
+(config.json's device) is skipped: a CPU does not repeat GPU arithmetic, and CI has no GPU."""
 import glob
 import json
 import os

@@ -334,6 +334,9 @@ CONFIG_SCHEMA = {
                     "64 hexadecimal digits"),
     "num_classes": (False, _is_int(1), "an integer >= 1"),
     "input_shape": (False, _list_of(_is_int(1)), "a list of integers >= 1"),
+    "continued_on": (False, _list_of(lambda e: isinstance(e, dict) and _is_int(2)(e.get("from_round"))
+                                     and _is_str(e.get("device"))),
+                     "a list of {from_round >= 2, device, ...} (where_it_runs)"),
 }
 CONFIG_ARGS_SCHEMA = {  # the flags read before the scripts' own checks (common.parse_args) see them
     "rounds": (True, _is_int(1), "an integer >= 1"),
@@ -712,6 +715,28 @@ def cpu_model():
     return f"{name} ({', '.join(numbers)})" if numbers else name
 
 
+def where_it_runs(device):
+    """What decides a run's arithmetic besides its flags: the device, the CPU kind (the kernels torch
+    picked and the processor, since a generic name hides generations that sum in another order) and
+    the library versions. config.json records it at the start, and again under ``continued_on`` for
+    each resume where it changed."""
+    return {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
+            else platform.processor() or platform.machine(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_model": cpu_model(),
+            "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__}}
+
+
+def continued_elsewhere(config, round_, device):
+    """``config`` with a ``continued_on`` entry for a resume after ``round_`` where what decides the
+    arithmetic (where_it_runs) differs from where the run ran last (the newest entry, else config's own
+    record); None when nothing changed. A run started on a GPU and continued on a CPU says so."""
+    here = where_it_runs(device)
+    last = (config.get("continued_on") or [None])[-1] or config
+    if all(last.get(k, v) == v for k, v in here.items()):  # a field the record lacks is unknown, not a change
+        return None
+    return {**config, "continued_on": [*config.get("continued_on", []), {"from_round": round_ + 1, **here}]}
+
+
 def data_fingerprint(data, chunk_bytes=64 * 2 ** 20):
     """sha256 of the data as it enters the run: the samples and labels, a chunk at a time whatever
     their device and memory layout (GPU data is copied to the host in chunks), and every client's
@@ -814,11 +839,7 @@ class Run:
             self._new_dir()
             self._write("config.json", _json({
                 "algorithm": algo, "script": self.script, "args": {**vars(args), "resume": None, "stop_after": None},
-                "command": self._command(), "device": str(device), "device_name": torch.cuda.get_device_name(device)
-                if device.type == "cuda" else platform.processor() or platform.machine(),
-                "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the CPU kernels torch picked (AVX2, ...)
-                "cpu_model": cpu_model(),  # a generic name hides generations that sum in another order
-                "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
+                "command": self._command(), **where_it_runs(device),
                 "num_classes": data.num_classes, "input_shape": list(data.x.shape[1:]),
                 "data_sha256": self.data_sha256, **(extra_config or {})}))
         self._write_partition()
@@ -1073,6 +1094,10 @@ class Run:
         note = ""
         if "data_sha256" not in config:  # a run from before the fingerprint: checked from this resume on
             config["data_sha256"], note = self.data_sha256, " (its config.json had no data fingerprint: now recorded)"
+        moved = continued_elsewhere(config, round_, self.device)
+        if moved:
+            config, place = moved, moved["continued_on"][-1]
+            note += f"; from round {round_ + 1} on {place['device_name']} ({place['device']}), recorded in config.json"
         if config["args"]["rounds"] != self.args.rounds or note:
             config["args"]["rounds"] = self.args.rounds
             self._write("config.json", _json(config))

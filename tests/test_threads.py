@@ -223,3 +223,63 @@ def test_cpu_model_is_the_first_processor_s_name_family_and_model_else_platform_
     monkeypatch.setattr("builtins.open", lambda p, *a, **k: (_ for _ in ()).throw(OSError("no /proc")))
     monkeypatch.setattr(run_folder.platform, "machine", lambda: "arm64")
     assert run_folder.cpu_model() == "arm64"
+
+
+def made_elsewhere(folder, **record):
+    """Rewrite a run's config.json as if its first rounds ran elsewhere (``record`` overrides where_it_runs)."""
+    saved = config(folder)
+    saved.update(record)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(saved, f, indent=1)
+
+
+def test_a_run_continued_elsewhere_records_where_and_from_which_round_and_ends_as_if_never_moved(tmp_path):
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    flags = [*BASE, "--rounds", "3", "--parallel-clients", "1", "--checkpoint-every", "1"]
+    assert run([*flags, "--out", str(whole)]) == 0
+    assert run([*flags, "--out", str(part), "--stop-after", "1"]) == 0
+    folder = run_dir(part)
+    assert run(["--resume", folder, "--stop-after", "2"]) == 0  # the same machine: nothing to record
+    assert "continued_on" not in config(folder)
+    made_elsewhere(folder, device="cuda", device_name="NVIDIA H200", cpu_capability="AVX512",
+                   cpu_model="Intel(R) Xeon(R) Processor")
+    assert run(["--resume", folder]) == 0
+    moved = config(folder)["continued_on"]
+    here = run_folder.where_it_runs(torch.device("cpu"))
+    assert moved == [{"from_round": 3, **json.loads(json.dumps(here))}]
+    assert here["cpu_model"] == run_folder.cpu_model() and here["device"] == "cpu"
+    assert rows(folder) == rows(run_dir(whole))  # a CPU's arithmetic throughout: the same rows
+    assert reproduce.hardware({"folder": folder}, None) == \
+        f"NVIDIA H200; from round 3: {run_folder.cpu_model()}, 1 torch thread"
+
+
+def test_a_resume_where_the_run_last_ran_adds_no_entry_and_a_record_without_a_field_is_not_a_move(tmp_path):
+    part = tmp_path / "part"
+    flags = [*BASE, "--rounds", "4", "--parallel-clients", "1", "--checkpoint-every", "1"]
+    assert run([*flags, "--out", str(part), "--stop-after", "1"]) == 0
+    folder = run_dir(part)
+    here = json.loads(json.dumps(run_folder.where_it_runs(torch.device("cpu"))))
+    made_elsewhere(folder, device="cuda", device_name="NVIDIA H200",
+                   continued_on=[{"from_round": 2, **here}])  # moved here once already: no second entry
+    assert run(["--resume", folder, "--stop-after", "2"]) == 0
+    assert config(folder)["continued_on"] == [{"from_round": 2, **here}]
+    saved = config(folder)
+    del saved["continued_on"], saved["cpu_model"]  # a run recorded before cpu_model, made on this CPU's kind
+    saved["device"], saved["device_name"] = here["device"], here["device_name"]
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(saved, f)
+    assert run(["--resume", folder]) == 0
+    assert "continued_on" not in config(folder)
+    assert run_folder.continued_elsewhere({**here, "versions": {"torch": "2.11.0"}}, 7, torch.device("cpu")) \
+        ["continued_on"] == [{"from_round": 8, **here}]
+
+
+@pytest.mark.parametrize("damaged", ["here", [{"from_round": 1, "device": "cpu"}], [{"device": "cpu"}],
+                                     [{"from_round": 3, "device": ""}], [3]])
+def test_a_damaged_continued_on_is_one_line_naming_the_file(damaged, tmp_path):
+    part = tmp_path / "part"
+    assert run([*FLAGS, "--out", str(part), "--stop-after", "1"]) == 0
+    folder = run_dir(part)
+    made_elsewhere(folder, continued_on=damaged)
+    with pytest.raises(run_folder.UserError, match=r"config\.json.*continued_on"):
+        fedavg.parse_args(["--resume", folder])

@@ -678,9 +678,15 @@ def summarise(run, metric):
 
 def hardware(run, job):
     """The GPU's name (config.json) for a GPU run, else the CPU model and torch threads of its
-    last start by reproduce.py (reproduce.json), else what config.json says."""
+    last start by reproduce.py (reproduce.json), else what config.json says. A run continued
+    elsewhere (config.json's continued_on) names each place with the round it took over from."""
     config, _ = compare.read_json(os.path.join(run["folder"], "config.json"))
     config = config or {}
+    threads = (config.get("args") or {}).get("threads")
+    moves = [m for m in config.get("continued_on") or [] if isinstance(m, dict)]
+    if moves:
+        return "; ".join([place(config, threads)] + [f"from round {m.get('from_round')}: {place(m, threads)}"
+                                                     for m in moves])
     if str(config.get("device", "")).startswith("cuda"):
         return str(config.get("device_name", "GPU"))
     launches = read_launches(job) or [{}]
@@ -688,6 +694,15 @@ def hardware(run, job):
     if cpu and threads:
         return f"{cpu}, {threads} torch thread{'s' if threads > 1 else ''}"
     return cpu or str(config.get("device_name", "?"))
+
+
+def place(record, threads):
+    """Where one stretch of a run ran, from its where_it_runs record: the GPU's name, or the CPU's
+    model and the run's torch threads."""
+    if str(record.get("device", "")).startswith("cuda"):
+        return str(record.get("device_name") or "GPU")
+    cpu = record.get("cpu_model") or record.get("device_name") or "CPU"
+    return f"{cpu}, {threads} torch thread{'s' if threads != 1 else ''}" if isinstance(threads, int) else str(cpu)
 
 
 def problem_of(run, metric):

@@ -1097,7 +1097,8 @@ class Run:
         moved = continued_elsewhere(config, round_, self.device)
         if moved:
             config, place = moved, moved["continued_on"][-1]
-            note += f"; from round {round_ + 1} on {place['device_name']} ({place['device']}), recorded in config.json"
+            name = place["device_name"] if place["device"].startswith("cuda") else place["cpu_model"]
+            note += f"; from round {round_ + 1} on {name} ({place['device']}), recorded in config.json"
         if config["args"]["rounds"] != self.args.rounds or note:
             config["args"]["rounds"] = self.args.rounds
             self._write("config.json", _json(config))

@@ -233,7 +233,7 @@ def made_elsewhere(folder, **record):
         json.dump(saved, f, indent=1)
 
 
-def test_a_run_continued_elsewhere_records_where_and_from_which_round_and_ends_as_if_never_moved(tmp_path):
+def test_a_run_continued_elsewhere_records_where_and_from_which_round_and_ends_as_if_never_moved(tmp_path, capsys):
     whole, part = tmp_path / "whole", tmp_path / "part"
     flags = [*BASE, "--rounds", "3", "--parallel-clients", "1", "--checkpoint-every", "1"]
     assert run([*flags, "--out", str(whole)]) == 0
@@ -244,6 +244,7 @@ def test_a_run_continued_elsewhere_records_where_and_from_which_round_and_ends_a
     made_elsewhere(folder, device="cuda", device_name="NVIDIA H200", cpu_capability="AVX512",
                    cpu_model="Intel(R) Xeon(R) Processor")
     assert run(["--resume", folder]) == 0
+    assert f"from round 3 on {run_folder.cpu_model()} (cpu), recorded in config.json" in capsys.readouterr().out
     moved = config(folder)["continued_on"]
     here = run_folder.where_it_runs(torch.device("cpu"))
     assert moved == [{"from_round": 3, **json.loads(json.dumps(here))}]

@@ -567,6 +567,30 @@ def test_a_run_under_a_changed_default_is_another_setting(tmp_path):
     assert reproduce.other_settings(job, str(folder)) == ["--threshold 0.1 (now 0.01; a default changed)"]
 
 
+def test_a_fedacd_run_made_when_its_diagnostics_were_on_by_default_is_the_table_s_run(tmp_path):
+    """fedacd.py logged --log-kl and --log-risk unasked before they took flags: such a run trained the same
+    (the diagnostics only add columns), so a table cell without the flags takes it as its run, not as
+    another setting; a real setting of it (--lam) still differs."""
+    import fedacd
+    method = {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": None}
+    (job,) = [j for j in jobs_of(tiny_tables(extra_methods=[method]), tmp_path, seeds=(0,)) if j["method"] == "FedACD"]
+    command = reproduce.new_command(job, "auto")
+    args = vars(fedacd.parse_args(command[2:]))
+    folder = tmp_path / "run"
+    os.makedirs(folder)
+
+    def write(saved_command, **changed):
+        with open(folder / "config.json", "w") as f:
+            json.dump({"script": "fedacd", "command": saved_command, "args": {**args, **changed}}, f)
+
+    write(command[1:] + ["--log-kl", "--log-risk"], log_kl=True, log_risk=True)
+    assert reproduce.other_settings(job, str(folder)) == []
+    write(command[1:], log_kl=True, log_risk=True)  # recorded before the flags: on, though not on the command
+    assert reproduce.other_settings(job, str(folder)) == []
+    write(command[1:] + ["--lam", "0.5"], lam=0.5)
+    assert reproduce.other_settings(job, str(folder)) == ["--lam 0.5 (now not given)"]
+
+
 # ----------------------------------------------------------------------------------------- issue 37: damaged results
 
 def _damage_copy(finished, tmp_path):

@@ -308,10 +308,12 @@ def same_value(a, b):
         return False
 
 
-# flags whose value is no setting of the table's run: those that may change on --resume, and --threads, which
+# flags whose value is no setting of the table's run: those that may change on --resume, --threads, which
 # decides a CPU run's arithmetic and is recorded in its config.json (kept on --resume), but not what is run:
-# a seed folder's run keeps its own count whatever --workers gives new runs
-NOT_SETTINGS = run_folder.RESUME_MAY_CHANGE | {"threads"}
+# a seed folder's run keeps its own count whatever --workers gives new runs; and fedacd.py's diagnostics,
+# which add columns to the same training (tests/test_fedacd.py), and were on by default in its first runs
+DIAGNOSTICS = {"log_kl", "log_risk"}
+NOT_SETTINGS = run_folder.RESUME_MAY_CHANGE | {"threads"} | DIAGNOSTICS
 
 
 def other_settings(job, folder):

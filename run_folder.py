@@ -731,7 +731,7 @@ def continued_elsewhere(config, round_, device):
     arithmetic (where_it_runs) differs from where the run ran last (the newest entry, else config's own
     record); None when nothing changed. A run started on a GPU and continued on a CPU says so."""
     here = where_it_runs(device)
-    last = (config.get("continued_on") or [None])[-1] or config
+    last = config["continued_on"][-1] if config.get("continued_on") else config
     if all(last.get(k, v) == v for k, v in here.items()):  # a field the record lacks is unknown, not a change
         return None
     return {**config, "continued_on": [*config.get("continued_on", []), {"from_round": round_ + 1, **here}]}

@@ -690,11 +690,11 @@ def hardware(run, job):
         return "; ".join([place(config, threads)] + [f"from round {m.get('from_round')}: {place(m, threads)}"
                                                      for m in moves])
     if str(config.get("device", "")).startswith("cuda"):
-        return str(config.get("device_name", "GPU"))
+        return place(config, threads)
     launches = read_launches(job) or [{}]
-    cpu, threads = launches[-1].get("cpu"), launches[-1].get("threads")
-    if cpu and threads:
-        return f"{cpu}, {threads} torch thread{'s' if threads > 1 else ''}"
+    cpu, launched = launches[-1].get("cpu"), launches[-1].get("threads")
+    if cpu and launched:
+        return place({"cpu_model": cpu}, launched)
     return cpu or str(config.get("device_name", "?"))
 
 

@@ -2,8 +2,7 @@
 as it stands for its first 4 rounds in a process whose environment says OMP_NUM_THREADS=2 (not the one
 thread the runs were made with: the command's --threads decides), gives the committed metrics.csv rows bit
 for bit (timing and memory columns aside). Only where the data lies, the rounds, the device and the output
-folder are given after it. Fashion-MNIST is read where test_real_data finds it. The quick-look runs record
-no thread count (no reproduce.json was kept), so they run at the one thread their rows were checked at.
+folder are given after it. Fashion-MNIST is read where test_real_data finds it.
 One subprocess per run (measured on the busy 2-core machine here: 9 synthetic runs in 325 s; a
 Fashion-MNIST pFedLA run 4 rounds in about 400 s); ``-k synthetic`` or ``-k fmnist`` picks a part.
 
@@ -68,8 +67,6 @@ def test_a_committed_run_s_command_repeats_its_first_rounds_at_another_omp_num_t
         if not os.environ.get("PFLLIB_DATA_DIR") or not os.path.isdir(here):
             pytest.skip("PFLLIB_DATA_DIR (the folder holding FashionMNIST-dir and -pat, docs/datasets.md) not given")
         flags = [here if f == dataset else f for f in flags]
-    recorded = config["args"].get("threads")
-    environment = "2" if recorded is not None else "1"  # the quick-look runs: see above
     # fedacd.py's diagnostics were written unasked before they took a flag: ask for them where the run has them
     if script == "fedacd.py":
         flags += [f for f, column in (("--log-risk", "local_risk"), ("--log-kl", "local_kl"))
@@ -77,7 +74,7 @@ def test_a_committed_run_s_command_repeats_its_first_rounds_at_another_omp_num_t
     proc = subprocess.run([sys.executable, os.path.join(ROOT, script), *flags, "--rounds", str(ROUNDS), "--device",
                            "cpu", "--data-dir", data_dir, "--out", str(tmp_path)], cwd=ROOT, capture_output=True,
                           text=True, timeout=1800,
-                          env={**os.environ, "OMP_NUM_THREADS": environment, "PYTHONHASHSEED": "0"})
+                          env={**os.environ, "OMP_NUM_THREADS": "2", "PYTHONHASHSEED": "0"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     again, committed = metrics_rows(run_dir(tmp_path)), metrics_rows(folder)[:ROUNDS]
     columns = [c for c in committed[0] if c not in TIMING]

@@ -193,12 +193,9 @@ def test_reproduce_gives_new_runs_the_count_it_records_and_resumes_keep_theirs(t
 
 
 def test_committed_runs_record_one_thread():
-    """Every committed run records the count it was made with (reproduce.json's launches: one thread), or
-    is one of the quick-look runs, whose count nothing records (tests/test_results.py repeats them at 1)."""
+    """Every committed run records the count it was made with in its args and its command: one thread."""
     for path in glob.glob(os.path.join(ROOT, "results", "**", "config.json"), recursive=True):
         saved = config(os.path.dirname(path))
-        if "quick-look" in path:
-            continue
         command = saved["command"]
         assert saved["args"].get("threads") == 1 and ["--threads", "1"] in [command[i:i + 2] for i in
                                                                             range(len(command) - 1)], path

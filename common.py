@@ -121,8 +121,8 @@ def base_parser(description, script=None, helps=None, **defaults):
       "TF32 (repeatable on one GPU model, driver, torch); auto: on for CUDA only (a CPU repeats anyway)")
     a("--parallel-clients", type=_auto_or_count, default="auto",
       help="train this many clients at once on CPU threads, one torch thread each (1: one client at a time on "
-      "all --threads threads; auto: one per --threads thread on CPU, 1 on a GPU); results depend on whether "
-      "this is 1, not on the schedule")
+      "all --threads threads; auto: one per --threads thread on CPU, up to 4 on a GPU); on a CPU results "
+      "depend on whether this is 1, not on the schedule; on a GPU they do not depend on it")
     a("--threads", type=_thread_count, default="auto",
       help="CPU torch threads, which decide a CPU run's arithmetic (its results repeat bit for bit at the same "
       "count); auto (default): torch's own count, set by OMP_NUM_THREADS or the cores; config.json records the "
@@ -630,13 +630,26 @@ def client_update(model, global_state, data, client, args, round_, out=None):
     return flatten_state(model, out=out), loss
 
 
+GPU_PARALLEL_CLIENTS = 4
+
+
+def host_cores():
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def parallel_clients(args, device):
-    """How many clients train at once: --parallel-clients (auto: one per --threads thread on a CPU, 1 on a
-    GPU), at most the round's clients. Above 1, each client trains on one torch thread (ClientPool)."""
+    """How many clients train at once: --parallel-clients, at most the round's clients. auto: one per
+    --threads thread on a CPU; on a GPU 4 (at most one per host core), since a step there is bound by
+    the host's kernel launches, which threads overlap, and the GPU's arithmetic does not depend on the
+    host's threads (docs/speed.md). Above 1, each client trains on one torch thread (ClientPool)."""
     n = args.parallel_clients
     if n == "auto":
         threads = getattr(args, "threads", None)
-        n = (threads if isinstance(threads, int) else torch.get_num_threads()) if device.type == "cpu" else 1
+        if device.type == "cpu":
+            n = threads if isinstance(threads, int) else torch.get_num_threads()
+        else:
+            n = min(GPU_PARALLEL_CLIENTS, host_cores())
     return max(1, min(n, clients_per_round(args)))
 
 
@@ -650,12 +663,12 @@ class ClientPool:
     """The reusable models that run a round's client updates, and ``map`` over the clients.
 
     ``--parallel-clients`` models (auto: one per torch thread, --threads, on a CPU, where a small
-    batch leaves most cores idle; one on a GPU). With one model the clients run one after another
-    on all --threads torch threads. With several, that many clients run at once on threads, one
-    torch thread each, the largest clients first so the threads finish together; the server's
-    work between rounds runs on all --threads. Client updates are independent, so results do not
-    depend on the schedule, only on whether each client ran on one torch thread or on all of
-    them. No model is built or copied per client."""
+    batch leaves most cores idle; up to 4 on a GPU, whose steps wait on the host's launches). With
+    one model the clients run one after another on all --threads torch threads. With several, that
+    many clients run at once on threads, one torch thread each, the largest clients first so the
+    threads finish together; the server's work between rounds runs on all --threads. Client updates
+    are independent, so results do not depend on the schedule, only, on a CPU, on whether each
+    client ran on one torch thread or on all of them. No model is built or copied per client."""
 
     def __init__(self, models, client_sizes):
         self.models, self.client_sizes = models, client_sizes

@@ -27,8 +27,9 @@ seconds per round (median of rounds 2 on, from metrics.csv), local SGD steps per
 GPU's utilisation while rounds 2 on ran (nvidia-smi sampled in a background thread; pynvml
 through torch.cuda.utilization() where there is no nvidia-smi; "n/a" without either), and
 peak device memory (summary.json's peak_device_mb and nvidia-smi's largest memory.used).
-A last row, fedavg-p4, is FedAvg with ``--parallel-clients 4``: four clients at once on host
-threads, whose kernel launches overlap. ``--gpu --device cpu`` runs the same flow on the CPU
+The scripts' defaults train up to four clients at once on host threads on a GPU, whose kernel
+launches overlap; a last row, fedavg-p1, is FedAvg with ``--parallel-clients 1``, one client at a
+time. ``--gpu --device cpu`` runs the same flow on the CPU
 (the test uses it with tiny sizes).
 
 The rows run one after another, and this machine's speed drifts between runs, so the
@@ -247,9 +248,10 @@ def interleaved(npz, rounds, device):
 # ----------------------------------------------------------------------------- --gpu
 
 GPU_SCRIPTS = ["fedavg", "fedala", "pfedla", "fedpake", "fedacd"]  # each run with its own defaults
-# the --gpu rows: (label, script, flags added to the script's defaults); fedavg-p4 trains 4 clients at once
-# on 4 host threads (ClientPool), which overlaps their kernel launches (docs/speed.md, "On a GPU")
-GPU_ROWS = [(name, name, []) for name in GPU_SCRIPTS] + [("fedavg-p4", "fedavg", ["--parallel-clients", "4"])]
+# the --gpu rows: (label, script, flags added to the script's defaults); the defaults train up to 4 clients
+# at once on host threads (ClientPool), which overlaps their kernel launches (docs/speed.md, "On a GPU");
+# fedavg-p1 trains one at a time
+GPU_ROWS = [(name, name, []) for name in GPU_SCRIPTS] + [("fedavg-p1", "fedavg", ["--parallel-clients", "1"])]
 
 
 class UtilisationSampler:
@@ -445,8 +447,8 @@ def gpu_table(a, device):
     timed = f"rounds 2-{a.rounds}" if a.rounds > 2 else "round 2"
     print(f"s/round: median of {timed} (metrics.csv; round 1 is warm-up), evaluation included; "
           "SGD steps: local minibatch steps per round (expected number where clients are sampled); ms/step = "
-          "s/round / SGD steps (evaluation and server work included); fedavg-p4: fedavg.py --parallel-clients 4 "
-          "(4 clients at once on host threads)")
+          "s/round / SGD steps (evaluation and server work included); fedavg-p1: fedavg.py --parallel-clients 1 "
+          "(one client at a time; the others at their default, up to 4 at once on host threads)")
     print("GPU util %: mean utilization.gpu (share of time a kernel was running) while rounds 2 on ran; from "
           + (", ".join(sorted(s for s in sources if s)) or "n/a: no CUDA GPU in use, or no nvidia-smi and no pynvml")
           + "; smi max MB: largest memory.used then, less the reading before the script started (its CUDA "

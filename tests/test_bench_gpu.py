@@ -18,7 +18,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import bench_round  # noqa: E402
 
 SCRIPTS = ["fedavg", "fedala", "pfedla", "fedpake", "fedacd"]
-ROWS = SCRIPTS + ["fedavg-p4"]  # the last: FedAvg with --parallel-clients 4
+ROWS = SCRIPTS + ["fedavg-p1"]  # the last: FedAvg with --parallel-clients 1
 
 
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")

@@ -168,7 +168,7 @@ def test_a_failing_client_stops_the_round_and_restores_torch_threads():
     assert torch.get_num_threads() == threads
 
 
-def test_parallel_clients_auto_is_one_model_per_cpu_thread_and_one_on_a_gpu():
+def test_parallel_clients_auto_is_one_model_per_cpu_thread_and_up_to_four_on_a_gpu(monkeypatch):
     class Model:
         def to(self, device):
             return self
@@ -182,6 +182,11 @@ def test_parallel_clients_auto_is_one_model_per_cpu_thread_and_one_on_a_gpu():
     try:
         torch.set_num_threads(2)
         assert models("auto") == 2 and models("auto", clients=1) == 1
+        monkeypatch.setattr(common, "host_cores", lambda: 16)
+        assert models("auto", device="cuda") == 4 and models("auto", device="cuda", clients=3) == 3
+        monkeypatch.setattr(common, "host_cores", lambda: 2)
+        assert models("auto", device="cuda") == 2
+        monkeypatch.setattr(common, "host_cores", lambda: 1)
         assert models("auto", device="cuda") == 1
         assert models(3) == 3 and models(3, clients=2) == 2 and models(1) == 1
     finally:

@@ -908,7 +908,7 @@ def simulate(jobs, num_cpus=None):
     if len(sizes) != 1:
         raise common.UserError("the jobs of one simulation need the same --num-clients")
     device = common.resolve_device(parsed[0].device)
-    num_cpus = num_cpus or len(os.sched_getaffinity(0))
+    num_cpus = num_cpus or common.host_cores()
     logging.getLogger("flwr").addFilter(_no_run_simulation_notice)  # added once, however many calls
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report over the network
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # Ray's coming behaviour, and no warning

@@ -111,8 +111,7 @@ def parse_args(argv, tables):
 WORKERS_PER_CPU, MAX_WORKERS = 4, 64
 
 
-def cpu_count():
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+cpu_count = common.host_cores  # the cores this process may run on
 
 
 def max_workers():

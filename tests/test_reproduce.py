@@ -663,6 +663,31 @@ def test_a_damaged_run_is_named_in_the_report_and_not_averaged(name, damage, wor
     assert "nan" not in rows["FedAvg"][3] and "inf" not in rows["FedAvg"][3]
 
 
+def test_the_hardware_cell_names_the_cpu_the_run_s_config_json_records_before_its_launcher_s(finished, tmp_path,
+                                                                                                capsys):
+    """A run made on one CPU and started by reproduce.py on a machine recorded without family and model: the
+    hardware cell names config.json's cpu_model and threads (where the run was made); a run whose config.json
+    predates that record falls back to its last launch."""
+    out, folder = _damage_copy(finished, tmp_path)
+    launches = os.path.join(os.path.dirname(folder), "reproduce.json")
+    _edit_json(os.path.dirname(launches), "reproduce.json",
+               lambda r: [launch.update(cpu="AMD EPYC", threads=4) for launch in r["launches"]])
+    _edit_json(folder, "config.json", lambda c: (c.update(cpu_model="Some CPU (cpu family 9, model 8)"),
+                                                 c["args"].update(threads=1)))
+    assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--report"], tiny_tables()) == 0
+    assert table_rows(capsys.readouterr().out)["FedAvg"][8].split("; ") == \
+        sorted(["Some CPU (cpu family 9, model 8), 1 torch thread", hardware_of_seed_1(out)])
+    _edit_json(folder, "config.json", lambda c: c.pop("cpu_model"))
+    assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--report"], tiny_tables()) == 0
+    assert "AMD EPYC, 4 torch threads" in table_rows(capsys.readouterr().out)["FedAvg"][8].split("; ")
+
+
+def hardware_of_seed_1(out):
+    job = next(j for j in jobs_of(tiny_tables(), out) if j["method"] == "FedAvg" and j["seed"] == 1)
+    (folder,) = reproduce.run_folders(job["dir"])
+    return reproduce.hardware({"folder": folder}, job)
+
+
 def test_a_table_with_a_damaged_run_does_not_end_with_0(finished, tmp_path, capsys):
     """Running the table (every run finished already, so none starts): the report names the damaged run, and
     the exit status is 1, as for a run that did not finish."""

@@ -678,9 +678,11 @@ def summarise(run, metric):
 
 
 def hardware(run, job):
-    """The GPU's name (config.json) for a GPU run, else the CPU model and torch threads of its
-    last start by reproduce.py (reproduce.json), else what config.json says. A run continued
-    elsewhere (config.json's continued_on) names each place with the round it took over from."""
+    """Where the run was made: the GPU's name for a GPU run, else the CPU model with its family and
+    model numbers and the torch threads that config.json records; for a run made before config.json
+    recorded them, the CPU model and threads of its last start by reproduce.py (reproduce.json), else
+    what config.json says. A run continued elsewhere (config.json's continued_on) names each place
+    with the round it took over from."""
     config, _ = compare.read_json(os.path.join(run["folder"], "config.json"))
     config = config or {}
     threads = (config.get("args") or {}).get("threads")
@@ -692,6 +694,8 @@ def hardware(run, job):
         return place(config, threads)
     launches = read_launches(job) or [{}]
     cpu, launched = launches[-1].get("cpu"), launches[-1].get("threads")
+    if config.get("cpu_model"):  # the run's own record, not the launcher's (older launches lack the family)
+        return place(config, threads if isinstance(threads, int) else launched)
     if cpu and launched:
         return place({"cpu_model": cpu}, launched)
     return cpu or str(config.get("device_name", "?"))

@@ -1,13 +1,16 @@
 """--threads: the CPU torch thread count that decides a run's arithmetic is resolved, recorded in config.json's
 args and command, set whatever OMP_NUM_THREADS says, and kept by --resume; runs made before the flag resume
 as they ran, and tools/record_threads.py records their count from reproduce.json. The runs here use
---parallel-clients 1 (each client on all --threads threads), where 1 and 2 threads give other weights."""
+--parallel-clients 1 (each client on all --threads threads). Where a test needs 1 and 2 threads to give other
+weights, it trains the CNN on a small image .npz (``images``): FedProx's synthetic MLP gave the same weights at
+both counts on an Intel Xeon (AVX512), where this CNN's did not."""
 import glob
 import json
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,6 +23,15 @@ from tools import record_threads, reproduce
 TIMING = {"seconds", "sec_per_round", "host_mb"}
 BASE = ["--dataset", "synthetic", "--num-clients", "4"]
 FLAGS = [*BASE, "--rounds", "2", "--parallel-clients", "1", "--checkpoint-every", "1"]
+
+
+@pytest.fixture
+def images(tmp_path):
+    """FLAGS on 240 random 28x28 grey images (a user's .npz, docs/datasets.md), trained by the default CNN."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "images.npz"
+    np.savez(path, x=rng.integers(0, 256, (240, 28, 28), dtype=np.uint8), y=rng.integers(0, 10, 240))
+    return [*FLAGS, "--dataset", str(path)]
 
 
 def run(argv, threads=1, monkeypatch=None):
@@ -77,13 +89,13 @@ def test_auto_is_torch_s_count_and_the_command_keeps_the_count_taken(tmp_path, m
 
 
 @pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
-def test_the_command_repeats_under_another_omp_num_threads(tmp_path, monkeypatch):
+def test_the_command_repeats_under_another_omp_num_threads(images, tmp_path, monkeypatch):
     """A run made on one thread; its config.json command, run as it stands by a process whose environment
     says OMP_NUM_THREADS=2, gives its metrics and weights bit for bit; at --threads 2 the weights differ
     (so the thread count matters here, and the environment did not decide it)."""
     made, at_two = tmp_path / "made", tmp_path / "two"
-    assert run([*FLAGS, "--out", str(made)], threads=1, monkeypatch=monkeypatch) == 0
-    assert run([*FLAGS, "--out", str(at_two), "--threads", "2"], threads=1) == 0
+    assert run([*images, "--out", str(made)], threads=1, monkeypatch=monkeypatch) == 0
+    assert run([*images, "--out", str(at_two), "--threads", "2"], threads=1) == 0
     first = run_dir(made)
     assert not same_weights(weights(first), weights(run_dir(at_two)))
     script, *flags = config(first)["command"]
@@ -96,10 +108,10 @@ def test_the_command_repeats_under_another_omp_num_threads(tmp_path, monkeypatch
     assert rows(run_dir(again)) == rows(first) and same_weights(weights(run_dir(again)), weights(first))
 
 
-def test_resume_keeps_the_recorded_count_and_refuses_another(tmp_path):
+def test_resume_keeps_the_recorded_count_and_refuses_another(images, tmp_path):
     whole, part = tmp_path / "whole", tmp_path / "part"
-    assert run([*FLAGS, "--out", str(whole)], threads=1) == 0
-    assert run([*FLAGS, "--out", str(part), "--stop-after", "1"], threads=1) == 0
+    assert run([*images, "--out", str(whole)], threads=1) == 0
+    assert run([*images, "--out", str(part), "--stop-after", "1"], threads=1) == 0
     folder = run_dir(part)
     with pytest.raises(run_folder.UserError, match=r"other settings: --threads 1 \(now 2\)"):
         fedavg.parse_args(["--resume", folder, "--threads", "2"])

@@ -2,6 +2,7 @@
 reading what a run wrote."""
 import csv
 import os
+import signal
 import subprocess
 import sys
 
@@ -16,6 +17,13 @@ def run_script(script, *args, timeout=120, env=None):
     return subprocess.run([sys.executable, os.path.join(ROOT, script), *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def sighup_as_in_a_terminal():
+    """``preexec_fn`` for a child that a test sends SIGHUP: its default disposition, as in a terminal's
+    session, whatever this process inherited (under ``nohup`` SIGHUP is ignored, and an ignored SIGHUP
+    stays ignored in the scripts)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def run_in_process(script, *args):

@@ -1,6 +1,6 @@
 """Signals and faults. SIGTERM and SIGHUP stop a run as Ctrl-C does: a checkpoint at the end of the
-round, one line, exit status 143 or 129, and --resume ends with the uninterrupted metrics. A signal
-while a script starts is one line. A file the run cannot write (a folder in its place, a read-only
+round, one line, exit status 143 or 129, and --resume ends with the uninterrupted metrics; a SIGHUP
+ignored when the script started (nohup) stays ignored. A signal while a script starts is one line. A file the run cannot write (a folder in its place, a read-only
 folder, a full disk) is one line naming it, exit status 1, the lock released and the last
 checkpoint kept. A run that fails in set-up leaves nothing behind; a named pipe in a run folder
 is refused, never read; --resume refuses data that changed since the run started. The faults are
@@ -20,7 +20,7 @@ import torch
 
 import common
 import run_folder
-from conftest import ROOT, metrics_rows, run_dir, run_in_process
+from conftest import ROOT, metrics_rows, run_dir, run_in_process, sighup_as_in_a_terminal
 
 SMALL = ["--dataset", "synthetic", "--num-clients", "4"]
 TIMING = {"seconds", "sec_per_round", "host_mb", "device_mb"}  # the columns that differ between runs of the same flags
@@ -48,10 +48,10 @@ def assert_released(folder):
     assert left == [], left
 
 
-def start(script, *argv):
-    """Start ``python script argv`` as a user would (one torch thread, as run_in_process)."""
+def start(script, *argv, sighup=sighup_as_in_a_terminal):
+    """Start ``python script argv`` as a user would from a terminal (one torch thread, as run_in_process)."""
     return subprocess.Popen([sys.executable, os.path.join(ROOT, script), *map(str, argv)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sighup,
                             env={**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"})
 
 
@@ -169,6 +169,7 @@ def test_a_terminal_that_hangs_up_stops_the_run_at_the_end_of_the_round_with_sta
         try:
             os.chdir(ROOT)
             os.environ["OMP_NUM_THREADS"] = "1"
+            sighup_as_in_a_terminal()
             os.execv(sys.executable, [sys.executable, "fedavg.py", *SMALL, "--rounds", "400", "--local-epochs", "20",
                                       "--checkpoint-every", "100", "--out", str(tmp_path)])
         finally:
@@ -182,6 +183,23 @@ def test_a_terminal_that_hangs_up_stops_the_run_at_the_end_of_the_round_with_sta
     assert os.waitstatus_to_exitcode(status) == 129 and 2 <= checkpoint_round(folder) < 400
     assert len(metrics_rows(folder)) == checkpoint_round(folder)
     assert_released(folder)
+
+
+def ignore_sighup():
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+@pytest.mark.slow  # about 10 s
+def test_under_nohup_a_hang_up_is_ignored_and_the_run_goes_on_to_its_last_round(tmp_path):
+    """``nohup python fedavg.py``: SIGHUP was ignored when the script started, and stays ignored."""
+    process = start("fedavg.py", *SMALL, "--rounds", "3", "--local-epochs", "20", "--out", tmp_path,
+                    sighup=ignore_sighup)
+    wait_for_line(process, "round 1/3")
+    assert process.poll() is None and not catches(process.pid, signal.SIGHUP)
+    process.send_signal(signal.SIGHUP)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    assert "SIGHUP" not in out + err and len(metrics_rows(run_dir(tmp_path))) == 3
 
 
 @pytest.mark.slow

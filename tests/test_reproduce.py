@@ -17,7 +17,7 @@ import time
 import pytest
 
 from tools import compare, paper_tables, reproduce
-from conftest import ROOT, metrics_rows
+from conftest import ROOT, metrics_rows, sighup_as_in_a_terminal
 
 SEEDS = ["0", "1"]
 # --checkpoint-every 1 lets a run stopped after round 1 continue (it does not change results); --rounds 9 is
@@ -443,6 +443,7 @@ def _reproduce_process(tables, out, *argv):
             "runpy.run_path(os.path.join(os.environ['ROOT'], 'tools', 'reproduce.py'), run_name='__main__')")
     return subprocess.Popen([sys.executable, "-c", code, "tiny", "--out", str(out), *argv],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sighup_as_in_a_terminal,
                             env={**os.environ, "ROOT": ROOT, "TABLES": json.dumps(tables), "OMP_NUM_THREADS": "1"})
 
 
@@ -480,7 +481,8 @@ def test_a_signal_while_reproduce_starts_is_one_line(signum, status, tmp_path):
     """The real python tools/reproduce.py: a signal while numpy and torch load (common's start-up handler)."""
     from test_faults import catches
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "tools", "reproduce.py"), "synthetic", "--dry-run",
-                             "--out", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--out", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sighup_as_in_a_terminal)
     deadline = time.time() + 30
     while time.time() < deadline and not catches(proc.pid, signal.SIGTERM):
         time.sleep(0.005)

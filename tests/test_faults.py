@@ -1,10 +1,11 @@
 """Signals and faults. SIGTERM and SIGHUP stop a run as Ctrl-C does: a checkpoint at the end of the
 round, one line, exit status 143 or 129, and --resume ends with the uninterrupted metrics; a SIGHUP
-ignored when the script started (nohup) stays ignored. A signal while a script starts is one line. A file the run cannot write (a folder in its place, a read-only
-folder, a full disk) is one line naming it, exit status 1, the lock released and the last
-checkpoint kept. A run that fails in set-up leaves nothing behind; a named pipe in a run folder
-is refused, never read; --resume refuses data that changed since the run started. The faults are
-real (the OS refuses the write); only the moment they happen is chosen by the test."""
+ignored when the script started (nohup) stays ignored. A signal while a script starts is one line.
+A file the run cannot write (a folder in its place, a read-only folder, a full disk) is one line
+naming it, exit status 1, the lock released and the last checkpoint kept. A run that fails in set-up
+leaves nothing behind; a named pipe in a run folder is refused, never read; --resume refuses data
+that changed since the run started. The faults are real (the OS refuses the write); only the moment
+they happen is chosen by the test."""
 import ast
 import json
 import os
@@ -185,15 +186,11 @@ def test_a_terminal_that_hangs_up_stops_the_run_at_the_end_of_the_round_with_sta
     assert_released(folder)
 
 
-def ignore_sighup():
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-
-
 @pytest.mark.slow  # about 10 s
 def test_under_nohup_a_hang_up_is_ignored_and_the_run_goes_on_to_its_last_round(tmp_path):
     """``nohup python fedavg.py``: SIGHUP was ignored when the script started, and stays ignored."""
     process = start("fedavg.py", *SMALL, "--rounds", "3", "--local-epochs", "20", "--out", tmp_path,
-                    sighup=ignore_sighup)
+                    sighup=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
     wait_for_line(process, "round 1/3")
     assert process.poll() is None and not catches(process.pid, signal.SIGHUP)
     process.send_signal(signal.SIGHUP)

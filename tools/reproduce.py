@@ -55,6 +55,8 @@ def parse_args(argv, tables):
     a("--list", action="store_true", help="name every table and its cells")
     a("--seeds", nargs="+", default=["0", "1", "2"], metavar="SEED", help="seeds to run (default: 0 1 2)")
     a("--rounds", metavar="N", help="rounds of every run instead of the table's (a quick look)")
+    a("--stop-after", metavar="N", help="stop each run after round N with its checkpoint; its command keeps the "
+      "table's rounds, so the same command without --stop-after continues it (runs past round N are skipped)")
     a("--only", nargs="+", metavar="CELL", help="run only these cells")
     a("--out", default=DEFAULT_OUT, metavar="DIR",
       help=f"folder of the tables' runs and reports (default: {DEFAULT_OUT})")
@@ -89,6 +91,7 @@ def parse_args(argv, tables):
              f"(hundreds of MB) and threads, and more than {WORKERS_PER_CPU} per CPU ({cpu_count()} here) or "
              f"{MAX_WORKERS} in all only wait for each other")
     args.rounds = None if args.rounds is None else whole_number("--rounds", args.rounds, 1)
+    args.stop_after = None if args.stop_after is None else whole_number("--stop-after", args.stop_after, 1)
     if args.dry_run and args.report:
         fail("--dry-run and --report exclude each other")
     if not args.out.strip():
@@ -174,6 +177,7 @@ def table_jobs(table_id, table, args):
                              "script": method["script"],
                              "seed": seed, "rounds": rounds, "metric": metric_of(table, method),
                              "data_dir": getattr(args, "data_dir", None),
+                             "stop_after": getattr(args, "stop_after", None),
                              "flags": [in_data_dir(f, getattr(args, "data_dir", None))
                                        for f in [*table["common"], *cell["flags"], *method["flags"]]],
                              "dir": os.path.join(args.out, table_id, slug(cell["name"]), mslug, f"seed{seed}")})
@@ -197,13 +201,33 @@ def new_command(job, device, threads=None):
     """A new run's command; ``threads``: its --threads (launch_threads), None in comparisons (NOT_SETTINGS)."""
     return [sys.executable, script_path(job["script"]), *job["flags"], "--rounds", str(job["rounds"]),
             "--seed", str(job["seed"]), "--out", job["dir"], "--device", device, *data_dir_flag(job),
-            *(["--threads", str(threads)] if threads is not None else [])]
+            *(["--threads", str(threads)] if threads is not None else []), *stop_after_flag(job)]
 
 
 def resume_command(job, folder, device):
     """No --threads: a run resumes at the thread count it recorded (one made before the flag: OMP_NUM_THREADS)."""
     return [sys.executable, script_path(job["script"]), "--resume", folder, "--rounds", str(job["rounds"]),
-            "--device", device, *data_dir_flag(job)]
+            "--device", device, *data_dir_flag(job), *stop_after_flag(job)]
+
+
+def stop_after_flag(job):
+    """--stop-after N, with a checkpoint at round N: the scripts checkpoint every 50 rounds (--checkpoint-every)
+    and at a signal, not at --stop-after, so a cadence that meets N comes with it."""
+    n = job.get("stop_after")
+    if not n:
+        return []
+    return ["--stop-after", str(n)] + ([] if n % CHECKPOINT_EVERY == 0 else
+                                       ["--checkpoint-every", str(math.gcd(n, CHECKPOINT_EVERY))])
+
+
+CHECKPOINT_EVERY = 50  # the scripts' --checkpoint-every default (common.py)
+
+
+def rounds_done(folder):
+    """The last round in a run folder's metrics.csv (a stopped run has no summary.json); 0 if none is read."""
+    text, _ = compare.read_text(os.path.join(folder, "metrics.csv"))
+    last = (text or "").strip().rsplit("\n", 1)[-1].split(",", 1)[0]
+    return int(last) if last.isdigit() else 0
 
 
 def data_dir_flag(job):
@@ -452,6 +476,8 @@ def action(job):
     if state in ("finished", "diverged"):
         return ("done" if state == "finished" else "diverged"), folder
     if state in ("short", "resumable"):
+        if job.get("stop_after") and rounds_done(folder) >= job["stop_after"]:
+            return "stopped", folder  # --stop-after: as far as asked
         return "resume", folder
     return "new", None
 
@@ -488,7 +514,7 @@ def start(job, device, env):
     """Start a job's run (new or resumed) with its output appended to run.log; returns the Popen
     or None when there is nothing to run."""
     what, folder = action(job)
-    if what in ("done", "diverged"):
+    if what in ("done", "diverged", "stopped"):
         return None
     pid = running_pid(job)
     if pid:
@@ -555,6 +581,9 @@ def run_jobs(jobs, args, argv):
     done = sum(action(job)[0] == "done" for job in jobs)
     if done:
         print(f"{done} of {plural(len(jobs), 'run')} finished already (skipped)")
+    stopped = sum(action(job)[0] == "stopped" for job in jobs)
+    if stopped:
+        print(f"{stopped} of {plural(len(jobs), 'run')} stopped at round {args.stop_after} or later already (skipped)")
     problems = 0
     for job in jobs:
         if action(job)[0] == "diverged":
@@ -623,6 +652,9 @@ def report_end(job, code, passed_on=0):
         print(f"failed (exit {code}): {shown(job['command'])}; log: {job['log']}; last line: {last_line(job['log'])}",
               file=sys.stderr, flush=True)
         return 1
+    if job.get("stop_after") and state in ("resumable", "short") and rounds_done(folder) >= job["stop_after"]:
+        print(f"stopped after round {job['stop_after']} (--stop-after): {label(job)} in {folder}", flush=True)
+        return 0
     if state != "finished":
         print(f"did not finish ({state}): {label(job)}; run the same reproduce.py command again to continue; "
               f"log: {job['log']}", file=sys.stderr, flush=True)

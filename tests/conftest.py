@@ -12,6 +12,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--recheck-all", action="store_true",
+                     help="tests/test_results.py: re-run every committed run's first rounds, not only its sample "
+                          "(run it before committing a run; about an hour on 2 cores)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without --recheck-all the committed runs outside tests/test_results.py's sample are deselected."""
+    if config.getoption("--recheck-all"):
+        return
+    kept = [item for item in items if not item.get_closest_marker("recheck")]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("recheck")])
+        items[:] = kept
+
+
 def run_script(script, *args, timeout=120, env=None):
     """Run ``python <script> <args>`` from the repository root; returns the CompletedProcess."""
     return subprocess.run([sys.executable, os.path.join(ROOT, script), *map(str, args)], cwd=ROOT,

@@ -1,10 +1,12 @@
 """Every reference run committed under results/ can be checked by anyone: its own config.json command, run
-as it stands for its first 4 rounds in a process whose environment says OMP_NUM_THREADS=2 (not the one
+as it stands for its first rounds in a process whose environment says OMP_NUM_THREADS=2 (not the one
 thread the runs were made with: the command's --threads decides), gives the committed metrics.csv rows bit
 for bit (timing and memory columns aside). Only where the data lies, the rounds, the device and the output
 folder are given after it. Fashion-MNIST is read where test_real_data finds it.
-One subprocess per run (measured on the busy 2-core machine here: 9 synthetic runs in 325 s; a
-Fashion-MNIST pFedLA run 4 rounds in about 400 s); ``-k synthetic`` or ``-k fmnist`` picks a part.
+One subprocess per run. The default suite (CI) checks a fixed SAMPLE, 2 rounds each: one run of every
+table and of every script (sample_of); the whole re-check, every run's first 4 rounds, is
+``python -m pytest tests/test_results.py --recheck-all`` (about an hour on 2 cores; run it before committing
+a run); ``-k synthetic`` or ``-k fmnist`` picks a part.
 
 Bit for bit holds on the CPU kind a run was made on (torch's CPU capability: AVX2, AVX512, ...; and the CPU
 model with its family and model numbers: config.json records them as ``cpu_capability`` and ``cpu_model``
@@ -32,9 +34,10 @@ from run_folder import cpu_model
 from test_real_data import fmnist_dir  # noqa: F401  the fixture
 
 pytestmark = pytest.mark.slow
-RUNS = sorted(os.path.dirname(p) for p in glob.glob(os.path.join(ROOT, "results", "**", "config.json"), recursive=True))
+RESULTS = os.path.join(ROOT, "results")
+RUNS = sorted(os.path.dirname(p) for p in glob.glob(os.path.join(RESULTS, "**", "config.json"), recursive=True))
 TIMING = {"seconds", "sec_per_round", "host_mb", "device_mb", "agg_seconds"}
-ROUNDS = 4
+ROUNDS, SAMPLE_ROUNDS = 4, 2
 EXACT = {"round", "mb_down", "mb_up"}
 DRIFT = (1.0, 0.02)  # accuracy columns (%): absolute; every other column: relative (float sums in another order)
 HERE = torch.backends.cpu.get_cpu_capability()
@@ -50,10 +53,51 @@ def within_drift(column, again, committed):
     return abs(a - c) <= DRIFT[1] * max(abs(c), 1e-3)
 
 
-@pytest.mark.parametrize("folder", RUNS, ids=[os.path.relpath(f, os.path.join(ROOT, "results")) for f in RUNS])
-def test_a_committed_run_s_command_repeats_its_first_rounds_at_another_omp_num_threads(folder, tmp_path, request):
+def read_config(folder):
     with open(os.path.join(folder, "config.json")) as f:
-        config = json.load(f)
+        return json.load(f)
+
+
+def sample_of(runs):
+    """One CPU-made run of each table (results/TABLE/...) and of each script: table by table, the first run
+    whose script no earlier pick has, else the table's first run; then the first run of each script still
+    missing. Synthetic runs first within a table (seconds where Fashion-MNIST takes a minute)."""
+    def table(folder):
+        return os.path.relpath(folder, RESULTS).split(os.sep)[0]
+
+    configs = {f: read_config(f) for f in runs}
+    cpu = [f for f in runs if not str(configs[f].get("device", "cpu")).startswith("cuda")]
+    cpu.sort(key=lambda f: (table(f), not configs[f]["args"]["dataset"].startswith("synthetic"), f))
+    chosen, scripts = [], set()
+    for name in dict.fromkeys(table(f) for f in cpu):
+        in_table = [f for f in cpu if table(f) == name]
+        pick = next((f for f in in_table if configs[f]["command"][0] not in scripts), in_table[0])
+        chosen.append(pick)
+        scripts.add(configs[pick]["command"][0])
+    for f in cpu:
+        if configs[f]["command"][0] not in scripts:
+            chosen.append(f)
+            scripts.add(configs[f]["command"][0])
+    return chosen
+
+
+SAMPLE = sample_of(RUNS)
+
+
+def test_the_sample_covers_every_table_and_script():
+    tables = {os.path.relpath(f, RESULTS).split(os.sep)[0] for f in RUNS
+              if not str(read_config(f).get("device", "cpu")).startswith("cuda")}
+    assert {os.path.relpath(f, RESULTS).split(os.sep)[0] for f in SAMPLE} == tables
+    assert {read_config(f)["command"][0] for f in SAMPLE} == \
+        {"fedavg.py", "fedala.py", "pfedla.py", "fedpake.py", "fedacd.py"}
+    assert len(SAMPLE) == len(set(SAMPLE)) <= len(tables) + 5
+
+
+@pytest.mark.parametrize("folder", [f if f in SAMPLE else pytest.param(f, marks=pytest.mark.recheck) for f in RUNS],
+                         ids=[os.path.relpath(f, RESULTS) for f in RUNS])
+def test_a_committed_run_s_command_repeats_its_first_rounds_at_another_omp_num_threads(folder, tmp_path, request):
+    config = read_config(folder)
+    rounds = ROUNDS if request.config.getoption("--recheck-all") else SAMPLE_ROUNDS
     # Fashion-MNIST where test_real_data finds it (skipped without it, a failure under CI)
     if str(config.get("device", "cpu")).startswith("cuda"):
         pytest.skip(f"made on a GPU ({config.get('device_name')}): a CPU does not repeat GPU arithmetic (README: "
@@ -71,16 +115,16 @@ def test_a_committed_run_s_command_repeats_its_first_rounds_at_another_omp_num_t
     if script == "fedacd.py":
         flags += [f for f, column in (("--log-risk", "local_risk"), ("--log-kl", "local_kl"))
                   if column in metrics_rows(folder)[0] and f not in flags]
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, script), *flags, "--rounds", str(ROUNDS), "--device",
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, script), *flags, "--rounds", str(rounds), "--device",
                            "cpu", "--data-dir", data_dir, "--out", str(tmp_path)], cwd=ROOT, capture_output=True,
                           text=True, timeout=1800,
                           env={**os.environ, "OMP_NUM_THREADS": "2", "PYTHONHASHSEED": "0"})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    again, committed = metrics_rows(run_dir(tmp_path)), metrics_rows(folder)[:ROUNDS]
+    again, committed = metrics_rows(run_dir(tmp_path)), metrics_rows(folder)[:rounds]
     columns = [c for c in committed[0] if c not in TIMING]
     assert len(again) == len(committed)
     # bit for bit the rounds made on this CPU kind: up to a move to another machine (config.json's continued_on)
-    moved_at = min([m["from_round"] for m in config.get("continued_on", [])], default=ROUNDS + 1)
+    moved_at = min([m["from_round"] for m in config.get("continued_on", [])], default=rounds + 1)
     exact_until = moved_at if (config.get("cpu_capability"), config.get("cpu_model")) == (HERE, HERE_MODEL) else 1
     pairs = list(zip(again, committed))
     assert [[a[c] for c in columns] for a, r in pairs if int(r["round"]) < exact_until] == \
@@ -88,7 +132,7 @@ def test_a_committed_run_s_command_repeats_its_first_rounds_at_another_omp_num_t
     drifted = [(r["round"], c, a[c], r[c]) for a, r in pairs if int(r["round"]) >= exact_until for c in columns
                if not within_drift(c, a[c], r[c])]
     assert not drifted, drifted
-    if exact_until > ROUNDS:
+    if exact_until > rounds:
         return
     made = " ".join(str(config[k]) for k in ("cpu_capability", "cpu_model") if k in config) or "not recorded"
     print(f"made on CPU kind {made}, here {HERE} {HERE_MODEL}: checked within {DRIFT}")

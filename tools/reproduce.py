@@ -378,6 +378,8 @@ def changed_defaults(job, saved_args, given):
         return []  # the command itself is refused when it runs, with its own line
     saved = {**run_folder.ADDED_FLAGS, **saved_args}
     irrelevant = set() if saved.get("dataset") == "agnews" else {"agnews_vocab"}
+    if os.sep in str(saved.get("dataset", "")):  # a PFLlib folder decides these, wherever it lies now, or if not here
+        irrelevant |= {"num_clients", "test_split"}
     return [f"--{k.replace('_', '-')} {saved[k]} (now {v}; a default changed)" for k, v in sorted(now.items())
             if k not in NOT_SETTINGS | irrelevant and k not in given and k in saved
             and not same_value(saved[k], v)]

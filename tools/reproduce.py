@@ -820,6 +820,20 @@ def comparison(table, method, values, first, digits):
     return f"ratio to the first: ours {np.mean(values) / np.mean(first_values):.3f}, paper {paper / first_paper:.3f}"
 
 
+SLOPE_EVALUATIONS = 20
+
+
+def late_slope(run, metric):
+    """How far from flat an unfinished run still is: (the least-squares slope of the metric's column per
+    round over its last SLOPE_EVALUATIONS evaluations, their first round, their last round), or None
+    with fewer evaluations."""
+    points = run["metrics"].get(metric["column"], [])[-SLOPE_EVALUATIONS:]
+    if len(points) < SLOPE_EVALUATIONS or not all(math.isfinite(v) for _, v in points):
+        return None
+    rounds, values = np.array([r for r, _ in points], dtype=float), np.array([v for _, v in points])
+    return float(np.polyfit(rounds, values, 1)[0]), points[0][0], points[-1][0]
+
+
 def report_row(table, cell, method, row, rounds, first=((), None)):
     """One markdown row: cell, method, paper, ours (n), ours vs paper, rounds, s/round, hardware, notes.
     ``first``: the cell's first method's (values, paper number), for tables compared by ratio."""
@@ -850,6 +864,12 @@ def report_row(table, cell, method, row, rounds, first=((), None)):
             notes.append(f"seed {s['seed']}: diverged")
         elif s["state"] != "finished" or s["done"] < rounds:
             notes.append(f"seed {s['seed']}: {s['done']}/{rounds}, unfinished")
+    slopes = [late_slope(s["run"], metric) for s in seeds
+              if s["value"] is not None and (s["state"] != "finished" or s["done"] < rounds)]
+    if slopes and all(slopes):
+        spans = sorted({f"{first}-{last}" for _, first, last in slopes})
+        notes.append(f"slope over rounds {', '.join(spans)}: {np.mean([v for v, _, _ in slopes]):+.3f} a round"
+                     + (f" (mean of {len(slopes)} seeds)" if len(slopes) > 1 else ""))
     cells = [cell["name"], method["method"], paper_number(method, digits), ours,
              str(len(values)), diff, f"{done_text}/{rounds}", "-" if not secs else f"{np.mean(secs):.3f}",
              "; ".join(sorted({s["hardware"] for s in seeds})) or "-", "; ".join(notes) or "-"]

@@ -57,10 +57,16 @@ def final(module, flags, out, column):
     return float(metrics_rows(run_dir(out))[-1][column])
 
 
+FEDAVG = {}  # (flags, column): FedAvg's final value, run once for a test and its broken twin
+
+
 def against_fedavg(module, flags, column, tmp_path, extra=()):
     """(``module``'s, FedAvg's) final ``column`` on the same data and settings; ``extra`` flags for ``module``."""
     ours = final(module, [*flags, *extra], tmp_path / module.__name__, column)
-    baseline = final(fedavg, flags, tmp_path / "fedavg", column)
+    key = (tuple(flags), column)
+    if key not in FEDAVG:
+        FEDAVG[key] = final(fedavg, flags, tmp_path / "fedavg", column)
+    baseline = FEDAVG[key]
     print(f"[real data] {module.__name__} {' '.join(extra)}: {column} {ours:.2f}, FedAvg {baseline:.2f}")  # pytest -s
     return ours, baseline
 

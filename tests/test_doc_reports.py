@@ -111,3 +111,35 @@ def test_the_table_check_fails_on_a_changed_number(tmp_path):
     assert tables_after(str(doc), number) == [[f"{HEADER} x |", "|---|", "| synthetic-1-1 | FedAvg | 87.76 |"]]
     assert [f"{HEADER} x |", "|---|", "| synthetic-1-1 | FedAvg | 87.75 |"] not in tables_after(str(doc), number)
     assert re.search("87.76", doc.read_text())
+
+
+# README's "On real data" table: its first column names the paper table and cell a report prints
+README_TABLES = {"pFedLA Table 1": ("pfedla-t1", "fmnist"), "pFedLA Table 2": ("pfedla-t2", "fmnist"),
+                 "PFLlib leaderboard, Dir(0.1)": ("pfllib-fmnist", "dir"),
+                 "PFLlib leaderboard, pathological": ("pfllib-fmnist", "pat")}
+
+
+def readme_real_data_rows():
+    """(paper table, cell, method, ours, n) of each row of README's "On real data" table."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    block = text.split("**On real data**", 1)[1].split("\n\n", 2)[1]
+    rows, where = [], None
+    for line in block.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0]:
+            (where,) = [v for k, v in README_TABLES.items() if cells[0].startswith(k)]
+        rows.append((*where, cells[1], cells[2], cells[3]))
+    return rows
+
+
+def test_readme_s_real_data_numbers_are_the_reports(results_copy, capsys, monkeypatch):
+    rows = readme_real_data_rows()
+    assert len(rows) >= 6
+    printed = {}
+    for table in sorted({r[0] for r in rows}):
+        for line in printed_table([table, "--out", "results", "--report"], results_copy, capsys, monkeypatch)[2:]:
+            cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+            printed[(table, cells[0], cells[1])] = (cells[3], cells[4])
+    assert [(t, c, m, printed.get((t, c, m))) for t, c, m, _, _ in rows] == \
+        [(t, c, m, (ours, n)) for t, c, m, ours, n in rows]

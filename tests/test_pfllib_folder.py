@@ -269,6 +269,103 @@ def test_a_member_that_inflates_beyond_its_declared_size_is_refused_within_that_
     assert peak < 16 * 2 ** 20, peak
 
 
+def pickle_with_harmless_work(x, y, opcodes):
+    """PFLlib's pickle of {'x': x, 'y': y} after ``opcodes`` pairs of EMPTY_LIST, POP (each builds a list and drops
+    it: nothing is called, and the dict that follows is PFLlib's)."""
+    holder = np.empty((), dtype=object)
+    holder[()] = {"x": x, "y": y}
+    blob = pickle.dumps(holder, protocol=4)
+    start = 2 if blob[2] != pickle.FRAME[0] else 11  # PROTO 4, then FRAME n: the work goes after them
+    return blob[:start] + (pickle.EMPTY_LIST + pickle.POP) * opcodes + blob[start:]
+
+
+def test_the_unpicklers_work_is_bounded_by_the_files_declared_size(folder):
+    x, y = datasets.read_pfllib_npz(os.path.join(folder, "train", "0.npz"))
+    path = os.path.join(folder, "train", "0.npz")
+    write_npz(path, {"data.npy": npy_of_pickle(pickle_with_harmless_work(x, y, 10))})
+    assert np.array_equal(datasets.read_pfllib_npz(path)[0], x)  # a little harmless work: the same arrays
+    write_npz(path, {"data.npy": npy_of_pickle(pickle_with_harmless_work(x, y, 300000))})
+    declared = datasets.pfllib_declared_bytes(path)  # 600 KB declared, about 2 KB on disk
+    tracemalloc.start()
+    try:
+        with pytest.raises(UserError, match=f"{path}: its pickle holds more than 4096 opcodes"):
+            datasets.read_pfllib_npz(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * declared, (peak, declared)  # without the bound: 300,000 lists of 56 bytes and more
+
+
+@pytest.mark.parametrize("number", ["1e999", "-1e999", "NaN", "Infinity", "1" * 30, "12345678901234567890123"])
+def test_a_config_number_that_is_no_finite_integer_in_range_is_one_line(folder, number):
+    path = os.path.join(folder, "config.json")
+    text = open(path).read()
+    first = read_config(folder)["Size of samples for labels in clients"][0][0]
+    edited = text.replace(f"[[{first[0]}, {first[1]}]", f"[[{first[0]}, {number}]", 1)
+    assert edited != text
+    open(path, "w").write(edited)
+    with pytest.raises(UserError) as e:
+        load(folder)
+    assert path in str(e.value) and "holds the number" in str(e.value) and "\n" not in str(e.value)
+
+
+def edit_statistic(change):
+    """A mutation of config.json's label statistic of client 0: ``change(pairs)`` -> pairs."""
+    def mutate(folder):
+        config = read_config(folder)
+        statistic = config["Size of samples for labels in clients"]
+        statistic[0] = change(statistic[0])
+        write_config(folder, config)
+    return mutate
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda pairs: [[pairs[0][0], pairs[0][1] + 0.9], *pairs[1:]], "is not a list of [label, count] pairs of integers"),
+    (lambda pairs: [[float(pairs[0][0]), pairs[0][1]], *pairs[1:]], "pairs of integers"),
+    (lambda pairs: [[pairs[0][0], True], *pairs[1:]], "pairs of integers"),
+    (lambda pairs: [*pairs, [pairs[0][0], pairs[0][1]]], "more than once"),
+    (lambda pairs: [[pairs[0][0], 1], *pairs, ], "more than once"),
+])
+def test_the_label_statistic_is_checked_exactly(folder, change, words):
+    edit_statistic(change)(folder)
+    with pytest.raises(UserError) as e:
+        load(folder)
+    assert os.path.join(folder, "config.json") in str(e.value) and words in str(e.value)
+
+
+def test_an_encrypted_client_file_is_refused_with_the_word_encrypted(folder):
+    path = os.path.join(folder, "test", "2.npz")
+    raw = bytearray(open(path, "rb").read())
+    for signature, offset in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):  # the general purpose flags: bit 0
+        at = raw.find(signature)
+        struct.pack_into("<H", raw, at + offset, struct.unpack_from("<H", raw, at + offset)[0] | 1)
+    struct.pack_into("<I", raw, raw.find(b"PK\x01\x02") + 38, 0o100644 << 16)  # a file mode, as zip tools write
+    open(path, "wb").write(raw)  # zipfile's own message then passes 120 characters before it says 'encrypted'
+
+    with pytest.raises(UserError) as e:
+        load(folder)
+    assert path in str(e.value) and "encrypted" in str(e.value).replace(path, "")  # the test's folder says it too
+
+
+def test_a_long_message_keeps_its_end():
+    from run_folder import shortened
+    message = "File <ZipInfo filename='data.npy' " + "x" * 300 + "> is encrypted, password required for extraction"
+    cut = shortened(message, 120)
+    assert len(cut) <= 120 and cut.startswith("File <ZipInfo") and cut.endswith("password required for extraction")
+    assert shortened("short", 120) == "short"
+
+
+def test_a_channels_last_folder_is_refused_for_its_layout(tmp_path):
+    folder, clients = make_folder(tmp_path)
+    for part, column in (("train", 0), ("test", 2)):
+        for i, arrays in enumerate(clients):
+            write_client(os.path.join(folder, part, f"{i}.npz"), arrays[column].transpose(0, 2, 3, 1),
+                         arrays[column + 1])
+    with pytest.raises(UserError) as e:
+        load(folder)
+    assert os.path.join(folder, "train", "0.npz") in str(e.value) and "channels-last" in str(e.value)
+
+
 # ----------------------------------------------------------------------------- an inconsistent folder
 
 def replace_client(part, i, change):
@@ -391,6 +488,31 @@ def test_config_records_the_folder_and_resume_on_other_files_is_refused(folder, 
     assert run_in_process("fedavg.py", "--resume", run) == 2
     error = capsys.readouterr().err
     assert f"the data of {run} changed since the run started ({folder}: fingerprint" in error
+
+
+def test_a_run_whose_folder_moved_resumes_from_its_new_place_checked_by_its_fingerprint(tmp_path, one_thread,
+                                                                                      capsys):
+    folder = make_folder(tmp_path / "data")[0]
+    flags = ["--rounds", "2", "--model", "mlp", "--device", "cpu", "--checkpoint-every", "1"]
+    assert run_in_process("fedavg.py", "--dataset", folder, *flags, "--out", tmp_path / "whole") in (0, None)
+    assert run_in_process("fedavg.py", "--dataset", folder, *flags, "--out", tmp_path / "cut",
+                          "--stop-after", "1") in (0, None)
+    run = run_dir(tmp_path / "cut")
+    moved = str(tmp_path / "elsewhere" / "FashionMNIST-tiny")
+    shutil.move(os.path.dirname(folder), os.path.dirname(moved))
+    capsys.readouterr()
+    assert run_in_process("fedavg.py", "--resume", run) == 2  # the old place: it says the folder is gone
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "unknown dataset" not in error
+    assert f"the dataset {folder} the run was made on is not there (moved or deleted)" in error
+    assert f"--resume {run} --dataset NEW_PLACE" in error
+    other = make_folder(tmp_path / "other", seed=1)[0]  # another folder's data: refused by the fingerprint
+    assert run_in_process("fedavg.py", "--resume", run, "--dataset", other) == 2
+    assert f"the data of {run} changed since the run started ({other}: fingerprint" in capsys.readouterr().err
+    assert run_in_process("fedavg.py", "--resume", run, "--dataset", moved) in (0, None)
+    accuracy = lambda folder: [(r["round"], r["test_acc"], r["train_loss"]) for r in metrics_rows(folder)]
+    assert accuracy(run) == accuracy(run_dir(tmp_path / "whole"))  # as if never stopped
+    assert read_config(run)["args"]["dataset"] == moved  # a later resume reads it there
 
 
 def test_flower_app_takes_the_folder(folder):

@@ -478,6 +478,8 @@ def test_config_records_the_folder_and_resume_on_other_files_is_refused(folder, 
     config = read_config(run)
     assert config["args"]["dataset"] == folder and config["args"]["num_clients"] == NUM_CLIENTS
     assert len(config["data_sha256"]) == 64
+    assert config["dataset_folder"] == {"partition": "dir", "alpha": 0.1, "balance": False, "non_iid": True,
+                                        "num_clients": NUM_CLIENTS, "num_classes": NUM_CLASSES}  # compare.py shows it
     assert os.path.basename(run).startswith("fedavg-FashionMNIST-tiny-s0-")
     same = str(tmp_path / "same")
     shutil.copytree(run, same)

@@ -585,3 +585,54 @@ def test_reproduce_runs_a_cells_folder_and_the_command_names_it(folder, tmp_path
     job["flags"] = [f.replace(os.path.basename(folder), "FashionMNIST-other") for f in job["flags"]]
     assert reproduce.other_settings(job, run) == \
         [f"--dataset {os.path.basename(folder)} (now FashionMNIST-other)"]  # another folder's name: another setting
+
+
+def call_reproduce(argv, tables):
+    """reproduce.main in this process; the exit status (bad input exits with SystemExit)."""
+    try:
+        return reproduce.main(list(map(str, argv)), tables)
+    except SystemExit as e:
+        return e.code
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda folder: shutil.rmtree(folder), "FashionMNIST-tiny, the dataset of dir / FedAvg / seed 0, is not there; "
+                                           "nothing was started: give --data-dir the folder that holds"),
+    (lambda folder: os.remove(os.path.join(folder, "config.json")), "is a folder without config.json"),
+])
+def test_a_tables_folders_are_checked_before_any_run_starts(folder, tmp_path, capsys, damage, words):
+    damage(folder)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    argv = ["tiny-pfllib", "--seeds", "0", "1", "--out", out, "--data-dir", os.path.dirname(folder)]
+    assert call_reproduce(argv, folder_table()) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and words in error and "nothing was started" in error, error
+    assert not out.exists()  # no tree left behind
+
+
+def test_a_stopped_run_resumes_on_the_folder_where_the_table_now_finds_it(folder, tmp_path):
+    moved = str(tmp_path / "moved")
+    os.mkdir(moved)
+    args = reproduce.parse_args(["tiny-pfllib", "--seeds", "0", "--out", str(tmp_path / "out"), "--data-dir", moved],
+                                folder_table())
+    (job,) = reproduce.table_jobs("tiny-pfllib", folder_table()["tiny-pfllib"], args)
+    command = reproduce.resume_command(job, "RUN", "cpu")
+    assert command[command.index("--dataset") + 1] == os.path.join(moved, "FashionMNIST-tiny")
+    assert command[command.index("--data-dir") + 1] == moved
+    named = reproduce.resume_command({**job, "flags": ["--dataset", "fmnist"]}, "RUN", "cpu")
+    assert "--dataset" not in named  # a named dataset is read under --data-dir: nothing to point at
+
+
+@pytest.mark.slow  # two table runs: subprocesses, about 15 s
+def test_a_table_continued_with_another_data_dir_resumes_its_stopped_run_there(tmp_path):
+    folder = make_folder(tmp_path / "data")[0]
+    out = tmp_path / "out"
+    first = ["tiny-pfllib", "--seeds", "0", "--out", out, "--data-dir", os.path.dirname(folder)]
+    assert call_reproduce([*first, "--stop-after", "1"], folder_table(rounds=2)) == 0
+    moved = tmp_path / "moved"
+    shutil.move(os.path.dirname(folder), moved)
+    assert call_reproduce([*first[:-2], "--data-dir", moved], folder_table(rounds=2)) == 0
+    (run,) = reproduce.run_folders(str(out / "tiny-pfllib" / "dir" / "fedavg" / "seed0"))
+    assert [r["round"] for r in metrics_rows(run)] == ["1", "2"]
+    assert read_config(run)["args"]["dataset"] == os.path.join(moved, "FashionMNIST-tiny")

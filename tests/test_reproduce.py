@@ -7,6 +7,7 @@ import argparse
 import copy
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -644,6 +645,12 @@ DAMAGE = [  # (name, what is done to FedAvg's seed-0 run folder, words in its no
      "seed 0: damaged: metrics.csv line 4 repeats round 2; not averaged", False),
     ("rows reversed", lambda d: _edit(d, "metrics.csv", lambda t: "".join([_lines(t)[0], *_lines(t)[:0:-1]])),
      "seed 0: damaged: metrics.csv line 3 has round 1 after round 2; not averaged", False),
+    ("summary.json garbage", lambda d: open(os.path.join(d, "summary.json"), "wb").write(b"\x00\xff garbage"),
+     "seed 0: damaged: summary.json is not a JSON object (cut short or garbage); not averaged", False),
+    ("a metrics.csv line over csv's field limit", lambda d: _edit(d, "metrics.csv", lambda t: "".join(
+        [*_lines(t)[:2], "2," + "7" * 200000 + _lines(t)[2][_lines(t)[2].index(",", 2):]])),
+     "seed 0: damaged: metrics.csv line 3 cannot be read as csv (field larger than field limit (131072)); not "
+     "averaged", False),
     ("two run folders", lambda d: shutil.copytree(d, d + "-copy"),
      "seed 0: ambiguous: 2 run folders in its seed folder", False),
     ("a run folder stopped before its first checkpoint beside it",  # reproduce.py started the run after it
@@ -738,3 +745,32 @@ def test_a_report_on_a_full_disk_is_one_line_and_exit_1(finished, tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr == f"error: cannot write {out / 'tiny-syn-4.png'} (No space left on device); the runs are kept\n"
     assert (out / "tiny-syn-4.png").read_bytes() == png and _tmp_files(out) == []
+
+
+def test_no_value_in_a_run_folder_can_add_a_row_to_the_report(finished, tmp_path, capsys):
+    out, folder = _damage_copy(finished, tmp_path)
+    forged = "Some CPU\n| syn-4 | FedProx | 99.00 | 99.00 ± 0.00 | 2 | - | 2/2 | 1.0 | cpu | - |"
+    _edit_json(folder, "config.json", lambda c: c.update(cpu_model=forged))
+    assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--report"], tiny_tables()) == 0
+    text = capsys.readouterr().out
+    assert sorted(table_rows(text)) == ["FedALA", "FedAvg"]  # no FedProx row
+    assert "Some CPU\\n\\| syn-4 \\| FedProx" in table_rows(text)["FedAvg"][8]
+    assert reproduce.table_cell("a|b\r\nc\x00") == "a\\|b\\r\\nc\\x00"
+
+
+def test_the_reports_command_carries_data_dir_and_stop_after(finished, tmp_path, capsys):
+    tables = tiny_tables()
+    args = reproduce.parse_args(["tiny", "--seeds", "0", "--out", str(tmp_path), "--data-dir", str(tmp_path),
+                                 "--stop-after", "1"], tables)
+    command = shlex.split(reproduce.reproduce_command("tiny", args))
+    assert command[command.index("--data-dir") + 1] == str(tmp_path) and "--stop-after" in command
+    out, folder = _damage_copy(finished, tmp_path)  # launched with --data-dir; the report alone given none
+    _edit_json(os.path.dirname(folder), "reproduce.json",
+               lambda r: r["launches"][-1].update(command=[*r["launches"][-1]["command"], "--data-dir", "/data/x"]))
+    for job in jobs_of(tables, out)[1:]:
+        _edit_json(job["dir"], "reproduce.json",
+                   lambda r: r["launches"][-1].update(command=[*r["launches"][-1]["command"], "--data-dir", "/data/x"]))
+    assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--report"], tables) == 0
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("- command: ")]
+    command = shlex.split(line.removeprefix("- command: ").strip("`"))
+    assert command[command.index("--data-dir") + 1] == "/data/x"

@@ -573,3 +573,29 @@ def test_compares_dataset_names_are_the_loaders():
     import datasets
     assert set(compare_tool.NAMED_DATASETS) == set(datasets.VISION) | set(datasets.LOADERS)
     assert set(compare_tool.FOLDER_RESPLIT_FLAGS) == set(datasets.PFLLIB_RESPLIT_FLAGS)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"rounds": "5"}, "damaged: config.json has args.rounds '5', not an integer >= 1"),
+    ({"seed": -1}, "damaged: config.json has args.seed '-1', not an integer >= 0"),
+    ({"num_clients": 1e999}, "damaged: config.json has args.num_clients 'inf', not an integer >= 1"),
+    ({"dataset": ["mnist"]}, "damaged: config.json has args.dataset"),
+])
+def test_a_config_json_the_scripts_never_write_is_damaged(tmp_path, change, words):
+    folder = make_run(tmp_path, "edited", seed=1)
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config["args"].update(change)
+    with open(path, "w") as f:
+        json.dump(config, f)
+    run = compare_tool.load_run(folder)
+    assert run["flags"][0].startswith(words), run["flags"]
+
+
+def test_no_more_of_a_run_file_is_read_than_its_bound(tmp_path, monkeypatch):
+    folder = make_run(tmp_path, "big", seed=1)
+    monkeypatch.setattr(compare_tool, "MAX_RUN_FILE_BYTES", 200)
+    assert compare_tool.read_text(os.path.join(folder, "config.json"))[0] is None  # about 400 bytes
+    run = compare_tool.load_run(folder)
+    assert any(d.startswith("metrics.csv is 0 MB, more than the 0 MB") for d in run["damage"]), run["damage"]

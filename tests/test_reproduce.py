@@ -774,3 +774,22 @@ def test_the_reports_command_carries_data_dir_and_stop_after(finished, tmp_path,
     (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("- command: ")]
     command = shlex.split(line.removeprefix("- command: ").strip("`"))
     assert command[command.index("--data-dir") + 1] == "/data/x"
+
+
+def test_seeds_on_a_folder_are_averaged_only_when_they_read_the_same_data():
+    def seed(number, data, value):
+        run = {"args": {"data": data}, "folder_partition": {"partition": "pat"}}
+        return {"seed": number, "value": value, "done": 2, "state": "finished", "sec_per_round": 1.0,
+                "hardware": "cpu", "run": run, "problem": None}
+    seeds = [seed(0, "a" * 12, 50.0), seed(1, "b" * 12, 90.0), seed(2, "a" * 12, 52.0)]
+    reproduce.set_apart_other_data(seeds)
+    assert [s["value"] for s in seeds] == [50.0, None, 52.0]
+    assert seeds[1]["problem"] == (f"its data fingerprint {'b' * 12}... differs from seed 0's {'a' * 12}... (the "
+                                   "dataset folder changed between the runs)")
+    table = tiny_tables()["tiny"]
+    row = reproduce.report_row(table, table["cells"][0], table["cells"][0]["methods"][0],
+                               {"jobs": [{"seed": s["seed"]} for s in seeds], "seeds": seeds}, 2).split(" | ")
+    assert row[3] == "51.00 ± 1.41" and row[4] == "2" and "seed 1: its data fingerprint" in row[9]
+    agreeing = [seed(0, "a" * 12, 50.0), seed(1, "a" * 12, 90.0), seed(2, "unrecorded", 1.0)]
+    reproduce.set_apart_other_data(agreeing)
+    assert [s["problem"] for s in agreeing] == [None, None, None]

@@ -70,6 +70,14 @@ NOT_REGULAR = ((stat.S_ISDIR, "is a folder"), (stat.S_ISFIFO, "is a named pipe")
                (stat.S_ISCHR, "is a device"), (stat.S_ISBLK, "is a device"))
 
 
+# the most of one file of a run folder that is read: metrics.csv of 100,000 evaluations is about 20 MB
+MAX_RUN_FILE_BYTES = 256 * 2 ** 20
+
+
+def too_large(size):
+    return f"is {size / 2 ** 20:.0f} MB, more than the {MAX_RUN_FILE_BYTES // 2 ** 20} MB a run's file may be"
+
+
 def read_text(path):
     """(text, None) for a readable regular file; (None, None) if absent; (None, problem), e.g.
     'is a folder' or 'cannot be read (permission denied)'. Anything but a regular file is never
@@ -85,11 +93,15 @@ def read_text(path):
             return None, problem
     if not stat.S_ISREG(info.st_mode):
         return None, "is not a regular file"
+    if info.st_size > MAX_RUN_FILE_BYTES:
+        return None, too_large(info.st_size)
     try:  # O_NONBLOCK: should a named pipe take the file's place after the stat, opening it does not wait
         with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 return None, "is not a regular file"
-            data = f.read()
+            data = f.read(MAX_RUN_FILE_BYTES + 1)  # no more than was checked, should it grow meanwhile
+            if len(data) > MAX_RUN_FILE_BYTES:
+                return None, too_large(len(data))
     except OSError as e:
         return None, f"cannot be read ({why(e)})"
     try:
@@ -234,6 +246,7 @@ def load_run(folder):
     run["summary"] = summary or {}
     if config and isinstance(config.get("algorithm"), str) and isinstance(config.get("args"), dict):
         run["algorithm"], run["args"], run["config"] = config["algorithm"], config["args"], True
+        run["damage"] += config_problems(config)
     else:  # older format: what the folder name says
         m = OLD_NAME.match(os.path.basename(folder))
         run["algorithm"], dataset, seed = m.groups() if m else (os.path.basename(folder), "?", "?")
@@ -277,6 +290,24 @@ def load_run(folder):
     elif run["metrics"] and (not summary or (run["planned"] and run["done"] < run["planned"])):
         run["flags"].append(f"unfinished {run['done']}/{run['planned'] or '?'}")
     return run
+
+
+CONFIG_ARGS = {  # the flags of config.json's args that the table reads, and what each must be (run_folder's)
+    "rounds": (lambda v: v >= 1, "an integer >= 1"), "seed": (lambda v: v >= 0, "an integer >= 0"),
+    "num_clients": (lambda v: v >= 1, "an integer >= 1")}
+
+
+def config_problems(config):
+    """What in a run's config.json the scripts never write, as damage: a dataset that is no name, a number of
+    rounds, seed or clients that is no whole number in range. [] when none."""
+    problems, args = [], config["args"]
+    if "dataset" in args and not (isinstance(args["dataset"], str) and args["dataset"]):
+        problems.append(f"config.json has args.dataset {one_line(args['dataset'])[:40]!r}, not a name")
+    for key, (in_range, what) in CONFIG_ARGS.items():
+        value = args.get(key)
+        if key in args and not (isinstance(value, int) and not isinstance(value, bool) and in_range(value)):
+            problems.append(f"config.json has args.{key} {one_line(value)[:40]!r}, not {what}")
+    return problems
 
 
 SUMMARY_STATUSES = ("finished", "diverged")  # what run_folder.Run.summary writes

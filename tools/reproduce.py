@@ -816,7 +816,27 @@ def collect(jobs):
                              "left_out": [os.path.basename(f) for f in run["left_out"]],
                              "sec_per_round": seconds / run["done"] if seconds is not None and run["done"] else None,
                              "hardware": hardware(run, job)})
+    for row in rows.values():
+        set_apart_other_data(row["seeds"])
     return rows
+
+
+def set_apart_other_data(seeds):
+    """Seeds of a row on a PFLlib folder are averaged only when they read the same data: each seed whose run's
+    data fingerprint (compare.load_run's data) differs from the one most of them share (ties: the lowest
+    seed's) gets a problem that names both, and no value. Runs that recorded no fingerprint are not judged."""
+    fingerprints = [s["run"]["args"].get("data") for s in seeds if "folder_partition" in s["run"]]
+    known = [f for f in fingerprints if f not in (None, "unrecorded")]
+    if len(set(known)) < 2:
+        return
+    common_one = max(dict.fromkeys(known), key=known.count)  # dict.fromkeys: first seen wins a tie
+    first = next(s["seed"] for s in seeds if s["run"]["args"].get("data") == common_one)
+    for s in seeds:
+        data = s["run"]["args"].get("data")
+        if data not in (None, "unrecorded", common_one) and not s["problem"]:
+            s["problem"] = (f"its data fingerprint {data}... differs from seed {first}'s {common_one}... (the "
+                            "dataset folder changed between the runs)")
+            s["value"] = None
 
 
 def paper_number(method, digits=2):

@@ -179,15 +179,20 @@ RESUME_MAY_CHANGE = {"rounds", "device", "parallel_clients", "data_dir", "out", 
                      "checkpoint_every"}
 # how a refusal on --resume names them (--resume itself aside), and what else may change
 MAY_CHANGE_LINE = ("only --rounds (to extend the run), --device, --parallel-clients, --data-dir, --checkpoint-every, "
-                   "--stop-after and --out may change, and --dataset to the new place of a dataset folder that moved")
+                   "--stop-after and --out may change, and --dataset to the new place of a dataset folder or .npz "
+                   "file that moved")
 
 
-def moved_folder(saved, given):
-    """Whether --dataset ``given`` on --resume names the new place of the dataset folder ``saved``: the run was
-    made on a folder (a path, not a dataset's name) and ``given`` is a PFLlib folder. That it holds the same
-    data is checked by the run's fingerprint (Run._check_data) before anything is written."""
-    return (given != saved and os.path.isdir(given) and os.path.isfile(os.path.join(given, "config.json"))
-            and not os.path.isfile(saved) and not str(saved).startswith("synthetic"))
+def moved_dataset(saved, given):
+    """Whether --dataset ``given`` on --resume may name the new place of the run's dataset ``saved``: ``given``
+    is a PFLlib folder (a folder with config.json) or, for a run on an .npz file, an .npz file. That it holds
+    the same data is checked by the run's fingerprint (Run._check_data) before anything is written, so a
+    named dataset's run given a folder is refused there, as data that changed."""
+    if not isinstance(given, str) or given == saved or str(saved).startswith("synthetic"):
+        return False
+    if str(saved).lower().endswith(".npz"):
+        return given.lower().endswith(".npz") and os.path.isfile(given)
+    return os.path.isdir(given) and os.path.isfile(os.path.join(given, "config.json"))
 
 
 # flags added after run folders were made, with the value that runs made before them ran with: their
@@ -493,7 +498,7 @@ def resumed_args(parser, argv):
         raise UserError(f"cannot resume: {path} lacks the settings {', '.join(missing)}")
     changed = [f"--{k.replace('_', '-')} {saved[k]} (now {v})" for k, v in sorted(given.items())
                if k not in RESUME_MAY_CHANGE and k in saved and v != saved[k]
-               and not (k == "dataset" and moved_folder(saved[k], v))]
+               and not (k == "dataset" and moved_dataset(saved[k], v))]
     if not os.path.exists(os.path.join(folder, "checkpoint.pt")):
         raise UserError(f"cannot resume: {folder} has no checkpoint.pt (the run stopped before its first "
                                "checkpoint; start it again)")
@@ -513,8 +518,8 @@ def resumed_args(parser, argv):
     args = argparse.Namespace(**{**defaults, **{k: v for k, v in saved.items() if k in defaults}})
     for k in RESUME_MAY_CHANGE & set(given):
         setattr(args, k, given[k])
-    if "dataset" in given and moved_folder(saved["dataset"], given["dataset"]):
-        args.dataset = given["dataset"]  # the folder's new place; Run checks the fingerprint
+    if "dataset" in given and moved_dataset(saved["dataset"], given["dataset"]):
+        args.dataset = given["dataset"]  # the data's new place; Run checks the fingerprint
     args.resume, args.stop_after = folder, given.get("stop_after")
     with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
         summary = _read_json(os.path.join(folder, "summary.json"))
@@ -1114,8 +1119,8 @@ class Run:
             saved = {**added, **blob["args"]} if "args" in blob else fixed  # checkpoints before 2026-11: none
             if "args" in blob and "threads" not in blob["args"]:  # written before --threads: config.json holds
                 saved["threads"] = fixed.get("threads")            # the count (tools/record_threads.py) or none
-            if self.data.info.get("folder") and saved.get("dataset") != fixed.get("dataset"):
-                saved["dataset"] = fixed["dataset"]  # the folder moved; _check_data compared its fingerprint
+            if moved_dataset(saved.get("dataset"), fixed.get("dataset")):
+                saved["dataset"] = fixed["dataset"]  # the data moved; _check_data compared its fingerprint
             if saved != fixed:
                 differ = [k for k in fixed if saved.get(k) != fixed[k]]
                 raise ValueError(f"it was written by a run with other settings: {', '.join(differ) or 'other flags'}")
@@ -1152,9 +1157,9 @@ class Run:
             config, place = moved, moved["continued_on"][-1]
             name = place["device_name"] if place["device"].startswith("cuda") else place["cpu_model"]
             note += f"; from round {round_ + 1} on {name} ({place['device']}), recorded in config.json"
-        if config["args"]["dataset"] != self.args.dataset:  # a folder that moved: later resumes read it there
+        if config["args"]["dataset"] != self.args.dataset:  # data that moved: later resumes read them there
             config["args"]["dataset"] = self.args.dataset
-            note += f"; its dataset folder is now read from {self.args.dataset}, recorded in config.json"
+            note += f"; its dataset is now read from {self.args.dataset}, recorded in config.json"
         if config["args"]["rounds"] != self.args.rounds or note:
             config["args"]["rounds"] = self.args.rounds
             self._write("config.json", _json(config))

@@ -586,3 +586,21 @@ def test_the_run_folder_names_the_folder_meant_by_dot(given, expected, tmp_path,
     (tmp_path / "parent" / "here-data").mkdir(parents=True)
     monkeypatch.chdir(tmp_path / "parent" / "here-data")
     assert run_folder.run_folder_dataset_name(given) == expected
+
+
+def test_a_run_whose_npz_file_moved_resumes_from_its_new_place(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "data.npz"
+    np.savez(path, x=rng.normal(size=(120, 6)).astype(np.float32), y=rng.integers(0, 3, 120))
+    flags = ["--num-clients", "3", "--rounds", "2", "--checkpoint-every", "1"]
+    assert run_in_process("fedavg.py", "--dataset", path, *flags, "--out", tmp_path / "cut", "--stop-after", "1") == 0
+    folder = run_dir(tmp_path / "cut")
+    moved = tmp_path / "moved.npz"
+    os.rename(path, moved)
+    code, err = run(capsys, "--resume", folder)
+    assert code == 2 and len(err) == 1 and "is not there (moved or deleted)" in err[0], err
+    np.savez(tmp_path / "other.npz", x=np.zeros((120, 6), np.float32), y=np.arange(120) % 3)
+    code, err = run(capsys, "--resume", folder, "--dataset", tmp_path / "other.npz")
+    assert code == 2 and "changed since the run started" in err[0], err
+    assert run(capsys, "--resume", folder, "--dataset", moved)[0] == 0
+    assert [r["round"] for r in metrics_rows(folder)] == ["1", "2"]

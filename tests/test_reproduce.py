@@ -793,3 +793,13 @@ def test_seeds_on_a_folder_are_averaged_only_when_they_read_the_same_data():
     agreeing = [seed(0, "a" * 12, 50.0), seed(1, "a" * 12, 90.0), seed(2, "unrecorded", 1.0)]
     reproduce.set_apart_other_data(agreeing)
     assert [s["problem"] for s in agreeing] == [None, None, None]
+
+
+def test_the_line_after_a_signal_says_the_runs_kept_checkpoints_only_where_they_are(finished, tmp_path):
+    out, folder = _damage_copy(finished, tmp_path)
+    jobs = jobs_of(tiny_tables(), out)
+    assert reproduce.what_the_stopped_runs_kept(jobs) == "the stopped runs kept their checkpoints"
+    os.remove(os.path.join(folder, "checkpoint.pt"))  # the run folder's content deleted under the table
+    line = reproduce.what_the_stopped_runs_kept(jobs)
+    assert "kept their checkpoints" not in line
+    assert line.startswith(f"1 stopped run of {len(jobs)} has no checkpoint") and "syn-4 / FedAvg / seed 0" in line

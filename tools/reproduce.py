@@ -631,7 +631,7 @@ def run_jobs(jobs, args, argv):
         if action(job)[0] == "diverged":
             problems += 1
             print(f"diverged before (not run again): {label(job)}; see {current_run(job)[0]}", file=sys.stderr)
-    running, slots, count, interrupts = {}, list(range(args.workers)), 0, [0]
+    running, slots, count, interrupts, started = {}, list(range(args.workers)), 0, [0], []
 
     def on_signal(signum, frame):
         if signum == signal.SIGHUP:
@@ -659,6 +659,7 @@ def run_jobs(jobs, args, argv):
                     continue
                 count += 1
                 running[slot] = (proc, job)
+                started.append(job)
                 if interrupts[0]:  # a signal came while it was starting
                     proc.send_signal(interrupts[0])
                 print(f"[{count}/{count + len(todo)}] start {label(job)} on {device}: {shown(job['command'])}",
@@ -674,9 +675,22 @@ def run_jobs(jobs, args, argv):
     finally:
         run_folder.restore_signals(previous)
     if interrupts[0]:
-        run_folder._say(f"{run_folder.stopped_by(interrupts[0])}: the stopped runs kept their checkpoints; "
+        run_folder._say(f"{run_folder.stopped_by(interrupts[0])}: {what_the_stopped_runs_kept(started)}; "
                         f"continue with: python tools/reproduce.py {shlex.join(argv)}")
     return problems, interrupts[0]
+
+
+def what_the_stopped_runs_kept(jobs):
+    """Words for what the runs a signal stopped left: that they kept their checkpoints only where each one's
+    checkpoint.pt is there (a run stopped before its first, or whose folder was deleted meanwhile, has none;
+    the same command starts it again)."""
+    without = [label(job) for job in jobs
+               if not (current_run(job)[0] and os.path.isfile(os.path.join(current_run(job)[0], "checkpoint.pt")))]
+    if not without:
+        return "the stopped runs kept their checkpoints"
+    return (f"{plural(len(without), 'stopped run')} of {len(jobs)} {'has' if len(without) == 1 else 'have'} no "
+            f"checkpoint (stopped before the first, or the run folder is gone), e.g. {without[0]}; they start "
+            "again")
 
 
 def report_end(job, code, passed_on=0):

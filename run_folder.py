@@ -302,10 +302,16 @@ def check_regular(path, doing="cannot resume"):
     return True
 
 
+RUN_JSON_MAX_BYTES = 64 * 2 ** 20  # a run's config.json or summary.json is a few KB; more is not read
+
+
 def _read_json(path):
     check_regular(path)
     with open(path) as f:
-        return json.load(f)
+        text = f.read(RUN_JSON_MAX_BYTES + 1)
+    if len(text) > RUN_JSON_MAX_BYTES:
+        raise ValueError(f"{path} is larger than {RUN_JSON_MAX_BYTES // 2 ** 20} MB")
+    return json.loads(text)
 
 
 # ----------------------------------------------------------------------------- what --resume and --report read
@@ -462,7 +468,10 @@ def read_config(path, doing="cannot resume"):
     """A run folder's config.json, read and checked (check_config); a UserError of one line otherwise."""
     check_regular(path, doing=doing)
     try:
-        with open(path) as f:
+        if os.path.getsize(path) > RUN_JSON_MAX_BYTES:  # a run's config.json is a few KB: not read whole
+            raise UserError(f"{doing}: {quoted(path)} is larger than {RUN_JSON_MAX_BYTES // 2 ** 20} MB; a run's "
+                            "config.json is a few KB (the file is damaged or not a run's)")
+        with open(path) as f:  # not finite numbers only: fedpake.py's --kappa inf is written as Infinity
             config = json.load(f)
     except FileNotFoundError:
         raise UserError(f"{doing}: {quoted(path)} is missing") from None

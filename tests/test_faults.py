@@ -604,3 +604,13 @@ def test_a_run_whose_npz_file_moved_resumes_from_its_new_place(tmp_path, capsys)
     assert code == 2 and "changed since the run started" in err[0], err
     assert run(capsys, "--resume", folder, "--dataset", moved)[0] == 0
     assert [r["round"] for r in metrics_rows(folder)] == ["1", "2"]
+
+
+def test_a_run_config_json_is_read_within_its_bound(finished, copy_of, capsys, monkeypatch):
+    folder = copy_of(finished)
+    path = os.path.join(folder, "config.json")
+    text = open(path).read()
+    open(path, "w").write(text + " " * 300)
+    monkeypatch.setattr(run_folder, "RUN_JSON_MAX_BYTES", len(text) + 100)
+    code, err = run(capsys, "--resume", folder, "--rounds", "3")
+    assert code == 2 and len(err) == 1 and path in err[0] and "a run's config.json is a few KB" in err[0], err

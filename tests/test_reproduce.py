@@ -803,3 +803,10 @@ def test_the_line_after_a_signal_says_the_runs_kept_checkpoints_only_where_they_
     line = reproduce.what_the_stopped_runs_kept(jobs)
     assert "kept their checkpoints" not in line
     assert line.startswith(f"1 stopped run of {len(jobs)} has no checkpoint") and "syn-4 / FedAvg / seed 0" in line
+
+
+def test_the_last_line_of_a_failed_runs_log_keeps_its_end(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text("started\nerror: cannot resume: " + "/deep" * 60 + "/checkpoint.pt is not a valid checkpoint\n\n")
+    line = reproduce.last_line(str(log))
+    assert len(line) <= 200 and line.startswith("error: cannot resume: ") and line.endswith("is not a valid checkpoint")

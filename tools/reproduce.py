@@ -609,7 +609,7 @@ def last_line(path):
             lines = [line.strip() for line in f if line.strip()]
     except OSError:
         return ""
-    return lines[-1][:200] if lines else ""
+    return run_folder.shortened(compare.one_line(lines[-1]), 200) if lines else ""  # its end says what went wrong
 
 
 def run_jobs(jobs, args, argv):

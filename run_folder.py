@@ -180,7 +180,7 @@ RESUME_MAY_CHANGE = {"rounds", "device", "parallel_clients", "data_dir", "out", 
 # how a refusal on --resume names them (--resume itself aside), and what else may change
 MAY_CHANGE_LINE = ("only --rounds (to extend the run), --device, --parallel-clients, --data-dir, --checkpoint-every, "
                    "--stop-after and --out may change, and --dataset to the new place of a dataset folder or .npz "
-                   "file that moved")
+                   "file that moved (where config.json holds the data's fingerprint)")
 
 
 def moved_dataset(saved, given):
@@ -505,9 +505,10 @@ def resumed_args(parser, argv):
     missing = sorted(set(defaults) - set(saved) - RESUME_MAY_CHANGE)
     if missing:
         raise UserError(f"cannot resume: {path} lacks the settings {', '.join(missing)}")
+    movable = "data_sha256" in config  # a dataset's new place is taken only where the fingerprint can check it
     changed = [f"--{k.replace('_', '-')} {saved[k]} (now {v})" for k, v in sorted(given.items())
                if k not in RESUME_MAY_CHANGE and k in saved and v != saved[k]
-               and not (k == "dataset" and moved_dataset(saved[k], v))]
+               and not (k == "dataset" and movable and moved_dataset(saved[k], v))]
     if not os.path.exists(os.path.join(folder, "checkpoint.pt")):
         raise UserError(f"cannot resume: {folder} has no checkpoint.pt (the run stopped before its first "
                                "checkpoint; start it again)")
@@ -527,7 +528,7 @@ def resumed_args(parser, argv):
     args = argparse.Namespace(**{**defaults, **{k: v for k, v in saved.items() if k in defaults}})
     for k in RESUME_MAY_CHANGE & set(given):
         setattr(args, k, given[k])
-    if "dataset" in given and moved_dataset(saved["dataset"], given["dataset"]):
+    if "dataset" in given and movable and moved_dataset(saved["dataset"], given["dataset"]):
         args.dataset = given["dataset"]  # the data's new place; Run checks the fingerprint
     args.resume, args.stop_after = folder, given.get("stop_after")
     with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):

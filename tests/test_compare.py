@@ -523,7 +523,8 @@ def test_a_metrics_line_over_csvs_field_limit_spoils_that_line_only(tmp_path):
     (b"[1, 2]", "damaged: summary.json is not a JSON object (cut short or garbage)"),
     (b'{"status": "finished", "rounds_done": "5"}', "damaged: summary.json has rounds_done '5', not a whole number"),
     (b'{"status": 3}', "damaged: summary.json has status '3'"),
-    (b'{"test_acc": {"best": "40", "final": 35, "last10_mean": 28}}', "damaged: summary.json has test_acc values that are not"),
+    (b'{"test_acc": {"best": "40", "final": 35, "last10_mean": 28}}',
+     "damaged: summary.json has test_acc values that are not"),
 ])
 def test_a_summary_json_that_is_no_runs_summary_is_damaged(tmp_path, content, words):
     make_run(tmp_path, "fedavg-synthetic-s0-ok", seed=0)

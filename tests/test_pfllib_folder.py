@@ -515,6 +515,15 @@ def test_a_run_whose_folder_moved_resumes_from_its_new_place_checked_by_its_fing
     accuracy = lambda folder: [(r["round"], r["test_acc"], r["train_loss"]) for r in metrics_rows(folder)]
     assert accuracy(run) == accuracy(run_dir(tmp_path / "whole"))  # as if never stopped
     assert read_config(run)["args"]["dataset"] == moved  # a later resume reads it there
+    config = read_config(run)
+    del config["data_sha256"]  # a run made before the fingerprint: its data's new place cannot be checked
+    write_config(run, config)
+    again = str(tmp_path / "again")
+    shutil.move(os.path.dirname(moved), again)
+    capsys.readouterr()
+    assert run_in_process("fedavg.py", "--resume", run, "--rounds", "3", "--dataset",
+                          os.path.join(again, "FashionMNIST-tiny")) == 2
+    assert "cannot resume with other settings: --dataset" in capsys.readouterr().err
 
 
 def test_flower_app_takes_the_folder(folder):

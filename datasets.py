@@ -8,6 +8,7 @@ the partition over clients (data_partition.py) and ``load_federated_data``, whic
 for a script's ``args``. The scripts reach it through common.py. It imports data_partition and
 run_folder (its errors) only (docs/layout.md).
 """
+import collections
 import contextlib
 import csv
 import math
@@ -1186,11 +1187,14 @@ def _check_pfllib_statistic(folder, config, labels):
         raise UserError(f"{quoted(path)}: 'Size of samples for labels in clients' must list {len(labels)} clients")
     for client, (pairs, y) in enumerate(zip(statistic, labels)):
         said = _statistic_pairs(pairs)
+        if said is not None and len(said) > config["num_classes"]:
+            raise UserError(f"{quoted(path)} lists {len(said)} labels of client {client}; its num_classes is "
+                            f"{config['num_classes']}")
         if said is None:
             raise UserError(f"{quoted(path)}: 'Size of samples for labels in clients' of client {client} is not a "
                             "list of [label, count] pairs of integers")
-        labels_said = [label for label, _ in said]
-        twice = sorted({label for label in labels_said if labels_said.count(label) > 1})
+        times = collections.Counter(label for label, _ in said)  # linear: a client may list 10^6 pairs
+        twice = sorted(label for label, n in times.items() if n > 1)
         if twice:
             raise UserError(f"{quoted(path)} lists label {twice[0]} of client {client} more than once; PFLlib "
                             "lists each label of a client once")

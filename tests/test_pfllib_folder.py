@@ -325,6 +325,7 @@ def edit_statistic(change):
     (lambda pairs: [[pairs[0][0], True], *pairs[1:]], "pairs of integers"),
     (lambda pairs: [*pairs, [pairs[0][0], pairs[0][1]]], "more than once"),
     (lambda pairs: [[pairs[0][0], 1], *pairs, ], "more than once"),
+    (lambda pairs: [[label, 1] for label in range(11)], "lists 11 labels of client 0; its num_classes is 10"),
 ])
 def test_the_label_statistic_is_checked_exactly(folder, change, words):
     edit_statistic(change)(folder)

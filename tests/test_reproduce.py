@@ -810,3 +810,16 @@ def test_the_last_line_of_a_failed_runs_log_keeps_its_end(tmp_path):
     log.write_text("started\nerror: cannot resume: " + "/deep" * 60 + "/checkpoint.pt is not a valid checkpoint\n\n")
     line = reproduce.last_line(str(log))
     assert len(line) <= 200 and line.startswith("error: cannot resume: ") and line.endswith("is not a valid checkpoint")
+
+
+def test_only_the_end_of_a_long_log_is_read_for_its_last_line(tmp_path):
+    import tracemalloc
+    log = tmp_path / "run.log"
+    log.write_text("[fedavg] round 1/2000 | test acc 10.00%\n" * 200000 + "error: the last line\n")  # 8 MB
+    tracemalloc.start()
+    try:
+        assert reproduce.last_line(str(log)) == "error: the last line"
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * reproduce.LOG_TAIL_BYTES, peak

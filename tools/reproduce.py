@@ -603,10 +603,16 @@ def label(job):
     return f"{job['cell']} / {job['method']} / seed {job['seed']}"
 
 
+LOG_TAIL_BYTES = 1 << 16  # the end of run.log that last_line reads, however long the run's log grew
+
+
 def last_line(path):
+    """The last non-empty line of a run's log (from its last 64 KB), shortened in its middle, escaped."""
     try:
-        with open(path, errors="replace") as f:
-            lines = [line.strip() for line in f if line.strip()]
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - LOG_TAIL_BYTES))
+            lines = [line.strip() for line in f.read(LOG_TAIL_BYTES).decode(errors="replace").splitlines()
+                     if line.strip()]
     except OSError:
         return ""
     return run_folder.shortened(compare.one_line(lines[-1]), 200) if lines else ""  # its end says what went wrong

@@ -518,6 +518,18 @@ def test_a_metrics_line_over_csvs_field_limit_spoils_that_line_only(tmp_path):
         ("5/5", "40.00", "4", "35.00")  # the other rows' numbers are kept
 
 
+def test_a_metrics_line_that_is_not_utf8_spoils_that_line_only(tmp_path):
+    folder = make_run(tmp_path, "bytes", seed=1)
+    path = os.path.join(folder, "metrics.csv")
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(data.replace(b"\n2,30.0,", b"\n2,\xff\xfe30.0,"))
+    run = compare_tool.load_run(folder)
+    assert run["flags"][0] == "damaged: metrics.csv line 3 is not UTF-8 text"
+    assert [r for r, _ in run["metrics"]["test_acc"]] == [1, 3, 4, 5]
+
+
 @pytest.mark.parametrize("content, words", [
     (b"\x00\x9f\x92\x96garbage\xff", "damaged: summary.json is not a JSON object (cut short or garbage)"),
     (b"[1, 2]", "damaged: summary.json is not a JSON object (cut short or garbage)"),

@@ -82,6 +82,17 @@ def read_text(path):
     """(text, None) for a readable regular file; (None, None) if absent; (None, problem), e.g.
     'is a folder' or 'cannot be read (permission denied)'. Anything but a regular file is never
     read (a named pipe would block), and this never raises. Text that is not UTF-8 is 'unreadable'."""
+    data, problem = read_bytes(path)
+    if data is None:
+        return None, problem
+    try:
+        return data.decode("utf-8"), None
+    except UnicodeDecodeError:
+        return None, "unreadable"
+
+
+def read_bytes(path):
+    """read_text's (content, problem), the content as bytes, not decoded."""
     try:
         info = os.stat(path)
     except FileNotFoundError:
@@ -104,10 +115,7 @@ def read_text(path):
                 return None, too_large(len(data))
     except OSError as e:
         return None, f"cannot be read ({why(e)})"
-    try:
-        return data.decode("utf-8"), None
-    except UnicodeDecodeError:
-        return None, "unreadable"
+    return data, None
 
 
 def read_json(path):
@@ -133,10 +141,10 @@ def read_metrics(path):
     round that repeats one before it or comes after a later one (rows duplicated or reversed),
     or bookkeeping (seconds, MB) that is nan or inf. Empty cells (a metric not evaluated that
     round) are no damage; a metric's nan and inf are numbers (a diverged run)."""
-    text, problem = read_text(path)
-    if text is None:
+    data, problem = read_bytes(path)
+    if data is None:
         return None, None, problem
-    lines = [csv_cells(line) for line in text.splitlines()]  # a line csv cannot read spoils that line only
+    lines = [csv_cells(line) for line in data.split(b"\n")]  # a line that cannot be read spoils that line only
     header = lines[0] if lines and isinstance(lines[0], list) else []
     if "round" not in header:
         return None, None, "unreadable"
@@ -145,7 +153,7 @@ def read_metrics(path):
     bad = []  # (line number, what is wrong)
     for number, cells in enumerate(lines[1:], 2):
         if isinstance(cells, str):
-            bad.append((number, f"cannot be read as csv ({cells})"))
+            bad.append((number, cells))
             continue
         if not cells:
             continue  # a blank line holds nothing
@@ -170,12 +178,17 @@ def read_metrics(path):
 
 
 def csv_cells(line):
-    """The cells of one line of a csv file, or csv's words (a str) for why it cannot read it (a cell longer
-    than csv's field limit, a quote that never closes): that line is damaged, not the file."""
+    """The cells of one line (bytes) of a csv file, or the words (a str) for why it cannot be read: not
+    UTF-8, a cell longer than csv's field limit, a quote that never closes; that line is damaged, not the
+    file."""
     try:
-        return next(csv.reader([line]), [])
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        return "is not UTF-8 text"
+    try:
+        return next(csv.reader([text.rstrip("\r")]), [])
     except csv.Error as e:
-        return str(e) or "not csv"
+        return f"cannot be read as csv ({e})"
 
 
 def bad_line(header, cells, last):

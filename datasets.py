@@ -8,6 +8,7 @@ the partition over clients (data_partition.py) and ``load_federated_data``, whic
 for a script's ``args``. The scripts reach it through common.py. It imports data_partition and
 run_folder (its errors) only (docs/layout.md).
 """
+import collections
 import contextlib
 import csv
 import math
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 import data_partition as dp
-from run_folder import UserError, check_regular, quoted
+from run_folder import UserError, check_regular, quoted, shortened
 
 
 # ----------------------------------------------------------------------------- torchvision: MNIST family, CIFAR
@@ -852,6 +853,8 @@ PFLLIB_MAX_CLIENTS = 100000
 PFLLIB_MAX_CLASSES = 100000
 PFLLIB_CONFIG_MAX_BYTES = 64 * 2 ** 20
 PFLLIB_RESPLIT_FLAGS = ("train_ratio", "test_split")  # with common.PARTITION_FLAGS: refused for a folder
+# PFLlib's pickle of {'x': array, 'y': array} takes about 160 opcodes; more are work no PFLlib file asks for
+PFLLIB_MAX_PICKLE_OPS = 4096
 _PICKLE_RECONSTRUCT = {("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "_reconstruct")}
 # bool, integers, floats; O: the 0-d object array around the dict
 _PICKLE_DTYPES = {"b1", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "O4", "O8"}
@@ -863,6 +866,33 @@ def is_pfllib_folder(name):
     the folder) nor ends in .npz. What it holds is checked when it is read (``read_pfllib_config``)."""
     return (name not in VISION and name not in LOADERS and name != "synthetic" and not name.startswith("synthetic(")
             and not name.lower().endswith(".npz") and os.path.isdir(name))
+
+
+PFLLIB_MAX_CONFIG_INT = 2 ** 63 - 1  # no count, label or size of a folder comes near; 1e999 is no number at all
+
+
+class _ConfigNumber(ValueError):
+    """A number in a folder's config.json that is not finite or not in range (its text, cut)."""
+
+
+def _config_int(text):
+    """An integer of config.json, in range (parsed before any use: no later int() can overflow or take long)."""
+    if len(text) > 20 or abs(int(text)) > PFLLIB_MAX_CONFIG_INT:
+        raise _ConfigNumber(shortened(text, 24))
+    return int(text)
+
+
+def _config_float(text):
+    """A number with a fraction or exponent of config.json: finite, or refused (1e999 parses as inf)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise _ConfigNumber(shortened(text, 24))
+    return value
+
+
+def _config_constant(text):
+    """NaN, Infinity and -Infinity, which Python's json reads and JSON does not have: refused."""
+    raise _ConfigNumber(text)
 
 
 def read_pfllib_config(folder):
@@ -880,11 +910,14 @@ def read_pfllib_config(folder):
             raise UserError(f"{quoted(path)} is {human_bytes(os.path.getsize(path))}; a PFLlib config.json is a "
                             f"few KB (at most {human_bytes(PFLLIB_CONFIG_MAX_BYTES)} is read)")
         with open(path, encoding="utf-8") as f:
-            config = json.load(f)
+            config = json.load(f, parse_int=_config_int, parse_float=_config_float, parse_constant=_config_constant)
+    except _ConfigNumber as e:
+        raise UserError(f"{quoted(path)} holds the number {e}; PFLlib's config.json holds finite numbers and "
+                        f"integers of at most {len(str(PFLLIB_MAX_CONFIG_INT))} digits")
     except OSError as e:
         raise UserError(f"cannot read {quoted(path)}: {e.strerror or e.__class__.__name__}")
     except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested beyond Python's stack
-        why = (str(e).splitlines() or [""])[0][:100]
+        why = shortened((str(e).splitlines() or [""])[0], 100)
         raise UserError(f"{quoted(path)} is not JSON ({e.__class__.__name__}: {why})")
     if not isinstance(config, dict):
         raise UserError(f"{quoted(path)} holds {type(config).__name__}, not PFLlib's object with num_clients, "
@@ -898,6 +931,23 @@ def read_pfllib_config(folder):
         if not os.path.isdir(os.path.join(folder, part)):
             raise UserError(f"{quoted(os.path.join(folder, part))} is not a folder; {layout}")
     return config
+
+
+PFLLIB_PARTITION_KEYS = ("partition", "alpha", "balance", "non_iid", "num_clients", "num_classes")
+
+
+def pfllib_partition(config):
+    """How PFLlib's generator made a folder's clients, as its config.json says (partition 'pat' or 'dir', alpha,
+    balance, ...): the settings a run on the folder used in place of our partition flags. Only plain values
+    are kept, each string cut to 40 characters."""
+    kept = {}
+    for key in PFLLIB_PARTITION_KEYS:
+        value = config.get(key)
+        if isinstance(value, (bool, int, float)) or value is None:
+            kept[key] = value
+        elif isinstance(value, str):
+            kept[key] = value[:40]
+    return kept
 
 
 def pfllib_client_files(folder, num_clients):
@@ -1011,7 +1061,10 @@ def _pfllib_member(z):
     if names != ["data.npy"]:
         raise _Refused(f"it holds {first_few([quoted(n) for n in names], 3) or 'nothing'}; PFLlib's files hold "
                        "data.npy only")
-    return z.getinfo("data.npy")
+    info = z.getinfo("data.npy")
+    if info.flag_bits & 0x1:  # zipfile would ask for a password
+        raise _Refused("its data.npy is encrypted; PFLlib's files are not")
+    return info
 
 
 def _unreadable(path, e):
@@ -1022,7 +1075,8 @@ def _unreadable(path, e):
         return UserError(f"{quoted(path)} is refused: {e}")
     if isinstance(e, OSError) and e.strerror:
         return UserError(f"cannot read {quoted(path)}: {e.strerror}")
-    why = (str(e).strip().splitlines() or [""])[0][:120]  # not a zip, a bad CRC, cut short, a malformed header
+    # not a zip, a bad CRC, cut short, a malformed header
+    why = shortened((str(e).strip().splitlines() or [""])[0], 120)
     return UserError(f"{quoted(path)} is not a readable PFLlib client file ({e.__class__.__name__}"
                      f"{': ' + why if why else ''})")
 
@@ -1036,6 +1090,17 @@ def pfllib_declared_bytes(path):
             return _pfllib_member(z).file_size
     except Exception as e:  # noqa: BLE001  not a zip, cut short
         raise _unreadable(path, e)
+
+
+def _check_pickle_work(payload):
+    """Refuse a pickle of more than PFLLIB_MAX_PICKLE_OPS opcodes, counted without running any (pickletools
+    only decodes them), so that the unpickler's work and memory stay within a small multiple of the payload,
+    whose size was checked against memory: millions of harmless opcodes would each build a Python object."""
+    import pickletools
+    for count, _ in enumerate(pickletools.genops(payload), 1):
+        if count > PFLLIB_MAX_PICKLE_OPS:
+            raise _Refused(f"its pickle holds more than {PFLLIB_MAX_PICKLE_OPS} opcodes; PFLlib's dict of two "
+                           "arrays takes about 160, so it is not PFLlib's file (nothing of it was run)")
 
 
 def read_pfllib_npz(path):
@@ -1060,6 +1125,7 @@ def read_pfllib_npz(path):
             payload = bytearray()
             for chunk in iter(lambda: f.read(1 << 20), b""):  # read(): one inflate of up to 2 GB, whatever the
                 payload += chunk  # header declares; read(n) inflates n at a time, up to the declared size and CRC
+        _check_pickle_work(payload)
         holder = _PfllibUnpickler(io.BytesIO(payload)).load()
     except Exception as e:  # noqa: BLE001  not a zip, a bad CRC, a cut file, a malformed pickle or header
         raise _unreadable(path, e)
@@ -1085,6 +1151,9 @@ def _check_pfllib_client(path, x, y, num_classes, like):
     if y.ndim != 1 or x.ndim not in (2, 4) or len(x) != len(y) or 0 in x.shape[1:]:
         raise UserError(f"{quoted(path)}: x and y must be (N, features), (N, H, W) or (N, C, H, W) samples with N "
                         f"labels; got shapes {x.shape} and {y.shape}")
+    if x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):  # before any size or model check
+        raise UserError(f"{quoted(path)} holds channels-last images {x.shape} (N, H, W, C); PFLlib's generators "
+                        "write (N, C, H, W): transpose x to (0, 3, 1, 2) when making the folder")
     if not len(y):
         raise UserError(f"{quoted(path)} holds no samples; every client needs training and test samples")
     if y.dtype.kind not in "iu":
@@ -1107,8 +1176,9 @@ def _check_pfllib_client(path, x, y, num_classes, like):
 
 def _check_pfllib_statistic(folder, config, labels):
     """PFLlib's config.json lists each client's [label, count] pairs over its train and test data ("Size of
-    samples for labels in clients"); where it does, they must be the files' counts (a file from another
-    split or another client is refused)."""
+    samples for labels in clients"); where it does, they must be the files' counts exactly: each pair two
+    integers (6.9 is no count, true no label), each label once, every label the files hold and no other (a
+    file from another split or another client is refused)."""
     statistic = config.get("Size of samples for labels in clients")
     if statistic is None:
         return
@@ -1116,16 +1186,33 @@ def _check_pfllib_statistic(folder, config, labels):
     if not isinstance(statistic, list) or len(statistic) != len(labels):
         raise UserError(f"{quoted(path)}: 'Size of samples for labels in clients' must list {len(labels)} clients")
     for client, (pairs, y) in enumerate(zip(statistic, labels)):
-        try:
-            said = {int(label): int(count) for label, count in pairs}
-        except (TypeError, ValueError):
+        said = _statistic_pairs(pairs)
+        if said is not None and len(said) > config["num_classes"]:
+            raise UserError(f"{quoted(path)} lists {len(said)} labels of client {client}; its num_classes is "
+                            f"{config['num_classes']}")
+        if said is None:
             raise UserError(f"{quoted(path)}: 'Size of samples for labels in clients' of client {client} is not a "
-                            "list of [label, count] pairs")
+                            "list of [label, count] pairs of integers")
+        times = collections.Counter(label for label, _ in said)  # linear: a client may list 10^6 pairs
+        twice = sorted(label for label, n in times.items() if n > 1)
+        if twice:
+            raise UserError(f"{quoted(path)} lists label {twice[0]} of client {client} more than once; PFLlib "
+                            "lists each label of a client once")
         found = dict(zip(*(v.tolist() for v in np.unique(y, return_counts=True))))
-        if said != found:
-            raise UserError(f"{quoted(path)} counts client {client}'s labels as {first_few(sorted(said.items()), 4)}, "
+        if dict(said) != found:
+            raise UserError(f"{quoted(path)} counts client {client}'s labels as {first_few(sorted(said), 4)}, "
                             f"but train/{client}.npz and test/{client}.npz hold "
                             f"{first_few(sorted(found.items()), 4)}")
+
+
+def _statistic_pairs(pairs):
+    """One client's [[label, count], ...] of config.json as [(label, count)], or None unless every pair is two
+    integers (not floats, not booleans)."""
+    exact = lambda v: type(v) is int
+    if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 and all(map(exact, p))
+                                              for p in pairs):
+        return None
+    return [(label, count) for label, count in pairs]
 
 
 def load_pfllib_folder(folder, num_clients=None):
@@ -1268,6 +1355,20 @@ def partition(labels, args, rng, num_classes, min_size):
         return split(args.num_clients, rng, None)
 
 
+def check_dataset_exists(name, resume=None):
+    """Refuse a --dataset that names a file or folder which is not there, with a line that says so (not that
+    the name is an unknown dataset): one given as a path, or any a run was made on and resumes (--resume
+    ``resume``), whose folder may have moved: then the line says how to give its new place."""
+    if name in VISION or name in LOADERS or os.path.lexists(name):
+        return
+    if resume:
+        raise UserError(f"cannot resume: the dataset {quoted(name)} the run was made on is not there (moved or "
+                        f"deleted); if it moved, give its new place: --resume {quoted(resume)} --dataset NEW_PLACE "
+                        "(the run checks that it holds the same data by its fingerprint)")
+    if os.sep in name or (os.altsep and os.altsep in name):
+        raise UserError(f"--dataset {quoted(name)}: no such folder or file")
+
+
 def load_federated_data(args, device):
     """Load the dataset, partition it over clients (docs/datasets.md: partitions and the two
     evaluation protocols) and move it to ``device`` once (common.load_federated_data calls this
@@ -1275,6 +1376,8 @@ def load_federated_data(args, device):
     rng = np.random.default_rng([args.seed, 0])  # data and partition: independent of training randomness
     synthetic = synthetic_setting(args.dataset)
     folder = not synthetic and is_pfllib_folder(args.dataset)
+    if not synthetic:
+        check_dataset_exists(args.dataset, args.resume)
     if synthetic:
         clients = synthetic_clients(args.num_clients, rng, *synthetic)
         x = np.concatenate([c[0] for c in clients])
@@ -1338,8 +1441,8 @@ def load_federated_data(args, device):
         vocab_size=int(x.max()) + 1 if not x.is_floating_point() else 0)
     if synthetic:  # no file: the run folder's --resume check names the seed it is generated from
         data.info["generated"] = True
-    if folder:  # a folder: the --resume check names it, not --data-dir
-        data.info["folder"] = True
+    if folder:  # a folder: the --resume check names it, not --data-dir; config.json and compare.py show how
+        data.info["folder"] = pfllib_partition(read_pfllib_config(args.dataset))  # its clients were made
     if not synthetic and not folder and args.partition in ("pfedla1", "pfedla2"):
         data.info["samples_per_client"] = {"flag": args.samples_per_client, "samples": len(parts[0])}
     return data

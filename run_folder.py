@@ -177,6 +177,24 @@ def run_main(main, argv=None):
 # flags that may differ on --resume: they do not change what is computed (--rounds extends the run)
 RESUME_MAY_CHANGE = {"rounds", "device", "parallel_clients", "data_dir", "out", "resume", "stop_after",
                      "checkpoint_every"}
+# how a refusal on --resume names them (--resume itself aside), and what else may change
+MAY_CHANGE_LINE = ("only --rounds (to extend the run), --device, --parallel-clients, --data-dir, --checkpoint-every, "
+                   "--stop-after and --out may change, and --dataset to the new place of a dataset folder or .npz "
+                   "file that moved (where config.json holds the data's fingerprint)")
+
+
+def moved_dataset(saved, given):
+    """Whether --dataset ``given`` on --resume may name the new place of the run's dataset ``saved``: ``given``
+    is a PFLlib folder (a folder with config.json) or, for a run on an .npz file, an .npz file. That it holds
+    the same data is checked by the run's fingerprint (Run._check_data) before anything is written, so a
+    named dataset's run given a folder is refused there, as data that changed."""
+    if not isinstance(given, str) or given == saved or str(saved).startswith("synthetic"):
+        return False
+    if str(saved).lower().endswith(".npz"):
+        return given.lower().endswith(".npz") and os.path.isfile(given)
+    return os.path.isdir(given) and os.path.isfile(os.path.join(given, "config.json"))
+
+
 # flags added after run folders were made, with the value that runs made before them ran with: their
 # config.json and checkpoint lack the flag (--deterministic changes GPU results, so it may not change)
 ADDED_FLAGS = {"deterministic": "off",  # before the flag, torch's own settings
@@ -284,10 +302,16 @@ def check_regular(path, doing="cannot resume"):
     return True
 
 
+RUN_JSON_MAX_BYTES = 64 * 2 ** 20  # a run's config.json or summary.json is a few KB; more is not read
+
+
 def _read_json(path):
     check_regular(path)
     with open(path) as f:
-        return json.load(f)
+        text = f.read(RUN_JSON_MAX_BYTES + 1)
+    if len(text) > RUN_JSON_MAX_BYTES:
+        raise ValueError(f"{path} is larger than {RUN_JSON_MAX_BYTES // 2 ** 20} MB")
+    return json.loads(text)
 
 
 # ----------------------------------------------------------------------------- what --resume and --report read
@@ -444,7 +468,10 @@ def read_config(path, doing="cannot resume"):
     """A run folder's config.json, read and checked (check_config); a UserError of one line otherwise."""
     check_regular(path, doing=doing)
     try:
-        with open(path) as f:
+        if os.path.getsize(path) > RUN_JSON_MAX_BYTES:  # a run's config.json is a few KB: not read whole
+            raise UserError(f"{doing}: {quoted(path)} is larger than {RUN_JSON_MAX_BYTES // 2 ** 20} MB; a run's "
+                            "config.json is a few KB (the file is damaged or not a run's)")
+        with open(path) as f:  # not finite numbers only: fedpake.py's --kappa inf is written as Infinity
             config = json.load(f)
     except FileNotFoundError:
         raise UserError(f"{doing}: {quoted(path)} is missing") from None
@@ -478,8 +505,10 @@ def resumed_args(parser, argv):
     missing = sorted(set(defaults) - set(saved) - RESUME_MAY_CHANGE)
     if missing:
         raise UserError(f"cannot resume: {path} lacks the settings {', '.join(missing)}")
+    movable = "data_sha256" in config  # a dataset's new place is taken only where the fingerprint can check it
     changed = [f"--{k.replace('_', '-')} {saved[k]} (now {v})" for k, v in sorted(given.items())
-               if k not in RESUME_MAY_CHANGE and k in saved and v != saved[k]]
+               if k not in RESUME_MAY_CHANGE and k in saved and v != saved[k]
+               and not (k == "dataset" and movable and moved_dataset(saved[k], v))]
     if not os.path.exists(os.path.join(folder, "checkpoint.pt")):
         raise UserError(f"cannot resume: {folder} has no checkpoint.pt (the run stopped before its first "
                                "checkpoint; start it again)")
@@ -489,7 +518,7 @@ def resumed_args(parser, argv):
                         "(OMP_NUM_THREADS); if you know the count it was made with, record it first: python "
                         f"tools/record_threads.py {quoted(folder)} --threads N")
     if changed:
-        raise UserError(f"cannot resume with other settings: {'; '.join(changed)}; only --rounds may change")
+        raise UserError(f"cannot resume with other settings: {'; '.join(changed)}; {MAY_CHANGE_LINE}")
     for action in parser._actions:
         if action.dest == "threads" and saved.get("threads") is UNRECORDED:
             continue
@@ -499,6 +528,8 @@ def resumed_args(parser, argv):
     args = argparse.Namespace(**{**defaults, **{k: v for k, v in saved.items() if k in defaults}})
     for k in RESUME_MAY_CHANGE & set(given):
         setattr(args, k, given[k])
+    if "dataset" in given and movable and moved_dataset(saved["dataset"], given["dataset"]):
+        args.dataset = given["dataset"]  # the data's new place; Run checks the fingerprint
     args.resume, args.stop_after = folder, given.get("stop_after")
     with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
         summary = _read_json(os.path.join(folder, "summary.json"))
@@ -583,6 +614,16 @@ def lock_holder(folder):
 
 
 _PLAIN = re.compile(r"[\w@%+=:,./~-]+")
+
+
+def shortened(text, width=120):
+    """``text`` in at most about ``width`` characters: a longer one loses its middle, not its end, where a
+    message often says what is wrong ('File <ZipInfo ...> is encrypted')."""
+    text = str(text)
+    if len(text) <= width:
+        return text
+    keep = max(width - 5, 2)
+    return f"{text[:keep // 2]} ... {text[len(text) - (keep - keep // 2):]}"
 
 
 def quoted(name):
@@ -810,6 +851,16 @@ def summarise(values):
     return {"best": float(values.max()), "final": float(values[-1]), "last10_mean": float(values[-10:].mean())}
 
 
+def run_folder_dataset_name(dataset):
+    """The dataset's part of a run folder's name: a folder's or file's own name, also when given as ., .. or
+    with a trailing / (the name of the folder meant, not '.'), in letters, digits, '.', '_' and '-'."""
+    name = dataset
+    if os.path.isdir(dataset) or os.sep in dataset:
+        name = os.path.basename(os.path.abspath(dataset))
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name.replace(".npz", "")).strip("-")
+    return name if name.strip(".") else "data"  # '/' or a name of dots: a word that names no other folder
+
+
 class Run:
     """The run folder and the bookkeeping around the training loop (not the algorithm).
 
@@ -841,7 +892,9 @@ class Run:
                 "algorithm": algo, "script": self.script, "args": {**vars(args), "resume": None, "stop_after": None},
                 "command": self._command(), **where_it_runs(device),
                 "num_classes": data.num_classes, "input_shape": list(data.x.shape[1:]),
-                "data_sha256": self.data_sha256, **(extra_config or {})}))
+                "data_sha256": self.data_sha256,
+                **({"dataset_folder": data.info["folder"]} if isinstance(data.info.get("folder"), dict) else {}),
+                **(extra_config or {})}))
         self._write_partition()
         self._t_last, self._last_round = time.perf_counter(), 0
 
@@ -854,8 +907,7 @@ class Run:
     def _new_dir(self):
         """Create and lock a new run folder under --out. What it makes (the folder, and --out and its
         parents where they were missing) is removed by close() if the run fails before any result."""
-        dataset = os.path.basename(os.path.normpath(self.args.dataset))  # a folder's name also when given with a /
-        name = re.sub(r"[^A-Za-z0-9._-]+", "-", dataset.replace(".npz", "")).strip("-")
+        name = run_folder_dataset_name(self.args.dataset)
         base = os.path.join(self.args.out, f"{self.algo}-{name}-s{self.args.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
         _check_path_fits(self.args.out, base)
         self._made = _missing_folders(os.path.dirname(base))
@@ -901,8 +953,20 @@ class Run:
         except OSError as e:
             raise FileFault(path, e, self._kept()) from None
 
+    def _checkpoint_there(self):
+        """Whether the checkpoint this run wrote is still in its folder (the folder may have been moved or
+        deleted under the running job): a line says it is kept only then."""
+        return bool(self.checkpoint_round) and os.path.isfile(os.path.join(self.dir, "checkpoint.pt"))
+
+    def _checkpoint_gone(self):
+        """The words for a checkpoint this run wrote that is no longer there."""
+        return (f"the checkpoint of round {self.checkpoint_round} is gone from {self.dir} (the folder was moved or "
+                "deleted), so the run cannot be resumed from there")
+
     def _kept(self):
         """The end of a failed write's one line: what the run folder keeps, and how to go on."""
+        if self.checkpoint_round and not self._checkpoint_there():
+            return f"; {self._checkpoint_gone()}"
         if self.checkpoint_round:
             return (f"; the checkpoint of round {self.checkpoint_round} is kept: once the file can be written, "
                     f"continue with: python {self.program} --resume {self.dir}")
@@ -1024,7 +1088,9 @@ class Run:
             if self.checkpoint_round != round_ and self._latest and self._latest[0] == round_:
                 self._save_checkpoint(*self._latest)  # the signal came after this round's checkpoint() call
             self.stopping = True  # a further signal has nothing left to stop
-            if self.interrupted == signal.SIGINT:
+            if not self._checkpoint_there():
+                _say(f"{stopped_by(self.interrupted)} after round {round_}; {self._checkpoint_gone()}")
+            elif self.interrupted == signal.SIGINT:
                 _say(f"interrupted after round {round_}; continue with: {command}")
             else:
                 _say(f"stopped by {_signal_name(self.interrupted)} after round {round_}, whose checkpoint is in "
@@ -1052,7 +1118,7 @@ class Run:
         try:
             blob = torch.load(path, map_location=self.device, weights_only=True)
         except Exception as e:  # noqa: BLE001  anything wrong with the file is the same answer
-            message = str(e).splitlines()[0][:150] if str(e) else e.__class__.__name__
+            message = shortened(str(e).splitlines()[0], 150) if str(e) else e.__class__.__name__
             raise UserError(f"cannot resume: {quoted(path)} is not a valid checkpoint of this run ({message})")
         check_checkpoint(blob, path, self.args.eval_every)
         try:
@@ -1063,6 +1129,8 @@ class Run:
             saved = {**added, **blob["args"]} if "args" in blob else fixed  # checkpoints before 2026-11: none
             if "args" in blob and "threads" not in blob["args"]:  # written before --threads: config.json holds
                 saved["threads"] = fixed.get("threads")            # the count (tools/record_threads.py) or none
+            if moved_dataset(saved.get("dataset"), fixed.get("dataset")):
+                saved["dataset"] = fixed["dataset"]  # the data moved; _check_data compared its fingerprint
             if saved != fixed:
                 differ = [k for k in fixed if saved.get(k) != fixed[k]]
                 raise ValueError(f"it was written by a run with other settings: {', '.join(differ) or 'other flags'}")
@@ -1083,7 +1151,7 @@ class Run:
             rng.bit_generator.state = blob["rng"]
             torch.set_rng_state(blob["torch_rng"].cpu())  # older checkpoints' "cuda_rng" is not read (_save_checkpoint)
         except Exception as e:  # noqa: BLE001  anything wrong with the file is the same answer
-            message = str(e).splitlines()[0][:150] if str(e) else e.__class__.__name__
+            message = shortened(str(e).splitlines()[0], 150) if str(e) else e.__class__.__name__
             raise UserError(f"cannot resume: {path} is not a valid checkpoint of this run ({message})")
         if round_ > self.args.rounds:
             raise UserError(f"cannot resume: the run already has {round_} rounds; --rounds {self.args.rounds} "
@@ -1099,6 +1167,9 @@ class Run:
             config, place = moved, moved["continued_on"][-1]
             name = place["device_name"] if place["device"].startswith("cuda") else place["cpu_model"]
             note += f"; from round {round_ + 1} on {name} ({place['device']}), recorded in config.json"
+        if config["args"]["dataset"] != self.args.dataset:  # data that moved: later resumes read them there
+            config["args"]["dataset"] = self.args.dataset
+            note += f"; its dataset is now read from {self.args.dataset}, recorded in config.json"
         if config["args"]["rounds"] != self.args.rounds or note:
             config["args"]["rounds"] = self.args.rounds
             self._write("config.json", _json(config))
@@ -1140,6 +1211,8 @@ class Run:
         in one line."""
         what = stopped_by(signum)
         command = f"python {self.program} --resume {self.dir}"
+        if self.checkpoint_round and not self._checkpoint_there():
+            return f"{what}; {self._checkpoint_gone()}"
         if self.checkpoint_round:
             return f"{what}; the checkpoint of round {self.checkpoint_round} is kept; continue with: {command}"
         if self.args.resume and self.dir:

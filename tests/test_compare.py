@@ -493,3 +493,122 @@ def test_results_that_contradict_themselves_are_damaged(tmp_path):
     assert status["6"] == "damaged: metrics.csv has round 5, config.json plans 4 rounds"
     assert status["7"] == "damaged: summary.json is of fedala, config.json of fedavg"
     assert status["8"] == "unfinished 4/5"
+
+
+# ----------------------------------------------------------------------------- what is read is checked
+
+def edit_config(folder, **fields):
+    """config.json of ``folder`` with ``fields`` set (top level)."""
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    with open(path, "w") as f:
+        json.dump({**config, **fields}, f)
+
+
+def test_a_metrics_line_over_csvs_field_limit_spoils_that_line_only(tmp_path):
+    make_run(tmp_path, "fedavg-synthetic-s0-ok", seed=0)
+    rewrite_metrics(make_run(tmp_path, "long", seed=1), lambda t: t.replace("\n2,30.0,", "\n2," + "7" * 200000 + ","))
+    proc, rows = compare(tmp_path)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    row = {r["seeds"]: r for r in rows}
+    assert row["1"]["status"] == \
+        "damaged: metrics.csv line 3 cannot be read as csv (field larger than field limit (131072))"
+    assert (row["1"]["rounds"], row["1"]["best"], row["1"]["@round"], row["1"]["final"]) == \
+        ("5/5", "40.00", "4", "35.00")  # the other rows' numbers are kept
+
+
+def test_a_metrics_line_that_is_not_utf8_spoils_that_line_only(tmp_path):
+    folder = make_run(tmp_path, "bytes", seed=1)
+    path = os.path.join(folder, "metrics.csv")
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(data.replace(b"\n2,30.0,", b"\n2,\xff\xfe30.0,"))
+    run = compare_tool.load_run(folder)
+    assert run["flags"][0] == "damaged: metrics.csv line 3 is not UTF-8 text"
+    assert [r for r, _ in run["metrics"]["test_acc"]] == [1, 3, 4, 5]
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"\x00\x9f\x92\x96garbage\xff", "damaged: summary.json is not a JSON object (cut short or garbage)"),
+    (b"[1, 2]", "damaged: summary.json is not a JSON object (cut short or garbage)"),
+    (b'{"status": "finished", "rounds_done": "5"}', "damaged: summary.json has rounds_done '5', not a whole number"),
+    (b'{"status": 3}', "damaged: summary.json has status '3'"),
+    (b'{"test_acc": {"best": "40", "final": 35, "last10_mean": 28}}',
+     "damaged: summary.json has test_acc values that are not"),
+])
+def test_a_summary_json_that_is_no_runs_summary_is_damaged(tmp_path, content, words):
+    make_run(tmp_path, "fedavg-synthetic-s0-ok", seed=0)
+    with open(os.path.join(make_run(tmp_path, "garbage", seed=1), "summary.json"), "wb") as f:
+        f.write(content)
+    proc, rows = compare(tmp_path)
+    status = {r["seeds"]: r["status"] for r in rows}
+    assert len(rows) == 2 and status["0"] == "ok" and status["1"].startswith(words), status
+
+
+def test_a_value_with_a_newline_cannot_add_a_row(tmp_path):
+    make_run(tmp_path, "a", seed=0, lr="0.1\nfedavg  forged  dir(0.1)  20  9  5/5  test_acc  99.00")
+    make_run(tmp_path, "b", seed=1)
+    proc, rows = compare(tmp_path)
+    assert proc.returncode == 0 and len(proc.stdout.strip().splitlines()) == 2 + 2, proc.stdout
+    assert not any(r["dataset"] == "forged" for r in rows)
+    assert any("lr=0.1\\nfedavg" in r["settings"] for r in rows)
+
+
+FOLDER = "/data/pfllib/FashionMNIST-dir"
+
+
+def test_seeds_on_a_folder_are_grouped_only_when_their_data_fingerprints_agree(tmp_path):
+    for seed, fingerprint in ((0, "a" * 64), (1, "a" * 64), (2, "b" * 64)):
+        edit_config(make_run(tmp_path, f"r{seed}", seed=seed, dataset=FOLDER), data_sha256=fingerprint)
+    for seed, fingerprint in ((0, "c" * 64), (1, "d" * 64)):  # a named dataset: each seed partitions it anew
+        edit_config(make_run(tmp_path, f"m{seed}", seed=seed, dataset="mnist"), data_sha256=fingerprint)
+    proc, rows = compare(tmp_path)
+    seeds = sorted((r["dataset"], r["seeds"], r["settings"]) for r in rows)
+    assert seeds == [("FashionMNIST-dir", "0,1", "data=aaaaaaaaaaaa"), ("FashionMNIST-dir", "2", "data=bbbbbbbbbbbb"),
+                     ("mnist", "0,1", "-")], seeds
+
+
+def test_the_partition_column_of_a_folder_run_is_the_folders(tmp_path):
+    edit_config(make_run(tmp_path, "pat", dataset=FOLDER.replace("dir", "pat")),
+                dataset_folder={"partition": "pat", "alpha": 0.1, "num_clients": 20})
+    edit_config(make_run(tmp_path, "dir", dataset=FOLDER), dataset_folder={"partition": "dir", "alpha": 0.3})
+    make_run(tmp_path, "old", dataset="/elsewhere/FashionMNIST-x", beta=0.5)  # made before the record
+    make_run(tmp_path, "named", dataset="mnist", beta=0.5)
+    proc, rows = compare(tmp_path)
+    partition = {r["dataset"]: (r["partition"], r["settings"]) for r in rows}
+    assert partition == {"FashionMNIST-pat": ("folder pat", "-"), "FashionMNIST-dir": ("folder dir(0.3)", "-"),
+                         "FashionMNIST-x": ("folder", "-"), "mnist": ("dir(0.5)", "-")}, partition
+
+
+def test_compares_dataset_names_are_the_loaders():
+    import datasets
+    assert set(compare_tool.NAMED_DATASETS) == set(datasets.VISION) | set(datasets.LOADERS)
+    assert set(compare_tool.FOLDER_RESPLIT_FLAGS) == set(datasets.PFLLIB_RESPLIT_FLAGS)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"rounds": "5"}, "damaged: config.json has args.rounds '5', not an integer >= 1"),
+    ({"seed": -1}, "damaged: config.json has args.seed '-1', not an integer >= 0"),
+    ({"num_clients": 1e999}, "damaged: config.json has args.num_clients 'inf', not an integer >= 1"),
+    ({"dataset": ["mnist"]}, "damaged: config.json has args.dataset"),
+])
+def test_a_config_json_the_scripts_never_write_is_damaged(tmp_path, change, words):
+    folder = make_run(tmp_path, "edited", seed=1)
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config["args"].update(change)
+    with open(path, "w") as f:
+        json.dump(config, f)
+    run = compare_tool.load_run(folder)
+    assert run["flags"][0].startswith(words), run["flags"]
+
+
+def test_no_more_of_a_run_file_is_read_than_its_bound(tmp_path, monkeypatch):
+    folder = make_run(tmp_path, "big", seed=1)
+    monkeypatch.setattr(compare_tool, "MAX_RUN_FILE_BYTES", 200)
+    assert compare_tool.read_text(os.path.join(folder, "config.json"))[0] is None  # about 400 bytes
+    run = compare_tool.load_run(folder)
+    assert any(d.startswith("metrics.csv is 0 MB, more than the 0 MB") for d in run["damage"]), run["damage"]

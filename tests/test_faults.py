@@ -6,9 +6,11 @@ naming it, exit status 1, the lock released and the last checkpoint kept. A run 
 leaves nothing behind; a named pipe in a run folder is refused, never read; --resume refuses data
 that changed since the run started. The faults are real (the OS refuses the write); only the moment
 they happen is chosen by the test."""
+import argparse
 import ast
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,6 +22,7 @@ import pytest
 import torch
 
 import common
+import fedavg
 import run_folder
 from conftest import ROOT, metrics_rows, run_dir, run_in_process, sighup_as_in_a_terminal
 
@@ -536,3 +539,78 @@ def test_the_schemas_pass_what_the_scripts_write(finished):
     blob = torch.load(os.path.join(finished, "checkpoint.pt"), weights_only=True)
     run_folder.check_checkpoint(blob, "checkpoint.pt")
     run_folder.check_launches({"launches": [{"time": "t", "command": ["python"], "pid": 12, "threads": None}]}, "r")
+
+
+# ----------------------------------------------------------------------------- every line true
+
+def test_the_resume_refusal_names_the_flags_that_may_change_and_each_of_them_may(finished, copy_of, capsys):
+    folder = copy_of(finished)
+    code, err = run(capsys, "--resume", folder, "--rounds", "3", "--lr", "0.5")
+    assert code == 2 and len(err) == 1 and "(now 0.5)" in err[0]
+    assert "only --rounds may change" not in err[0]
+    named = sorted(set(re.findall(r"--[a-z-]+", err[0].split("; only ")[1])) - {"--dataset"})
+    expected = sorted(f"--{k.replace('_', '-')}" for k in run_folder.RESUME_MAY_CHANGE - {"resume"})
+    assert named == expected
+    values = {"--rounds": "3", "--device": "cpu", "--parallel-clients": "1", "--data-dir": "elsewhere",
+              "--checkpoint-every": "7", "--stop-after": "2", "--out": "elsewhere"}
+    for flag in named:  # each flag the line names is one a resume takes
+        args = fedavg.parse_args(["--resume", folder, "--rounds", "3", flag, values[flag]])
+        assert str(getattr(args, flag[2:].replace("-", "_"))) == values[flag], flag
+
+
+def test_a_line_promises_a_checkpoint_only_while_it_is_there(tmp_path):
+    run = run_folder.Run.__new__(run_folder.Run)  # the state a run has after its checkpoint of round 3
+    run.dir, run.program, run.checkpoint_round, run.rows = str(tmp_path), "fedavg.py", 3, [{"round": 3}]
+    run.args = argparse.Namespace(resume=None, checkpoint_every=1)
+    (tmp_path / "checkpoint.pt").write_bytes(b"")
+    assert "the checkpoint of round 3 is kept" in run.interrupted_line(signal.SIGTERM)
+    assert "the checkpoint of round 3 is kept" in run._kept()
+    (tmp_path / "checkpoint.pt").unlink()  # the folder's content moved or deleted under the running job
+    for line in (run.interrupted_line(signal.SIGTERM), run._kept()):
+        assert "is kept" not in line and "continue with" not in line
+        assert f"the checkpoint of round 3 is gone from {tmp_path}" in line
+
+
+def test_a_run_folder_deleted_under_the_run_ends_in_a_line_that_says_its_checkpoint_is_gone(
+        tmp_path, capsys, after_checkpoint):
+    after_checkpoint(1, shutil.rmtree)
+    code, err = run(capsys, *SMALL, "--rounds", "3", "--checkpoint-every", "1", "--out", tmp_path / "runs")
+    assert code == 1 and len(err) == 1, err
+    assert "cannot write" in err[0] and "the checkpoint of round 1 is gone" in err[0] and "is kept" not in err[0]
+
+
+@pytest.mark.parametrize("given, expected", [(".", "here-data"), ("./", "here-data"), ("..", "parent"),
+                                             ("../here-data/", "here-data"), ("/", "data"), ("mnist", "mnist"),
+                                             ("data/x.npz", "x"), ("synthetic(0.5,0.5)", "synthetic-0.5-0.5")])
+def test_the_run_folder_names_the_folder_meant_by_dot(given, expected, tmp_path, monkeypatch):
+    (tmp_path / "parent" / "here-data").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "parent" / "here-data")
+    assert run_folder.run_folder_dataset_name(given) == expected
+
+
+def test_a_run_whose_npz_file_moved_resumes_from_its_new_place(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "data.npz"
+    np.savez(path, x=rng.normal(size=(120, 6)).astype(np.float32), y=rng.integers(0, 3, 120))
+    flags = ["--num-clients", "3", "--rounds", "2", "--checkpoint-every", "1"]
+    assert run_in_process("fedavg.py", "--dataset", path, *flags, "--out", tmp_path / "cut", "--stop-after", "1") == 0
+    folder = run_dir(tmp_path / "cut")
+    moved = tmp_path / "moved.npz"
+    os.rename(path, moved)
+    code, err = run(capsys, "--resume", folder)
+    assert code == 2 and len(err) == 1 and "is not there (moved or deleted)" in err[0], err
+    np.savez(tmp_path / "other.npz", x=np.zeros((120, 6), np.float32), y=np.arange(120) % 3)
+    code, err = run(capsys, "--resume", folder, "--dataset", tmp_path / "other.npz")
+    assert code == 2 and "changed since the run started" in err[0], err
+    assert run(capsys, "--resume", folder, "--dataset", moved)[0] == 0
+    assert [r["round"] for r in metrics_rows(folder)] == ["1", "2"]
+
+
+def test_a_run_config_json_is_read_within_its_bound(finished, copy_of, capsys, monkeypatch):
+    folder = copy_of(finished)
+    path = os.path.join(folder, "config.json")
+    text = open(path).read()
+    open(path, "w").write(text + " " * 300)
+    monkeypatch.setattr(run_folder, "RUN_JSON_MAX_BYTES", len(text) + 100)
+    code, err = run(capsys, "--resume", folder, "--rounds", "3")
+    assert code == 2 and len(err) == 1 and path in err[0] and "a run's config.json is a few KB" in err[0], err

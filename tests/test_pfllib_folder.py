@@ -269,6 +269,104 @@ def test_a_member_that_inflates_beyond_its_declared_size_is_refused_within_that_
     assert peak < 16 * 2 ** 20, peak
 
 
+def pickle_with_harmless_work(x, y, opcodes):
+    """PFLlib's pickle of {'x': x, 'y': y} after ``opcodes`` pairs of EMPTY_LIST, POP (each builds a list and drops
+    it: nothing is called, and the dict that follows is PFLlib's)."""
+    holder = np.empty((), dtype=object)
+    holder[()] = {"x": x, "y": y}
+    blob = pickle.dumps(holder, protocol=4)
+    start = 2 if blob[2] != pickle.FRAME[0] else 11  # PROTO 4, then FRAME n: the work goes after them
+    return blob[:start] + (pickle.EMPTY_LIST + pickle.POP) * opcodes + blob[start:]
+
+
+def test_the_unpicklers_work_is_bounded_by_the_files_declared_size(folder):
+    x, y = datasets.read_pfllib_npz(os.path.join(folder, "train", "0.npz"))
+    path = os.path.join(folder, "train", "0.npz")
+    write_npz(path, {"data.npy": npy_of_pickle(pickle_with_harmless_work(x, y, 10))})
+    assert np.array_equal(datasets.read_pfllib_npz(path)[0], x)  # a little harmless work: the same arrays
+    write_npz(path, {"data.npy": npy_of_pickle(pickle_with_harmless_work(x, y, 300000))})
+    declared = datasets.pfllib_declared_bytes(path)  # 600 KB declared, about 2 KB on disk
+    tracemalloc.start()
+    try:
+        with pytest.raises(UserError, match=f"{path}: its pickle holds more than 4096 opcodes"):
+            datasets.read_pfllib_npz(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * declared, (peak, declared)  # without the bound: 300,000 lists of 56 bytes and more
+
+
+@pytest.mark.parametrize("number", ["1e999", "-1e999", "NaN", "Infinity", "1" * 30, "12345678901234567890123"])
+def test_a_config_number_that_is_no_finite_integer_in_range_is_one_line(folder, number):
+    path = os.path.join(folder, "config.json")
+    text = open(path).read()
+    first = read_config(folder)["Size of samples for labels in clients"][0][0]
+    edited = text.replace(f"[[{first[0]}, {first[1]}]", f"[[{first[0]}, {number}]", 1)
+    assert edited != text
+    open(path, "w").write(edited)
+    with pytest.raises(UserError) as e:
+        load(folder)
+    assert path in str(e.value) and "holds the number" in str(e.value) and "\n" not in str(e.value)
+
+
+def edit_statistic(change):
+    """A mutation of config.json's label statistic of client 0: ``change(pairs)`` -> pairs."""
+    def mutate(folder):
+        config = read_config(folder)
+        statistic = config["Size of samples for labels in clients"]
+        statistic[0] = change(statistic[0])
+        write_config(folder, config)
+    return mutate
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda pairs: [[pairs[0][0], pairs[0][1] + 0.9], *pairs[1:]], "is not a list of [label, count] pairs of integers"),
+    (lambda pairs: [[float(pairs[0][0]), pairs[0][1]], *pairs[1:]], "pairs of integers"),
+    (lambda pairs: [[pairs[0][0], True], *pairs[1:]], "pairs of integers"),
+    (lambda pairs: [*pairs, [pairs[0][0], pairs[0][1]]], "more than once"),
+    (lambda pairs: [[pairs[0][0], 1], *pairs, ], "more than once"),
+    (lambda pairs: [[label, 1] for label in range(11)], "lists 11 labels of client 0; its num_classes is 10"),
+])
+def test_the_label_statistic_is_checked_exactly(folder, change, words):
+    edit_statistic(change)(folder)
+    with pytest.raises(UserError) as e:
+        load(folder)
+    assert os.path.join(folder, "config.json") in str(e.value) and words in str(e.value)
+
+
+def test_an_encrypted_client_file_is_refused_with_the_word_encrypted(folder):
+    path = os.path.join(folder, "test", "2.npz")
+    raw = bytearray(open(path, "rb").read())
+    for signature, offset in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):  # the general purpose flags: bit 0
+        at = raw.find(signature)
+        struct.pack_into("<H", raw, at + offset, struct.unpack_from("<H", raw, at + offset)[0] | 1)
+    struct.pack_into("<I", raw, raw.find(b"PK\x01\x02") + 38, 0o100644 << 16)  # a file mode, as zip tools write
+    open(path, "wb").write(raw)  # zipfile's own message then passes 120 characters before it says 'encrypted'
+
+    with pytest.raises(UserError) as e:
+        load(folder)
+    assert path in str(e.value) and "encrypted" in str(e.value).replace(path, "")  # the test's folder says it too
+
+
+def test_a_long_message_keeps_its_end():
+    from run_folder import shortened
+    message = "File <ZipInfo filename='data.npy' " + "x" * 300 + "> is encrypted, password required for extraction"
+    cut = shortened(message, 120)
+    assert len(cut) <= 120 and cut.startswith("File <ZipInfo") and cut.endswith("password required for extraction")
+    assert shortened("short", 120) == "short"
+
+
+def test_a_channels_last_folder_is_refused_for_its_layout(tmp_path):
+    folder, clients = make_folder(tmp_path)
+    for part, column in (("train", 0), ("test", 2)):
+        for i, arrays in enumerate(clients):
+            write_client(os.path.join(folder, part, f"{i}.npz"), arrays[column].transpose(0, 2, 3, 1),
+                         arrays[column + 1])
+    with pytest.raises(UserError) as e:
+        load(folder)
+    assert os.path.join(folder, "train", "0.npz") in str(e.value) and "channels-last" in str(e.value)
+
+
 # ----------------------------------------------------------------------------- an inconsistent folder
 
 def replace_client(part, i, change):
@@ -381,6 +479,8 @@ def test_config_records_the_folder_and_resume_on_other_files_is_refused(folder, 
     config = read_config(run)
     assert config["args"]["dataset"] == folder and config["args"]["num_clients"] == NUM_CLIENTS
     assert len(config["data_sha256"]) == 64
+    assert config["dataset_folder"] == {"partition": "dir", "alpha": 0.1, "balance": False, "non_iid": True,
+                                        "num_clients": NUM_CLIENTS, "num_classes": NUM_CLASSES}  # compare.py shows it
     assert os.path.basename(run).startswith("fedavg-FashionMNIST-tiny-s0-")
     same = str(tmp_path / "same")
     shutil.copytree(run, same)
@@ -391,6 +491,40 @@ def test_config_records_the_folder_and_resume_on_other_files_is_refused(folder, 
     assert run_in_process("fedavg.py", "--resume", run) == 2
     error = capsys.readouterr().err
     assert f"the data of {run} changed since the run started ({folder}: fingerprint" in error
+
+
+def test_a_run_whose_folder_moved_resumes_from_its_new_place_checked_by_its_fingerprint(tmp_path, one_thread,
+                                                                                      capsys):
+    folder = make_folder(tmp_path / "data")[0]
+    flags = ["--rounds", "2", "--model", "mlp", "--device", "cpu", "--checkpoint-every", "1"]
+    assert run_in_process("fedavg.py", "--dataset", folder, *flags, "--out", tmp_path / "whole") in (0, None)
+    assert run_in_process("fedavg.py", "--dataset", folder, *flags, "--out", tmp_path / "cut",
+                          "--stop-after", "1") in (0, None)
+    run = run_dir(tmp_path / "cut")
+    moved = str(tmp_path / "elsewhere" / "FashionMNIST-tiny")
+    shutil.move(os.path.dirname(folder), os.path.dirname(moved))
+    capsys.readouterr()
+    assert run_in_process("fedavg.py", "--resume", run) == 2  # the old place: it says the folder is gone
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "unknown dataset" not in error
+    assert f"the dataset {folder} the run was made on is not there (moved or deleted)" in error
+    assert f"--resume {run} --dataset NEW_PLACE" in error
+    other = make_folder(tmp_path / "other", seed=1)[0]  # another folder's data: refused by the fingerprint
+    assert run_in_process("fedavg.py", "--resume", run, "--dataset", other) == 2
+    assert f"the data of {run} changed since the run started ({other}: fingerprint" in capsys.readouterr().err
+    assert run_in_process("fedavg.py", "--resume", run, "--dataset", moved) in (0, None)
+    accuracy = lambda folder: [(r["round"], r["test_acc"], r["train_loss"]) for r in metrics_rows(folder)]
+    assert accuracy(run) == accuracy(run_dir(tmp_path / "whole"))  # as if never stopped
+    assert read_config(run)["args"]["dataset"] == moved  # a later resume reads it there
+    config = read_config(run)
+    del config["data_sha256"]  # a run made before the fingerprint: its data's new place cannot be checked
+    write_config(run, config)
+    again = str(tmp_path / "again")
+    shutil.move(os.path.dirname(moved), again)
+    capsys.readouterr()
+    assert run_in_process("fedavg.py", "--resume", run, "--rounds", "3", "--dataset",
+                          os.path.join(again, "FashionMNIST-tiny")) == 2
+    assert "cannot resume with other settings: --dataset" in capsys.readouterr().err
 
 
 def test_flower_app_takes_the_folder(folder):
@@ -461,3 +595,54 @@ def test_reproduce_runs_a_cells_folder_and_the_command_names_it(folder, tmp_path
     job["flags"] = [f.replace(os.path.basename(folder), "FashionMNIST-other") for f in job["flags"]]
     assert reproduce.other_settings(job, run) == \
         [f"--dataset {os.path.basename(folder)} (now FashionMNIST-other)"]  # another folder's name: another setting
+
+
+def call_reproduce(argv, tables):
+    """reproduce.main in this process; the exit status (bad input exits with SystemExit)."""
+    try:
+        return reproduce.main(list(map(str, argv)), tables)
+    except SystemExit as e:
+        return e.code
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda folder: shutil.rmtree(folder), "FashionMNIST-tiny, the dataset of dir / FedAvg / seed 0, is not there; "
+                                           "nothing was started: give --data-dir the folder that holds"),
+    (lambda folder: os.remove(os.path.join(folder, "config.json")), "is a folder without config.json"),
+])
+def test_a_tables_folders_are_checked_before_any_run_starts(folder, tmp_path, capsys, damage, words):
+    damage(folder)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    argv = ["tiny-pfllib", "--seeds", "0", "1", "--out", out, "--data-dir", os.path.dirname(folder)]
+    assert call_reproduce(argv, folder_table()) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and words in error and "nothing was started" in error, error
+    assert not out.exists()  # no tree left behind
+
+
+def test_a_stopped_run_resumes_on_the_folder_where_the_table_now_finds_it(folder, tmp_path):
+    moved = str(tmp_path / "moved")
+    os.mkdir(moved)
+    args = reproduce.parse_args(["tiny-pfllib", "--seeds", "0", "--out", str(tmp_path / "out"), "--data-dir", moved],
+                                folder_table())
+    (job,) = reproduce.table_jobs("tiny-pfllib", folder_table()["tiny-pfllib"], args)
+    command = reproduce.resume_command(job, "RUN", "cpu")
+    assert command[command.index("--dataset") + 1] == os.path.join(moved, "FashionMNIST-tiny")
+    assert command[command.index("--data-dir") + 1] == moved
+    named = reproduce.resume_command({**job, "flags": ["--dataset", "fmnist"]}, "RUN", "cpu")
+    assert "--dataset" not in named  # a named dataset is read under --data-dir: nothing to point at
+
+
+@pytest.mark.slow  # two table runs: subprocesses, about 15 s
+def test_a_table_continued_with_another_data_dir_resumes_its_stopped_run_there(tmp_path):
+    folder = make_folder(tmp_path / "data")[0]
+    out = tmp_path / "out"
+    first = ["tiny-pfllib", "--seeds", "0", "--out", out, "--data-dir", os.path.dirname(folder)]
+    assert call_reproduce([*first, "--stop-after", "1"], folder_table(rounds=2)) == 0
+    moved = tmp_path / "moved"
+    shutil.move(os.path.dirname(folder), moved)
+    assert call_reproduce([*first[:-2], "--data-dir", moved], folder_table(rounds=2)) == 0
+    (run,) = reproduce.run_folders(str(out / "tiny-pfllib" / "dir" / "fedavg" / "seed0"))
+    assert [r["round"] for r in metrics_rows(run)] == ["1", "2"]
+    assert read_config(run)["args"]["dataset"] == os.path.join(moved, "FashionMNIST-tiny")

@@ -7,6 +7,7 @@ import argparse
 import copy
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -644,6 +645,12 @@ DAMAGE = [  # (name, what is done to FedAvg's seed-0 run folder, words in its no
      "seed 0: damaged: metrics.csv line 4 repeats round 2; not averaged", False),
     ("rows reversed", lambda d: _edit(d, "metrics.csv", lambda t: "".join([_lines(t)[0], *_lines(t)[:0:-1]])),
      "seed 0: damaged: metrics.csv line 3 has round 1 after round 2; not averaged", False),
+    ("summary.json garbage", lambda d: open(os.path.join(d, "summary.json"), "wb").write(b"\x00\xff garbage"),
+     "seed 0: damaged: summary.json is not a JSON object (cut short or garbage); not averaged", False),
+    ("a metrics.csv line over csv's field limit", lambda d: _edit(d, "metrics.csv", lambda t: "".join(
+        [*_lines(t)[:2], "2," + "7" * 200000 + _lines(t)[2][_lines(t)[2].index(",", 2):]])),
+     "seed 0: damaged: metrics.csv line 3 cannot be read as csv (field larger than field limit (131072)); not "
+     "averaged", False),
     ("two run folders", lambda d: shutil.copytree(d, d + "-copy"),
      "seed 0: ambiguous: 2 run folders in its seed folder", False),
     ("a run folder stopped before its first checkpoint beside it",  # reproduce.py started the run after it
@@ -738,3 +745,81 @@ def test_a_report_on_a_full_disk_is_one_line_and_exit_1(finished, tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr == f"error: cannot write {out / 'tiny-syn-4.png'} (No space left on device); the runs are kept\n"
     assert (out / "tiny-syn-4.png").read_bytes() == png and _tmp_files(out) == []
+
+
+def test_no_value_in_a_run_folder_can_add_a_row_to_the_report(finished, tmp_path, capsys):
+    out, folder = _damage_copy(finished, tmp_path)
+    forged = "Some CPU\n| syn-4 | FedProx | 99.00 | 99.00 ± 0.00 | 2 | - | 2/2 | 1.0 | cpu | - |"
+    _edit_json(folder, "config.json", lambda c: c.update(cpu_model=forged))
+    assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--report"], tiny_tables()) == 0
+    text = capsys.readouterr().out
+    assert sorted(table_rows(text)) == ["FedALA", "FedAvg"]  # no FedProx row
+    assert "Some CPU\\n\\| syn-4 \\| FedProx" in table_rows(text)["FedAvg"][8]
+    assert reproduce.table_cell("a|b\r\nc\x00") == "a\\|b\\r\\nc\\x00"
+
+
+def test_the_reports_command_carries_data_dir_and_stop_after(finished, tmp_path, capsys):
+    tables = tiny_tables()
+    args = reproduce.parse_args(["tiny", "--seeds", "0", "--out", str(tmp_path), "--data-dir", str(tmp_path),
+                                 "--stop-after", "1"], tables)
+    command = shlex.split(reproduce.reproduce_command("tiny", args))
+    assert command[command.index("--data-dir") + 1] == str(tmp_path) and "--stop-after" in command
+    out, folder = _damage_copy(finished, tmp_path)  # launched with --data-dir; the report alone given none
+    _edit_json(os.path.dirname(folder), "reproduce.json",
+               lambda r: r["launches"][-1].update(command=[*r["launches"][-1]["command"], "--data-dir", "/data/x"]))
+    for job in jobs_of(tables, out)[1:]:
+        _edit_json(job["dir"], "reproduce.json",
+                   lambda r: r["launches"][-1].update(command=[*r["launches"][-1]["command"], "--data-dir", "/data/x"]))
+    assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--report"], tables) == 0
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("- command: ")]
+    command = shlex.split(line.removeprefix("- command: ").strip("`"))
+    assert command[command.index("--data-dir") + 1] == "/data/x"
+
+
+def test_seeds_on_a_folder_are_averaged_only_when_they_read_the_same_data():
+    def seed(number, data, value):
+        run = {"args": {"data": data}, "folder_partition": {"partition": "pat"}}
+        return {"seed": number, "value": value, "done": 2, "state": "finished", "sec_per_round": 1.0,
+                "hardware": "cpu", "run": run, "problem": None}
+    seeds = [seed(0, "a" * 12, 50.0), seed(1, "b" * 12, 90.0), seed(2, "a" * 12, 52.0)]
+    reproduce.set_apart_other_data(seeds)
+    assert [s["value"] for s in seeds] == [50.0, None, 52.0]
+    assert seeds[1]["problem"] == (f"its data fingerprint {'b' * 12}... differs from seed 0's {'a' * 12}... (the "
+                                   "dataset folder changed between the runs)")
+    table = tiny_tables()["tiny"]
+    row = reproduce.report_row(table, table["cells"][0], table["cells"][0]["methods"][0],
+                               {"jobs": [{"seed": s["seed"]} for s in seeds], "seeds": seeds}, 2).split(" | ")
+    assert row[3] == "51.00 ± 1.41" and row[4] == "2" and "seed 1: its data fingerprint" in row[9]
+    agreeing = [seed(0, "a" * 12, 50.0), seed(1, "a" * 12, 90.0), seed(2, "unrecorded", 1.0)]
+    reproduce.set_apart_other_data(agreeing)
+    assert [s["problem"] for s in agreeing] == [None, None, None]
+
+
+def test_the_line_after_a_signal_says_the_runs_kept_checkpoints_only_where_they_are(finished, tmp_path):
+    out, folder = _damage_copy(finished, tmp_path)
+    jobs = jobs_of(tiny_tables(), out)
+    assert reproduce.what_the_stopped_runs_kept(jobs) == "the stopped runs kept their checkpoints"
+    os.remove(os.path.join(folder, "checkpoint.pt"))  # the run folder's content deleted under the table
+    line = reproduce.what_the_stopped_runs_kept(jobs)
+    assert "kept their checkpoints" not in line
+    assert line.startswith(f"1 stopped run of {len(jobs)} has no checkpoint") and "syn-4 / FedAvg / seed 0" in line
+
+
+def test_the_last_line_of_a_failed_runs_log_keeps_its_end(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text("started\nerror: cannot resume: " + "/deep" * 60 + "/checkpoint.pt is not a valid checkpoint\n\n")
+    line = reproduce.last_line(str(log))
+    assert len(line) <= 200 and line.startswith("error: cannot resume: ") and line.endswith("is not a valid checkpoint")
+
+
+def test_only_the_end_of_a_long_log_is_read_for_its_last_line(tmp_path):
+    import tracemalloc
+    log = tmp_path / "run.log"
+    log.write_text("[fedavg] round 1/2000 | test acc 10.00%\n" * 200000 + "error: the last line\n")  # 8 MB
+    tracemalloc.start()
+    try:
+        assert reproduce.last_line(str(log)) == "error: the last line"
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * reproduce.LOG_TAIL_BYTES, peak

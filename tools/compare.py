@@ -36,11 +36,16 @@ PARTITION_FLAGS = ("partition", "beta", "classes_per_client", "balance", "sample
 OLD_NAME = re.compile(r"^([^-]+)-(.+)-s(\d+)(?:-.*)?$")  # <algo>-<dataset>-s<seed>-<time>
 
 
+def one_line(text):
+    """``text`` with each newline or other control character written escaped (as Python writes it in a
+    string), so that no value can end a line of a message or a row of a table and begin another."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
 def fail(message):
     """Report bad input as one line on stderr and exit with status 2 (a newline or control character
     in a name is written escaped: the line stays one)."""
-    message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message))
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {one_line(message)}", file=sys.stderr)
     sys.exit(2)
 
 
@@ -65,10 +70,29 @@ NOT_REGULAR = ((stat.S_ISDIR, "is a folder"), (stat.S_ISFIFO, "is a named pipe")
                (stat.S_ISCHR, "is a device"), (stat.S_ISBLK, "is a device"))
 
 
+# the most of one file of a run folder that is read: metrics.csv of 100,000 evaluations is about 20 MB
+MAX_RUN_FILE_BYTES = 256 * 2 ** 20
+
+
+def too_large(size):
+    return f"is {size / 2 ** 20:.0f} MB, more than the {MAX_RUN_FILE_BYTES // 2 ** 20} MB a run's file may be"
+
+
 def read_text(path):
     """(text, None) for a readable regular file; (None, None) if absent; (None, problem), e.g.
     'is a folder' or 'cannot be read (permission denied)'. Anything but a regular file is never
     read (a named pipe would block), and this never raises. Text that is not UTF-8 is 'unreadable'."""
+    data, problem = read_bytes(path)
+    if data is None:
+        return None, problem
+    try:
+        return data.decode("utf-8"), None
+    except UnicodeDecodeError:
+        return None, "unreadable"
+
+
+def read_bytes(path):
+    """read_text's (content, problem), the content as bytes, not decoded."""
     try:
         info = os.stat(path)
     except FileNotFoundError:
@@ -80,17 +104,18 @@ def read_text(path):
             return None, problem
     if not stat.S_ISREG(info.st_mode):
         return None, "is not a regular file"
+    if info.st_size > MAX_RUN_FILE_BYTES:
+        return None, too_large(info.st_size)
     try:  # O_NONBLOCK: should a named pipe take the file's place after the stat, opening it does not wait
         with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 return None, "is not a regular file"
-            data = f.read()
+            data = f.read(MAX_RUN_FILE_BYTES + 1)  # no more than was checked, should it grow meanwhile
+            if len(data) > MAX_RUN_FILE_BYTES:
+                return None, too_large(len(data))
     except OSError as e:
         return None, f"cannot be read ({why(e)})"
-    try:
-        return data.decode("utf-8"), None
-    except UnicodeDecodeError:
-        return None, "unreadable"
+    return data, None
 
 
 def read_json(path):
@@ -116,20 +141,20 @@ def read_metrics(path):
     round that repeats one before it or comes after a later one (rows duplicated or reversed),
     or bookkeeping (seconds, MB) that is nan or inf. Empty cells (a metric not evaluated that
     round) are no damage; a metric's nan and inf are numbers (a diverged run)."""
-    text, problem = read_text(path)
-    if text is None:
+    data, problem = read_bytes(path)
+    if data is None:
         return None, None, problem
-    try:
-        lines = list(csv.reader(text.splitlines(keepends=True)))
-    except csv.Error:
-        return None, None, "unreadable"
-    header = lines[0] if lines else []
+    lines = [csv_cells(line) for line in data.split(b"\n")]  # a line that cannot be read spoils that line only
+    header = lines[0] if lines and isinstance(lines[0], list) else []
     if "round" not in header:
         return None, None, "unreadable"
     series = {c: [] for c in header if c}
     last = max(n for n, cells in enumerate(lines, 1) if cells)
     bad = []  # (line number, what is wrong)
     for number, cells in enumerate(lines[1:], 2):
+        if isinstance(cells, str):
+            bad.append((number, cells))
+            continue
         if not cells:
             continue  # a blank line holds nothing
         wrong = bad_line(header, cells, last=number == last)
@@ -150,6 +175,20 @@ def read_metrics(path):
     if not series["round"]:
         return None, None, problem or "unreadable"
     return [c for c in header if c], series, problem
+
+
+def csv_cells(line):
+    """The cells of one line (bytes) of a csv file, or the words (a str) for why it cannot be read: not
+    UTF-8, a cell longer than csv's field limit, a quote that never closes; that line is damaged, not the
+    file."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        return "is not UTF-8 text"
+    try:
+        return next(csv.reader([text.rstrip("\r")]), [])
+    except csv.Error as e:
+        return f"cannot be read as csv ({e})"
 
 
 def bad_line(header, cells, last):
@@ -220,6 +259,7 @@ def load_run(folder):
     run["summary"] = summary or {}
     if config and isinstance(config.get("algorithm"), str) and isinstance(config.get("args"), dict):
         run["algorithm"], run["args"], run["config"] = config["algorithm"], config["args"], True
+        run["damage"] += config_problems(config)
     else:  # older format: what the folder name says
         m = OLD_NAME.match(os.path.basename(folder))
         run["algorithm"], dataset, seed = m.groups() if m else (os.path.basename(folder), "?", "?")
@@ -230,10 +270,14 @@ def load_run(folder):
             run["damage"].append(f"config.json {config_err}")
         elif readable:
             run["flags"].append("older format")
-    if summary_err == "unreadable":
-        run["flags"].append("unreadable summary.json")
+    if summary_err == "unreadable":  # garbage where the run's summary should be: no number is taken on trust
+        run["damage"].append("summary.json is not a JSON object (cut short or garbage)")
     elif summary_err:
         run["damage"].append(f"summary.json {summary_err}")
+    elif summary is not None:
+        run["damage"] += summary_problems(summary)
+        if run["damage"]:
+            run["summary"] = {}
     columns, series, metrics_err = read_metrics(os.path.join(folder, "metrics.csv")) if readable else (None, None, None)
     if metrics_err not in (None, "unreadable"):
         run["damage"].append(f"metrics.csv {metrics_err}")
@@ -241,6 +285,11 @@ def load_run(folder):
         run["flags"].append("unreadable metrics.csv")
     if series is not None:
         run["columns"], run["metrics"] = columns, series
+    if run["config"] and on_folder(run["args"], config):  # its data does not depend on the seed: the fingerprint
+        run["args"] = {**run["args"], "dataset": os.path.basename(os.path.normpath(str(run["args"]["dataset"]))),
+                       "data": str(config.get("data_sha256", "unrecorded"))[:12]}  # tells the seeds' data apart
+        run["folder_partition"] = config.get("dataset_folder") if isinstance(config.get("dataset_folder"), dict) \
+            else {}
     planned = run["args"].get("rounds", run["summary"].get("rounds"))
     run["planned"] = planned if isinstance(planned, int) and not isinstance(planned, bool) else None
     run["done"] = max((r for r, _ in run["metrics"]["round"]), default=0) if run["metrics"] else 0
@@ -254,6 +303,60 @@ def load_run(folder):
     elif run["metrics"] and (not summary or (run["planned"] and run["done"] < run["planned"])):
         run["flags"].append(f"unfinished {run['done']}/{run['planned'] or '?'}")
     return run
+
+
+CONFIG_ARGS = {  # the flags of config.json's args that the table reads, and what each must be (run_folder's)
+    "rounds": (lambda v: v >= 1, "an integer >= 1"), "seed": (lambda v: v >= 0, "an integer >= 0"),
+    "num_clients": (lambda v: v >= 1, "an integer >= 1")}
+
+
+def config_problems(config):
+    """What in a run's config.json the scripts never write, as damage: a dataset that is no name, a number of
+    rounds, seed or clients that is no whole number in range. [] when none."""
+    problems, args = [], config["args"]
+    if "dataset" in args and not (isinstance(args["dataset"], str) and args["dataset"]):
+        problems.append(f"config.json has args.dataset {one_line(args['dataset'])[:40]!r}, not a name")
+    for key, (in_range, what) in CONFIG_ARGS.items():
+        value = args.get(key)
+        if key in args and not (isinstance(value, int) and not isinstance(value, bool) and in_range(value)):
+            problems.append(f"config.json has args.{key} {one_line(value)[:40]!r}, not {what}")
+    return problems
+
+
+SUMMARY_STATUSES = ("finished", "diverged")  # what run_folder.Run.summary writes
+
+
+def summary_problems(summary):
+    """What makes a summary.json that is a JSON object no run's summary: a status it never writes, rounds
+    that are no whole numbers, a metric's numbers that are not numbers. [] when it is one."""
+    problems = []
+    if "status" in summary and summary["status"] not in SUMMARY_STATUSES:
+        problems.append(f"summary.json has status {one_line(summary['status'])[:40]!r}")
+    for key in ("rounds", "rounds_done"):
+        value = summary.get(key)
+        if key in summary and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            problems.append(f"summary.json has {key} {one_line(value)[:40]!r}, not a whole number")
+    for column, numbers in summary.items():
+        if isinstance(numbers, dict) and {"best", "final", "last10_mean"} <= set(numbers) and not all(
+                isinstance(numbers[k], (int, float)) and not isinstance(numbers[k], bool)
+                for k in ("best", "final", "last10_mean")):
+            problems.append(f"summary.json has {one_line(column)[:40]} values that are not numbers")
+    return problems
+
+
+# the named datasets of datasets.py (VISION and LOADERS; tests/test_compare.py checks the two agree): any other
+# --dataset but synthetic data and .npz files is a PFLlib dataset folder, whose clients do not depend on the seed
+NAMED_DATASETS = ("mnist", "fmnist", "emnist", "cifar10", "cifar100", "tinyimagenet", "agnews")
+
+
+def on_folder(args, config):
+    """Whether a run read a PFLlib dataset folder: its config.json says so (dataset_folder), or (runs made
+    before it did) its --dataset is no dataset's name, no synthetic data and no .npz file."""
+    if isinstance(config.get("dataset_folder"), dict):
+        return True
+    dataset = args.get("dataset")
+    return (isinstance(dataset, str) and dataset not in NAMED_DATASETS and not synthetic(args)
+            and not dataset.lower().endswith(".npz"))
 
 
 def summary_numbers(values, column):
@@ -352,10 +455,23 @@ def synthetic(args):
     return dataset == "synthetic" or dataset.startswith("synthetic(")
 
 
+def unused_flags(run):
+    """The flags a run's data did not use: the partition flags for synthetic data (generated per client)
+    and for a PFLlib folder (whose clients are taken as they are, with its own test split)."""
+    if synthetic(run["args"]):
+        return set(PARTITION_FLAGS)
+    if "folder_partition" in run:
+        return set(PARTITION_FLAGS) | set(FOLDER_RESPLIT_FLAGS)
+    return set()
+
+
+FOLDER_RESPLIT_FLAGS = ("train_ratio", "test_split")  # datasets.PFLLIB_RESPLIT_FLAGS (tests/test_compare.py)
+
+
 def settings_of(run):
-    """The args that can change a run's results: all but the seed, NO_EFFECT and, for synthetic
-    data, the partition flags."""
-    ignored = NO_EFFECT | (set(PARTITION_FLAGS) if synthetic(run["args"]) else set())
+    """The args that can change a run's results: all but the seed, NO_EFFECT and the flags its data did
+    not use (unused_flags); for a run on a folder, its folder's name and data fingerprint (load_run)."""
+    ignored = NO_EFFECT | unused_flags(run)
     return {k: v for k, v in run["args"].items() if k not in ignored}
 
 
@@ -388,16 +504,17 @@ def group_runs(runs, metric_of):
 
 def varying_settings(runs, rows):
     """Per row, 'k=v' for the args that differ between rows of the same algorithm (rows whose
-    settings are known from config.json)."""
+    settings are known from config.json; for a run on a PFLlib folder, the rows on folders, whose
+    data fingerprint is one of them: data=...)."""
     out = []
     for members in rows:
         run = runs[members[0]]
-        peers = [runs[m[0]]["args"] for m in rows
-                 if runs[m[0]]["algorithm"] == run["algorithm"] and runs[m[0]]["config"]]
+        on_folder_too = lambda other: ("folder_partition" in other) == ("folder_partition" in run)
+        peers = [runs[m[0]]["args"] for m in rows  # runs on folders are told apart by their folder's data
+                 if runs[m[0]]["algorithm"] == run["algorithm"] and runs[m[0]]["config"] and on_folder_too(runs[m[0]])]
         if not run["config"]:
             peers = []
-        keys = sorted({k for a in peers for k in a} - NO_EFFECT - SHOWN -
-                      (set(PARTITION_FLAGS) if synthetic(run["args"]) else set()))
+        keys = sorted({k for a in peers for k in a} - NO_EFFECT - SHOWN - unused_flags(run))
         out.append(" ".join(f"{k}={run['args'].get(k)}" for k in keys
                             if len({json.dumps(a.get(k), default=str) for a in peers}) > 1))
     return out
@@ -431,6 +548,8 @@ def table_rows(runs, rows, metric_of):
         partition = str(args.get("partition", "?"))
         if synthetic(args):  # the clients' data are generated, not partitioned
             partition = "generated"
+        elif "folder_partition" in first:  # PFLlib's generator partitioned it, as the folder's config.json says
+            partition = folder_partition(first["folder_partition"])
         elif partition == "dir" and "beta" in args:
             partition += f"({args['beta']})"
         lines.append([
@@ -444,7 +563,18 @@ def table_rows(runs, rows, metric_of):
     return lines
 
 
+def folder_partition(said):
+    """The partition column of a run on a PFLlib folder: 'folder pat', 'folder dir(0.1)' as the folder's
+    config.json said when the run started, 'folder' for a run made before config.json recorded it."""
+    partition = said.get("partition")
+    if not isinstance(partition, str):
+        return "folder"
+    alpha = said.get("alpha")
+    return f"folder {partition}" + (f"({alpha})" if partition == "dir" and alpha is not None else "")
+
+
 def print_table(lines):
+    lines = [[one_line(cell) for cell in line] for line in lines]  # no value may end a row and begin another
     widths = [max(len(line[c]) for line in lines) for c in range(len(lines[0]))]
     for n, line in enumerate(lines):
         print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())

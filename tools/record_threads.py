@@ -58,7 +58,7 @@ def launch_evidence(folder):
         with open(path) as f:
             launches = run_folder.check_launches(json.load(f), path)["launches"]
     except (OSError, ValueError, run_folder.UserError) as e:
-        return None, f"{run_folder.quoted(path)} cannot be read ({str(e)[:120]})"
+        return None, f"{run_folder.quoted(path)} cannot be read ({run_folder.shortened(str(e), 120)})"
     counts = [launch.get("threads") for launch in launches]
     if not counts or None in counts:
         return None, f"{run_folder.quoted(path)} has a launch without a thread count"

@@ -36,6 +36,7 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+import datasets  # noqa: E402
 import run_folder  # noqa: E402
 from tools import compare, paper_tables  # noqa: E402
 DEFAULT_OUT = os.path.join("runs", "reproduce")
@@ -207,7 +208,46 @@ def new_command(job, device, threads=None):
 def resume_command(job, folder, device):
     """No --threads: a run resumes at the thread count it recorded (one made before the flag: OMP_NUM_THREADS)."""
     return [sys.executable, script_path(job["script"]), "--resume", folder, "--rounds", str(job["rounds"]),
-            "--device", device, *data_dir_flag(job), *stop_after_flag(job)]
+            "--device", device, *data_dir_flag(job), *dataset_folder_flag(job), *stop_after_flag(job)]
+
+
+def dataset_folder_flag(job):
+    """--dataset FOLDER for a job whose cell reads a PFLlib folder under --data-dir: a stopped run resumes on
+    the folder where the table now finds it (a --data-dir other than its start's), as its new runs do; the
+    script checks that it is the same data by the run's fingerprint."""
+    dataset = given_flags(job["flags"]).get("dataset")
+    return ["--dataset", dataset] if isinstance(dataset, str) and dataset_kind(dataset) == "folder" else []
+
+
+def dataset_kind(dataset):
+    """'named' (a dataset of datasets.py, synthetic data), 'npz' (a user's file) or 'folder' (a PFLlib dataset
+    folder), as the scripts read a --dataset."""
+    if dataset in datasets.VISION or dataset in datasets.LOADERS or dataset == "synthetic" or \
+            dataset.startswith("synthetic("):
+        return "named"
+    return "npz" if dataset.lower().endswith(".npz") else "folder"
+
+
+def check_datasets(jobs):
+    """Exit 2 with one line, before any run starts or any folder is made, unless every dataset folder and
+    .npz file the table's runs read is there and (a folder) holds what a PFLlib folder holds: else every run
+    would start and fail alike, each leaving a seed folder behind."""
+    for job in jobs:
+        dataset = given_flags(job["flags"]).get("dataset")
+        if not isinstance(dataset, str) or dataset_kind(dataset) == "named" or action(job)[0] not in ("new", "resume"):
+            continue  # a run done already reads nothing
+        where = f"the dataset of {label(job)}"
+        if dataset_kind(dataset) == "npz":
+            if not os.path.isfile(dataset):
+                fail(f"{run_folder.quoted(dataset)}, {where}, is not a file; nothing was started")
+            continue
+        if not os.path.isdir(dataset):
+            fail(f"{run_folder.quoted(dataset)}, {where}, is not there; nothing was started: give --data-dir the "
+                 "folder that holds the table's dataset folders, or make them (docs/datasets.md)")
+        try:
+            datasets.read_pfllib_config(dataset)
+        except run_folder.UserError as e:
+            fail(f"{e}; nothing was started")
 
 
 def stop_after_flag(job):
@@ -563,13 +603,19 @@ def label(job):
     return f"{job['cell']} / {job['method']} / seed {job['seed']}"
 
 
+LOG_TAIL_BYTES = 1 << 16  # the end of run.log that last_line reads, however long the run's log grew
+
+
 def last_line(path):
+    """The last non-empty line of a run's log (from its last 64 KB), shortened in its middle, escaped."""
     try:
-        with open(path, errors="replace") as f:
-            lines = [line.strip() for line in f if line.strip()]
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - LOG_TAIL_BYTES))
+            lines = [line.strip() for line in f.read(LOG_TAIL_BYTES).decode(errors="replace").splitlines()
+                     if line.strip()]
     except OSError:
         return ""
-    return lines[-1][:200] if lines else ""
+    return run_folder.shortened(compare.one_line(lines[-1]), 200) if lines else ""  # its end says what went wrong
 
 
 def run_jobs(jobs, args, argv):
@@ -591,7 +637,7 @@ def run_jobs(jobs, args, argv):
         if action(job)[0] == "diverged":
             problems += 1
             print(f"diverged before (not run again): {label(job)}; see {current_run(job)[0]}", file=sys.stderr)
-    running, slots, count, interrupts = {}, list(range(args.workers)), 0, [0]
+    running, slots, count, interrupts, started = {}, list(range(args.workers)), 0, [0], []
 
     def on_signal(signum, frame):
         if signum == signal.SIGHUP:
@@ -619,6 +665,7 @@ def run_jobs(jobs, args, argv):
                     continue
                 count += 1
                 running[slot] = (proc, job)
+                started.append(job)
                 if interrupts[0]:  # a signal came while it was starting
                     proc.send_signal(interrupts[0])
                 print(f"[{count}/{count + len(todo)}] start {label(job)} on {device}: {shown(job['command'])}",
@@ -634,9 +681,22 @@ def run_jobs(jobs, args, argv):
     finally:
         run_folder.restore_signals(previous)
     if interrupts[0]:
-        run_folder._say(f"{run_folder.stopped_by(interrupts[0])}: the stopped runs kept their checkpoints; "
+        run_folder._say(f"{run_folder.stopped_by(interrupts[0])}: {what_the_stopped_runs_kept(started)}; "
                         f"continue with: python tools/reproduce.py {shlex.join(argv)}")
     return problems, interrupts[0]
+
+
+def what_the_stopped_runs_kept(jobs):
+    """Words for what the runs a signal stopped left: that they kept their checkpoints only where each one's
+    checkpoint.pt is there (a run stopped before its first, or whose folder was deleted meanwhile, has none;
+    the same command starts it again)."""
+    without = [label(job) for job in jobs
+               if not (current_run(job)[0] and os.path.isfile(os.path.join(current_run(job)[0], "checkpoint.pt")))]
+    if not without:
+        return "the stopped runs kept their checkpoints"
+    return (f"{plural(len(without), 'stopped run')} of {len(jobs)} {'has' if len(without) == 1 else 'have'} no "
+            f"checkpoint (stopped before the first, or the run folder is gone), e.g. {without[0]}; they start "
+            "again")
 
 
 def report_end(job, code, passed_on=0):
@@ -776,7 +836,27 @@ def collect(jobs):
                              "left_out": [os.path.basename(f) for f in run["left_out"]],
                              "sec_per_round": seconds / run["done"] if seconds is not None and run["done"] else None,
                              "hardware": hardware(run, job)})
+    for row in rows.values():
+        set_apart_other_data(row["seeds"])
     return rows
+
+
+def set_apart_other_data(seeds):
+    """Seeds of a row on a PFLlib folder are averaged only when they read the same data: each seed whose run's
+    data fingerprint (compare.load_run's data) differs from the one most of them share (ties: the lowest
+    seed's) gets a problem that names both, and no value. Runs that recorded no fingerprint are not judged."""
+    fingerprints = [s["run"]["args"].get("data") for s in seeds if "folder_partition" in s["run"]]
+    known = [f for f in fingerprints if f not in (None, "unrecorded")]
+    if len(set(known)) < 2:
+        return
+    common_one = max(dict.fromkeys(known), key=known.count)  # dict.fromkeys: first seen wins a tie
+    first = next(s["seed"] for s in seeds if s["run"]["args"].get("data") == common_one)
+    for s in seeds:
+        data = s["run"]["args"].get("data")
+        if data not in (None, "unrecorded", common_one) and not s["problem"]:
+            s["problem"] = (f"its data fingerprint {data}... differs from seed {first}'s {common_one}... (the "
+                            "dataset folder changed between the runs)")
+            s["value"] = None
 
 
 def paper_number(method, digits=2):
@@ -873,18 +953,46 @@ def report_row(table, cell, method, row, rounds, first=((), None)):
     cells = [cell["name"], method["method"], paper_number(method, digits), ours,
              str(len(values)), diff, f"{done_text}/{rounds}", "-" if not secs else f"{np.mean(secs):.3f}",
              "; ".join(sorted({s["hardware"] for s in seeds})) or "-", "; ".join(notes) or "-"]
-    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+    return "| " + " | ".join(table_cell(c) for c in cells) + " |"
 
 
-def reproduce_command(table_id, args):
+def table_cell(text):
+    """A value as one cell of a markdown table: a newline or other control character written escaped and
+    '|' as '\\|', so that no value (a name from a config.json, a folder's name) can end the row or add one."""
+    return compare.one_line(text).replace("|", "\\|")
+
+
+def reproduce_command(table_id, args, jobs=()):
+    """The command that repeats the table's runs: its seeds, rounds, cells, --out, --stop-after and --data-dir
+    (given, or for --report alone the one the runs were launched with, read from their reproduce.json)."""
     parts = ["python", "tools/reproduce.py", table_id, "--seeds", *map(str, args.seeds)]
     if args.rounds:
         parts += ["--rounds", str(args.rounds)]
+    if args.stop_after:
+        parts += ["--stop-after", str(args.stop_after)]
     if args.only:
         parts += ["--only", *args.only]
     if args.out != DEFAULT_OUT:
         parts += ["--out", args.out]
+    data_dir = args.data_dir or launched_data_dir(jobs)
+    if data_dir:
+        parts += ["--data-dir", data_dir]
     return shlex.join(parts)
+
+
+def launched_data_dir(jobs):
+    """The --data-dir that the jobs' last launches gave their runs (reproduce.json), when they all agree on
+    one; None when none was given or they differ."""
+    given = set()
+    for job in jobs:
+        launches, _ = compare.read_json(os.path.join(job["dir"], "reproduce.json"))
+        last = ((launches or {}).get("launches") or [None])[-1]
+        command = last.get("command") if isinstance(last, dict) else None
+        if isinstance(command, list) and all(isinstance(t, str) for t in command):
+            value = given_flags(command).get("data_dir")
+            if isinstance(value, str):
+                given.add(value)
+    return given.pop() if len(given) == 1 else None
 
 
 def report(table_id, table, jobs, args):
@@ -900,14 +1008,14 @@ def report(table_id, table, jobs, args):
              f"- protocol: {table['metric']['protocol']}",
              f"- seeds: {' '.join(map(str, args.seeds))}; {rounds} rounds per run"
              + (f" (the table's are {table['rounds']})" if rounds != table["rounds"] else ""),
-             f"- command: `{reproduce_command(table_id, args)}`",
+             f"- command: `{compare.one_line(reproduce_command(table_id, args, jobs))}`",
              "- ours: mean ± sample std (n-1) over the n seeds with results, from each run's metrics.csv "
              "(unfinished runs included, see rounds and notes); "
              + ("ours vs paper: ours / the cell's first method beside the paper's same ratio (the two count "
                 "different quantities, so their difference means nothing)"
                 if table["metric"].get("compare") == "ratio to the first method"
                 else "ours vs paper: the mean minus the paper's number"),
-             f"- runs: {os.path.join(args.out, table_id)}/CELL/METHOD/seedS/",
+             f"- runs: {compare.one_line(os.path.join(args.out, table_id))}/CELL/METHOD/seedS/",
              "- curves (the metric's column per round and per MB, mean over seeds, band min..max): "
              + (", ".join(f"`{os.path.basename(p)}`" for p in curves) or "none yet"),
              "", "| cell | method | paper | ours | n | ours vs paper | rounds | s/round | hardware | notes |",
@@ -1060,6 +1168,8 @@ def main(argv=None, tables=None):
     check_settings(jobs, report_only=args.report)
     if not args.report:
         launch_threads(args.workers)  # a bad OMP_NUM_THREADS: one line before anything starts
+    if not args.report and not args.dry_run:
+        check_datasets(jobs)
     if args.dry_run:
         dry_run(args.table, table, jobs, args)
         return 0

@@ -945,7 +945,7 @@ def report_row(table, cell, method, row, rounds, first=((), None)):
         elif s["state"] != "finished" or s["done"] < rounds:
             notes.append(f"seed {s['seed']}: {s['done']}/{rounds}, unfinished")
     slopes = [late_slope(s["run"], metric) for s in seeds
-              if s["value"] is not None and (s["state"] != "finished" or s["done"] < rounds)]
+              if "run" in s and s["value"] is not None and (s["state"] != "finished" or s["done"] < rounds)]
     if slopes and all(slopes):
         spans = sorted({f"{first}-{last}" for _, first, last in slopes})
         notes.append(f"slope over rounds {', '.join(spans)}: {np.mean([v for v, _, _ in slopes]):+.3f} a round"

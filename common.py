@@ -15,7 +15,7 @@ import signal
 import sys
 
 SCRIPTS = ("fedavg.py", "fedala.py", "pfedla.py", "fedpake.py", "fedacd.py")
-STARTING = (*SCRIPTS, "reproduce.py")  # the programs whose start-up this handles (tools/reproduce.py too)
+STARTING = (*SCRIPTS, "reproduce.py", "fedavg_variants.py", "fedacd_diagnostics.py")  # and those of tools/ that run
 
 
 def stop_while_starting(signum, frame):
@@ -54,7 +54,10 @@ from run_folder import DivergedError, UserError, atomic_write  # noqa: F401
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, not argparse's usage block
-        raise UserError(message)
+        moved = [f"--{flag.replace('_', '-')} is {program}.py's now" for program, (script, flags) in
+                 run_folder.MOVED.items() if self.prog == f"{script}.py" for flag in flags
+                 if f"--{flag.replace('_', '-')}" in message.split()]  # a flag that left the script for tools/
+        raise UserError("; ".join([message, *moved]))
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -24,6 +24,7 @@ import fedpake
 import pfedla
 import run_folder
 from conftest import ROOT, run_dir
+from tools import fedacd_diagnostics
 
 SCRIPTS = {"fedavg": fedavg, "fedala": fedala, "pfedla": pfedla, "fedpake": fedpake, "fedacd": fedacd}
 
@@ -124,11 +125,12 @@ def test_same_seed_gives_the_metrics_of_the_code_before_the_refactor(tmp_path):
     restructured into client_update / server_update (same flags, --parallel-clients 1)."""
     before = json.load(open(os.path.join(ROOT, "tests", "data", "metrics_before_refactor.json")))
     for name, rows in before.items():  # in-process: the command line's path, minus five start-ups
-        run_folder.run_main(SCRIPTS[name].main, ["--dataset", "synthetic", "--num-clients", "5", "--rounds", "3",
-                                             "--join-ratio", "0.6", "--local-epochs", "1", "--seed", "3",
-                                             "--parallel-clients", "1", "--out", str(tmp_path / name),
-                                             *(["--score-kl", "sum", "--log-risk"] if name == "fedacd" else []),
-                                             *(["--threshold", "0.1"] if name == "fedala" else [])])
+        main = fedacd_diagnostics.main if name == "fedacd" else SCRIPTS[name].main  # fedacd: with --log-risk
+        run_folder.run_main(main, ["--dataset", "synthetic", "--num-clients", "5", "--rounds", "3",
+                                   "--join-ratio", "0.6", "--local-epochs", "1", "--seed", "3",
+                                   "--parallel-clients", "1", "--out", str(tmp_path / name),
+                                   *(["--score-kl", "sum", "--log-risk"] if name == "fedacd" else []),
+                                   *(["--threshold", "0.1"] if name == "fedala" else [])])
         with open(os.path.join(run_dir(tmp_path / name), "metrics.csv")) as f:
             now = list(csv.DictReader(f))
         assert len(now) == len(rows)

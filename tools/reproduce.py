@@ -346,7 +346,7 @@ def other_settings(job, folder):
     config, _ = compare.read_json(os.path.join(folder, "config.json"))  # checked by run_folders
     if not isinstance(config.get("command"), list):
         return ["a config.json without its command line"]
-    if f"{config.get('script')}.py" != job["script"]:
+    if family(config.get("script")) != family(job["script"].removesuffix(".py")):
         return [f"a run of {config.get('script')}.py (now {job['script']})"]
     saved = given_flags([str(t) for t in config["command"][1:]])
     now = given_flags(new_command(job, "auto")[2:])
@@ -366,12 +366,19 @@ def other_settings(job, folder):
     return differ
 
 
+def family(program):
+    """The script a program runs the algorithm of: a program of tools/ that took flags from a script
+    (run_folder.MOVED) runs its runs too, which their flags tell apart (``fedavg.py --local-training``, run
+    before the flag moved, is ``tools/fedavg_variants.py --local-training``)."""
+    return run_folder.MOVED.get(program, (program,))[0]
+
+
 def changed_defaults(job, saved_args, given):
     """'--flag saved (now new)' for each setting the run took that the same command line would now
     take otherwise: a default changed since (e.g. fedala.py --threshold 0.1, now 0.01). Settings
     the run's config.json lacks (flags added since) take the value runs before them ran with;
     --agnews-vocab matters to AG News only."""
-    module = importlib.import_module(job["script"].removesuffix(".py"))
+    module = importlib.import_module(job["script"].removesuffix(".py").replace("/", "."))
     try:
         now = vars(module.parse_args(new_command(job, "auto")[2:]))
     except (common.UserError, SystemExit):

@@ -1,40 +1,13 @@
-"""What two or more of the algorithm scripts share, in reading order: the start-up signal
-handling, the command line, the data (datasets.py, reached through here: loaded once into
-tensors on the training device; a client is a pair of index tensors, a batch an index slice),
-the models, and training and evaluation. The errors, ``atomic_write`` and the run folder are in
-run_folder.py. Each algorithm lives in its own file and imports this module before torch.
-Imports go down only: common -> datasets -> run_folder -> data_partition (docs/layout.md).
+"""What two or more of the algorithm scripts share, in reading order: the command line, the data
+(datasets.py, reached through here: loaded once into tensors on the training device; a client is
+a pair of index tensors, a batch an index slice), the models, and training and evaluation. The
+errors, ``atomic_write`` and the run folder are in run_folder.py; the start-up signal handling,
+which each script imports first, in startup.py. Imports go down only: common -> datasets ->
+run_folder -> data_partition (docs/layout.md).
 """
-# First, before numpy and torch load (seconds): a Ctrl-C, SIGTERM or SIGHUP that arrives while a
-# script (python fedavg.py) is still starting ends it with one line and exit status 128 + the
-# signal's number (130, 143, 129), not with a traceback from inside an import. Nothing has been
-# written at that point, so leaving at once loses nothing. From the start of ``main`` on,
-# run_folder.run_main handles these signals (docs/running.md, "Stopping, resuming and clusters").
-import os
-import signal
-import sys
-
-SCRIPTS = ("fedavg.py", "fedala.py", "pfedla.py", "fedpake.py", "fedacd.py")
-STARTING = (*SCRIPTS, "reproduce.py", "fedavg_variants.py", "fedacd_diagnostics.py")  # and those of tools/ that run
-
-
-def stop_while_starting(signum, frame):
-    what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
-    os.write(2, f"{what} while starting; nothing was written\n".encode())
-    os._exit(128 + signum)  # at once: an exception here would unwind through half-done imports
-
-
-stop_while_starting.while_starting = True  # run_folder.restore_signals ignores it once main has ended
-
-# Only when a script is the program: the tests and other programs that import a script keep their
-# own handling of signals. A SIGTERM or SIGHUP ignored already (nohup) stays ignored, as in run_folder.
-if os.path.basename(getattr(sys.modules.get("__main__"), "__file__", None) or "") in STARTING:
-    for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        if _signum == signal.SIGINT or signal.getsignal(_signum) is not signal.SIG_IGN:
-            signal.signal(_signum, stop_while_starting)
-
 import argparse
 import math
+import os
 import queue
 
 import numpy as np
@@ -44,10 +17,8 @@ import torch.nn.functional as F
 
 import datasets
 import run_folder
-# what the scripts use of the data and the run's errors, through common as ever (defined there)
-from datasets import (FedData, LOADERS, VISION, check_arrays, check_fits, load_arrays, load_vision,  # noqa: F401
-                      synthetic_setting, to_tensor)
-from run_folder import DivergedError, UserError, atomic_write  # noqa: F401
+from datasets import check_fits, synthetic_setting  # the scripts' too: common.check_fits
+from run_folder import DivergedError, UserError  # the scripts' too: common.UserError, their bad input
 
 
 # ----------------------------------------------------------------------------- command line

@@ -17,7 +17,8 @@ are a diagnostic built of this file's pieces: tools/fedacd_diagnostics.py.
     python fedacd.py --dataset synthetic --rounds 20        # offline quick start
     python fedacd.py --dataset cifar100 --beta 0.1          # Table 1, CIFAR-100, 46.24
 """
-import common  # first, before torch: common.py's first lines make a Ctrl-C while starting one line
+import startup  # first, before torch loads (seconds): a Ctrl-C while starting ends in one line (startup.py)
+import common
 
 import math
 

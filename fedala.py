@@ -26,7 +26,8 @@ is how FedPake's Tables 1-3 report FedALA (FedPake App. C.2: the global model of
     python fedala.py --dataset synthetic --rounds 20        # offline quick start
     python fedala.py --dataset cifar10 --beta 0.1           # Table 2, Dir(0.1) CIFAR-10
 """
-import common  # first, before torch: common.py's first lines make a Ctrl-C while starting one line
+import startup  # first, before torch loads (seconds): a Ctrl-C while starting ends in one line (startup.py)
+import common
 
 import math
 

@@ -18,7 +18,8 @@ Details and our choices: docs/fedavg.md.
     python fedavg.py --dataset synthetic --rounds 20        # offline quick start
     python fedavg.py --dataset cifar10 --beta 0.1           # the paper-scale run
 """
-import common  # first, before torch: common.py's first lines make a Ctrl-C while starting one line
+import startup  # first, before torch loads (seconds): a Ctrl-C while starting ends in one line (startup.py)
+import common
 
 import torch
 

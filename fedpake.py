@@ -34,7 +34,8 @@ model is evaluated on every client's test data; the paper reports the mean over 
     python fedpake.py --dataset synthetic --rounds 20      # offline quick start
     python fedpake.py --dataset cifar10                    # Table 1, Dir(0.1), ResNet-18
 """
-import common  # first, before torch: common.py's first lines make a Ctrl-C while starting one line
+import startup  # first, before torch loads (seconds): a Ctrl-C while starting ends in one line (startup.py)
+import common
 
 import time
 

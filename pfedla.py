@@ -27,7 +27,8 @@ data; the paper reports the unweighted mean over clients (test_acc_mean).
     python pfedla.py --dataset cifar10                        # Table 1, 10 clients, non-IID_1
     python pfedla.py --dataset emnist --k 1                   # HeurpFedLA (Table 1 / 3)
 """
-import common  # first, before torch: common.py's first lines make a Ctrl-C while starting one line
+import startup  # first, before torch loads (seconds): a Ctrl-C while starting ends in one line (startup.py)
+import common
 
 import math
 

@@ -111,7 +111,7 @@ def restore_signals(previous, ignore=False):
     """Put back the handlers that ``handle_stop_signals`` replaced, or ignore the signals (leaving
     after one: a further one must not turn the exit into a traceback)."""
     for signum, handler in previous.items():
-        if ignore or getattr(handler, "while_starting", False):  # common's start-up handler: the script is ending
+        if ignore or getattr(handler, "while_starting", False):  # startup.py's handler: the script is ending
             handler = signal.SIG_IGN
         signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 

@@ -612,8 +612,8 @@ def serve(grid, algorithm, flags, options, clients=None):
             if run.rows and not isinstance(e, Interrupted):
                 with contextlib.suppress(Exception):
                     run.summary({"error": str(e).splitlines()[0] if str(e) else e.__class__.__name__},
-                                status="diverged" if isinstance(e, common.DivergedError) else "failed")
-            run.close(failed=True, diverged=isinstance(e, common.DivergedError))
+                                status="diverged" if isinstance(e, run_folder.DivergedError) else "failed")
+            run.close(failed=True, diverged=isinstance(e, run_folder.DivergedError))
         raise
     return clients
 
@@ -824,7 +824,7 @@ def build_server_app(jobs=None):
             algorithm, options, flags = plan(argv)
             try:
                 clients = serve(grid, algorithm, flags, options, clients)
-            except (common.UserError, TooFewClients, common.DivergedError) as e:
+            except (common.UserError, TooFewClients, run_folder.DivergedError) as e:
                 if jobs:  # a simulation: main() says it in one line
                     raise
                 print(f"error: {e}", file=sys.stderr, flush=True)  # deployment: one line in the run's log,

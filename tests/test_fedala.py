@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 import common
+import datasets
 import fedala
 from rounds import fedala_round, fedavg_round
 from conftest import metrics_rows, run_dir, run_script
@@ -164,7 +165,7 @@ def tiny_fed_data(num_clients=3, n_train=30, n_test=10, seed=0):
     train = [torch.arange(s, s + n_train) for s in starts]
     test = [torch.arange(num_clients * n_train + i * n_test, num_clients * n_train + (i + 1) * n_test)
             for i in range(num_clients)]
-    return common.FedData(x=x, y=y, num_classes=10, train_idx=train, test_idx=test)
+    return datasets.FedData(x=x, y=y, num_classes=10, train_idx=train, test_idx=test)
 
 
 def fedala_args(*flags):

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import common
+import datasets
 import pfedla
 from rounds import pfedla_round
 from conftest import metrics_rows, run_dir, run_in_process
@@ -50,7 +51,7 @@ def group_data(groups=3, per_group=2, n=120, dim=20, seed=0):
         train.append(torch.arange(c * n, c * n + int(0.7 * n)))
         test.append(torch.arange(c * n + int(0.7 * n), (c + 1) * n))
     counts = np.zeros((len(train), 2 * groups), int)
-    return common.FedData(x=torch.cat(xs), y=torch.cat(ys), num_classes=2 * groups, train_idx=train, test_idx=test,
+    return datasets.FedData(x=torch.cat(xs), y=torch.cat(ys), num_classes=2 * groups, train_idx=train, test_idx=test,
                           train_counts=counts, test_counts=counts)
 
 

@@ -51,11 +51,13 @@ def test_ala_pasted_alone_equals_ours():
     assert torch.equal(results[0][1], results[1][1]) and torch.equal(results[0][2], results[1][2])
 
 
-def test_fedpake_aggregate_pasted_alone_equals_ours_with_only_stacked_and_weights():
+def test_fedpake_aggregate_pasted_with_its_stages_equals_ours_with_only_stacked_and_weights():
+    """The driver and the top-level stages it calls, pasted as a user would copy them."""
+    from test_paste import paste_pieces
     torch.manual_seed(0)
     stacked = torch.randn(7, 3000) * torch.rand(3000) + 0.05
     weights = [3, 1, 4, 1, 5, 9, 2]
-    pasted = paste(fedpake.fedpake_aggregate)(stacked, weights)
+    pasted = paste_pieces("fedpake.py", "fedpake_aggregate")["fedpake_aggregate"](stacked, weights)
     assert torch.equal(pasted, fedpake.fedpake_aggregate(stacked, weights))
     assert not torch.allclose(pasted, common.weighted_average(stacked, weights))  # not just FedAvg
 

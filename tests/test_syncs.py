@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import common
+import datasets
 import fedacd
 import fedpake
 import fedavg
@@ -71,7 +72,7 @@ def vector_data(sizes, seed=0):
     g = torch.Generator().manual_seed(seed)
     n = sum(sizes)
     idx = list(torch.randperm(n, generator=g).split(sizes))
-    return common.FedData(x=torch.randn(n, 6, generator=g), y=torch.randint(4, (n,), generator=g), num_classes=4,
+    return datasets.FedData(x=torch.randn(n, 6, generator=g), y=torch.randint(4, (n,), generator=g), num_classes=4,
                           train_idx=idx, test_idx=idx)
 
 
@@ -233,7 +234,7 @@ def test_aggregation_score_with_class_indices_equals_the_mask_without_a_sync(hos
 
 def test_integer_images_come_channels_last_with_the_old_values():
     images = np.random.default_rng(0).integers(0, 256, (20, 3, 8, 8), dtype=np.uint8)
-    new, old = common.to_tensor(images), old_to_tensor(images)
+    new, old = datasets.to_tensor(images), old_to_tensor(images)
     assert new.is_contiguous(memory_format=torch.channels_last) and torch.equal(new, old)
 
 

@@ -19,7 +19,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the scripts, by name
-import common  # noqa: E402  first, before torch: common.py's first lines make a Ctrl-C while starting one line
+import startup  # noqa: E402  first, before torch loads (seconds): a Ctrl-C while starting ends in one line
+import common  # noqa: E402
 
 import torch  # noqa: E402
 

@@ -1255,8 +1255,9 @@ TABLES = {
         ],
     },
     # Table 5: FedAvg w/ Input Mixup is tools/fedacd_diagnostics.py --fedavg (FedAvg's loss and aggregation,
-    # FedACD's mixup); its CIFAR-10 Dir(0.05) and Tiny-ImageNet Dir(0.1), Dir(0.05) numbers are not legible. FedROD, FedLC and FedNH
-    # are not implemented. FedACD w/ Input Mixup and FedAvg w/o Input Mixup are Table 1's rows, the same runs.
+    # FedACD's mixup); its CIFAR-10 Dir(0.05) and Tiny-ImageNet Dir(0.1), Dir(0.05) numbers are not legible.
+    # FedROD, FedLC and FedNH are not implemented. FedACD w/ Input Mixup and FedAvg w/o Input Mixup are Table 1's
+    # rows, the same runs.
     "fedacd-t5": {
         "title": "FedACD (IJCAI 2025) Table 5: accuracy (%) of the global model on the uniform test "
                  "set, with and without input mixup, Dir(beta)",

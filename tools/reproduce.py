@@ -20,7 +20,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root: the scripts
 sys.path.insert(0, ROOT)  # python tools/reproduce.py: common, run_folder and tools.* by name from the root
-import common  # noqa: E402  first: its start-up signal handling covers the seconds numpy and torch take to load
+import startup  # noqa: E402, F401  first: its signal handling covers the seconds numpy and torch take to load
+import common  # noqa: E402
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import importlib  # noqa: E402
@@ -563,7 +564,7 @@ def record_launch(job, command, threads, device, pid=None):
     else:
         launches.append({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "host": socket.gethostname(),
                          "cpu": run_folder.cpu_model(), "threads": threads, "device": device, "command": command})
-    common.atomic_write(path, json.dumps({"launches": launches}, indent=1))
+    run_folder.atomic_write(path, json.dumps({"launches": launches}, indent=1))
 
 
 def label(job):
@@ -907,7 +908,7 @@ def report(table_id, table, jobs, args):
     text = "\n".join(lines) + "\n"
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"{table_id}.md")
-    common.atomic_write(path, text)
+    run_folder.atomic_write(path, text)
     print(text)
     print(f"report written to {path}")
     return sum(bool(s["problem"]) for row in rows.values() for s in row["seeds"])
@@ -1020,7 +1021,7 @@ def write_paper_tables(tables, target):
     begin, end = doc.find(DOC_BEGIN), doc.find(DOC_END)
     if begin < 0 or end < begin:
         fail(f"{target} lacks the markers of the paper tables section ({DOC_BEGIN[:40]}... and {DOC_END})")
-    common.atomic_write(target, doc[:begin] + text + doc[end + len(DOC_END) + 1:])
+    run_folder.atomic_write(target, doc[:begin] + text + doc[end + len(DOC_END) + 1:])
     print(f"paper tables section of {target} rewritten ({len(tables)} tables)")
 
 

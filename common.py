@@ -293,28 +293,18 @@ class MLP(nn.Module):
 
 class FastText(nn.Module):
     """Embedding(vocab, 32), the mean embedding, fc(32, 32), fc(32, classes): the authors' fastText
-    (TsingZ0/FedALA system/flcore/trainmodel/models.py @ 7939ca7). ``mean_over="positions"`` (theirs,
-    what the scripts build) averages over all L positions of the (N, L) ids, padding included: id 0
-    embeds to zeros, so a text of n tokens gets its token sum / L. ``"tokens"`` (our earlier choice,
-    kept for comparison) averages over the n non-padding tokens."""
+    (TsingZ0/FedALA system/flcore/trainmodel/models.py @ 7939ca7). The mean is theirs: over all L
+    positions of the (N, L) ids, padding included (id 0 embeds to zeros, so a text of n tokens gets
+    its token sum / L), not over the n tokens."""
 
-    def __init__(self, vocab_size, num_classes, embed_dim=32, hidden=32, mean_over="positions"):
+    def __init__(self, vocab_size, num_classes, embed_dim=32, hidden=32):
         super().__init__()
-        if mean_over not in ("positions", "tokens"):
-            raise ValueError(f"mean_over is 'positions' or 'tokens', not {mean_over!r}")
-        self.mean_over = mean_over
         self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=0)
         self.fc1 = nn.Linear(embed_dim, hidden)
         self.fc = nn.Linear(hidden, num_classes)
 
     def forward(self, tokens):
-        embedded = self.embedding(tokens)
-        if self.mean_over == "positions":
-            mean = embedded.mean(1)
-        else:
-            mask = (tokens != 0).unsqueeze(-1).float()
-            mean = (embedded * mask).sum(1) / mask.sum(1).clamp_min(1)
-        return self.fc(self.fc1(mean))
+        return self.fc(self.fc1(self.embedding(tokens).mean(1)))
 
 
 MODELS = ["cnn", "pfedlacnn", "lenet", "simplecnn", "resnet18", "resnet34", "mlp", "fasttext"]
@@ -421,17 +411,6 @@ def layers(model):
     """Modules that own parameters, in registration (= forward) order: the "layers" that FedALA's
     p and pFedLA's layer-wise weights count."""
     return [(n, m) for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))]
-
-
-def layer_state_keys(model):
-    """For each layer, the state_dict keys of its own parameters and buffers (weight and bias
-    move together; BatchNorm's running statistics travel with their layer)."""
-    out = []
-    for name, m in layers(model):
-        prefix = f"{name}." if name else ""
-        own = [k for k, _ in m.named_parameters(recurse=False)] + [k for k, _ in m.named_buffers(recurse=False)]
-        out.append([prefix + k for k in own])
-    return out
 
 
 # ----------------------------------------------------------------------------- flat model state

@@ -157,7 +157,9 @@ def fedacd_local_training(model, optimizer, epochs, clean_batches, num_classes, 
          margins Delta of L2 (Eq. 8) for the first epoch;
       2. each epoch minimises L1 + lambda L2 (Eq. 9) through ``mixup_loss`` and accumulates the batch
          softmax outputs (train mode, detached, with the mixup weights); at the epoch's end they replace
-         P^m, and Delta with it, for the next epoch (rows of classes the epoch did not see keep theirs);
+         P^m, and Delta with it, for the next epoch (rows of classes the epoch did not see keep theirs).
+         Caveat (ours): with mixup these are outputs of MIXED inputs, a departure from Sec. 3's P^m (the
+         mean output over the client's samples of a class), which steps 1 and 3 follow;
       3. P^m of the trained model, a fresh pass as in 1, for the score V_m (Eq. 10).
     ``epochs``: one iterable per epoch of minibatches (x, y_a, y_b, mix), input mixup already applied
     (x = mix x_a + (1 - mix) x_b; mix = 1 and y_b = y_a without mixup). ``clean_batches``: a function
@@ -198,9 +200,8 @@ def aggregation_score(P, present, tau, reduction="sum"):
     rows i of classes the client holds of sum_j P_ij log(P_ij / Q_ij) (rows of absent classes, zero in
     ``probability_matrix``, add nothing). Caveat: summed over tens of rows the KL is tens of times
     Table 9's 0.60-5.59 (CIFAR-100) and every V_m is near 0.5, i.e. uniform weights; ``reduction="mean"``
-    (our choice, what fedacd.py runs by default) averages the rows instead, Table 9's scale.
-    ``present``: those classes as a (C,) boolean mask or as indices (on a GPU a mask costs a host sync,
-    indices do not). Returns (V_m, KL) as 0-dim float64 tensors."""
+    (our choice, what fedacd.py runs by default) averages the rows instead, Table 9's scale. ``present``:
+    those classes as a (C,) boolean mask or as indices. Returns (V_m, KL) as 0-dim float64 tensors."""
     P = P.double()
     Q = template_matrix(P.shape[0], tau, device=P.device)
     kl_rows = (torch.xlogy(P, P) - P * Q.log()).sum(1)[present]
@@ -234,22 +235,20 @@ def mixup_epochs(data, idx, args, batch_seed, mixup_seed):
     def epoch(steps):
         for k in steps:
             x, y = data.x[batches[k]], data.y[batches[k]]
-            if perms[k] is None:
-                yield x, y, y, 1.0
-                continue
-            mixed = mixes[k] * x  # keeps x's strides (channels-last images: the fast convolutions)
-            mixed += (1 - mixes[k]) * x[perms[k]]  # the sum as mix * x + (1 - mix) * x[perm], to the bit
-            yield mixed, y, y[perms[k]], mixes[k]
+            if perms[k] is not None:
+                mixed = mixes[k] * x  # keeps x's strides (channels-last images: the fast convolutions)
+                mixed += (1 - mixes[k]) * x[perms[k]]  # the sum as mix * x + (1 - mix) * x[perm], to the bit
+            yield (x, y, y, 1.0) if perms[k] is None else (mixed, y, y[perms[k]], mixes[k])
 
     per_epoch = len(batches) // args.local_epochs
     return [epoch(range(e * per_epoch, (e + 1) * per_epoch)) for e in range(args.local_epochs)]
 
 
 def client_update(model, global_state, data, client, present, args, round_, out=None):
-    """Client m (Appendix A.1): local training from the global model (flat) on its minibatches with input
-    mixup (``fedacd_local_training``), then its score V_m from P^m of the trained model. ``present``: the
-    (N, C) boolean matrix of the classes each client holds, on the host. Returns (the trained model, flat,
-    written into ``out`` if given; mean loss; V_m; KL)."""
+    """Client m (Appendix A.1): ``fedacd_local_training`` from the global model (flat) on its minibatches
+    with input mixup, then its score V_m from P^m of the trained model. ``present``: the (N, C) boolean
+    matrix of the classes each client holds, on the host. Returns (the trained model, flat, in ``out``
+    if given; mean loss; V_m; KL)."""
     common.load_flat_state(model, global_state)
     idx, device = data.train_idx[client], data.x.device
     # the client's classes as indices, found where the mask is: with main's host mask, no GPU sync

@@ -530,7 +530,7 @@ def pfedla_round(job, server, clients, round_, evaluate, send):
 def summary_extra(job, server, run):
     """The script's extra summary entries."""
     if job.algorithm == "fedala":
-        return {"ala_weights_per_client": server["ala"].num_weights(),
+        return {"ala_weights_per_client": server["ala"].weights.shape[1],
                 "initial_stage_epochs": [len(losses) for losses in server["ala"].init_losses]}
     if job.algorithm == "pfedla":
         with torch.no_grad():

@@ -16,7 +16,7 @@ import datasets
 import fedavg
 import run_folder
 from rounds import fedavg_round
-from conftest import metrics_rows, run_dir, run_in_process, run_script
+from conftest import metrics_rows, run_dir, run_in_process, run_script, layer_state_keys
 
 
 def fake_data(shape, classes=10):
@@ -61,7 +61,7 @@ def test_auto_model_for_vectors_is_mlp():
 
 
 def test_layer_keys_keep_weight_bias_and_bn_buffers_together():
-    keys = common.layer_state_keys(common.build_model("lenet", fake_data((3, 32, 32))))
+    keys = layer_state_keys(common.build_model("lenet", fake_data((3, 32, 32))))
     assert keys[1] == ["bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var", "bn1.num_batches_tracked"]
     assert keys[-1] == ["fc3.weight", "fc3.bias"]
 

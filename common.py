@@ -1,40 +1,13 @@
-"""What two or more of the algorithm scripts share, in reading order: the start-up signal
-handling, the command line, the data (datasets.py, reached through here: loaded once into
-tensors on the training device; a client is a pair of index tensors, a batch an index slice),
-the models, and training and evaluation. The errors, ``atomic_write`` and the run folder are in
-run_folder.py. Each algorithm lives in its own file and imports this module before torch.
-Imports go down only: common -> datasets -> run_folder -> data_partition (docs/layout.md).
+"""What two or more of the algorithm scripts share, in reading order: the command line, the data
+(datasets.py, reached through here: loaded once into tensors on the training device; a client is
+a pair of index tensors, a batch an index slice), the models, and training and evaluation. The
+errors, ``atomic_write`` and the run folder are in run_folder.py; the start-up signal handling,
+which each script imports first, in startup.py. Imports go down only: common -> datasets ->
+run_folder -> data_partition (docs/layout.md).
 """
-# First, before numpy and torch load (seconds): a Ctrl-C, SIGTERM or SIGHUP that arrives while a
-# script (python fedavg.py) is still starting ends it with one line and exit status 128 + the
-# signal's number (130, 143, 129), not with a traceback from inside an import. Nothing has been
-# written at that point, so leaving at once loses nothing. From the start of ``main`` on,
-# run_folder.run_main handles these signals (docs/running.md, "Stopping, resuming and clusters").
-import os
-import signal
-import sys
-
-SCRIPTS = ("fedavg.py", "fedala.py", "pfedla.py", "fedpake.py", "fedacd.py")
-STARTING = (*SCRIPTS, "reproduce.py")  # the programs whose start-up this handles (tools/reproduce.py too)
-
-
-def stop_while_starting(signum, frame):
-    what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
-    os.write(2, f"{what} while starting; nothing was written\n".encode())
-    os._exit(128 + signum)  # at once: an exception here would unwind through half-done imports
-
-
-stop_while_starting.while_starting = True  # run_folder.restore_signals ignores it once main has ended
-
-# Only when a script is the program: the tests and other programs that import a script keep their
-# own handling of signals. A SIGTERM or SIGHUP ignored already (nohup) stays ignored, as in run_folder.
-if os.path.basename(getattr(sys.modules.get("__main__"), "__file__", None) or "") in STARTING:
-    for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        if _signum == signal.SIGINT or signal.getsignal(_signum) is not signal.SIG_IGN:
-            signal.signal(_signum, stop_while_starting)
-
 import argparse
 import math
+import os
 import queue
 
 import numpy as np
@@ -44,17 +17,18 @@ import torch.nn.functional as F
 
 import datasets
 import run_folder
-# what the scripts use of the data and the run's errors, through common as ever (defined there)
-from datasets import (FedData, LOADERS, VISION, check_arrays, check_fits, load_arrays, load_vision,  # noqa: F401
-                      synthetic_setting, to_tensor)
-from run_folder import DivergedError, UserError, atomic_write  # noqa: F401
+from datasets import check_fits, synthetic_setting  # the scripts' too: common.check_fits
+from run_folder import DivergedError, UserError  # the scripts' too: common.UserError, their bad input
 
 
 # ----------------------------------------------------------------------------- command line
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, not argparse's usage block
-        raise UserError(message)
+        moved = [f"--{flag.replace('_', '-')} is {program}.py's now" for program, (script, flags) in
+                 run_folder.MOVED.items() if self.prog == f"{script}.py" for flag in flags
+                 if f"--{flag.replace('_', '-')}" in message.split()]  # a flag that left the script for tools/
+        raise UserError("; ".join([message, *moved]))
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -319,28 +293,18 @@ class MLP(nn.Module):
 
 class FastText(nn.Module):
     """Embedding(vocab, 32), the mean embedding, fc(32, 32), fc(32, classes): the authors' fastText
-    (TsingZ0/FedALA system/flcore/trainmodel/models.py @ 7939ca7). ``mean_over="positions"`` (theirs,
-    what the scripts build) averages over all L positions of the (N, L) ids, padding included: id 0
-    embeds to zeros, so a text of n tokens gets its token sum / L. ``"tokens"`` (our earlier choice,
-    kept for comparison) averages over the n non-padding tokens."""
+    (TsingZ0/FedALA system/flcore/trainmodel/models.py @ 7939ca7). The mean is theirs: over all L
+    positions of the (N, L) ids, padding included (id 0 embeds to zeros, so a text of n tokens gets
+    its token sum / L), not over the n tokens."""
 
-    def __init__(self, vocab_size, num_classes, embed_dim=32, hidden=32, mean_over="positions"):
+    def __init__(self, vocab_size, num_classes, embed_dim=32, hidden=32):
         super().__init__()
-        if mean_over not in ("positions", "tokens"):
-            raise ValueError(f"mean_over is 'positions' or 'tokens', not {mean_over!r}")
-        self.mean_over = mean_over
         self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=0)
         self.fc1 = nn.Linear(embed_dim, hidden)
         self.fc = nn.Linear(hidden, num_classes)
 
     def forward(self, tokens):
-        embedded = self.embedding(tokens)
-        if self.mean_over == "positions":
-            mean = embedded.mean(1)
-        else:
-            mask = (tokens != 0).unsqueeze(-1).float()
-            mean = (embedded * mask).sum(1) / mask.sum(1).clamp_min(1)
-        return self.fc(self.fc1(mean))
+        return self.fc(self.fc1(self.embedding(tokens).mean(1)))
 
 
 MODELS = ["cnn", "pfedlacnn", "lenet", "simplecnn", "resnet18", "resnet34", "mlp", "fasttext"]
@@ -447,17 +411,6 @@ def layers(model):
     """Modules that own parameters, in registration (= forward) order: the "layers" that FedALA's
     p and pFedLA's layer-wise weights count."""
     return [(n, m) for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))]
-
-
-def layer_state_keys(model):
-    """For each layer, the state_dict keys of its own parameters and buffers (weight and bias
-    move together; BatchNorm's running statistics travel with their layer)."""
-    out = []
-    for name, m in layers(model):
-        prefix = f"{name}." if name else ""
-        own = [k for k, _ in m.named_parameters(recurse=False)] + [k for k, _ in m.named_buffers(recurse=False)]
-        out.append([prefix + k for k in own])
-    return out
 
 
 # ----------------------------------------------------------------------------- flat model state

@@ -9,22 +9,17 @@ Each round (Eq. 11, Appendix A.1; our choices where the paper is silent: docs/fe
      averaged over the client's classes (our choice, Table 9's scale; --score-kl sum: the printed sum);
   4. the server averages the local models with weights V_m / sum_k V_k (Eq. 11);
      --uniform-agg gives the plain mean (FedACD_base, Table 8).
---fedavg is the FedAvg of FedACD's Tables 3, 5 and 9: plain cross-entropy in step 2 and the
-sample-weighted mean in step 4 (FedAvg, as fedavg.py), no P^m and no score; input mixup stays
-on unless --no-mixup (Table 5's "FedAvg w/ Input Mixup" keeps it, Tables 3 and 9's plain FedAvg
-turn it off).
 Evaluation (--test-split global): the global model on the uniform test set (Table 1, the
-headline) and on per-client test sets with each client's label proportions (Table 2). Only when
-asked, on evaluation rounds: --log-risk, the average risk of the round's local models over the
-client distributions (Table 3); --log-kl, KL(P^m || Q) of --fedavg's local models (Table 9;
-FedACD's own KL comes with its score and is always logged).
+headline) and on per-client test sets with each client's label proportions (Table 2); the
+clients' KL and scores (Table 9). The FedAvg of Tables 3, 5 and 9 and Table 3's average risk
+are a diagnostic built of this file's pieces: tools/fedacd_diagnostics.py.
 
     python fedacd.py --dataset synthetic --rounds 20        # offline quick start
     python fedacd.py --dataset cifar100 --beta 0.1          # Table 1, CIFAR-100, 46.24
 """
-import common  # first, before torch: common.py's first lines make a Ctrl-C while starting one line
+import startup  # first, before torch loads (seconds): a Ctrl-C while starting ends in one line (startup.py)
+import common
 
-import itertools
 import math
 
 import torch
@@ -38,13 +33,10 @@ HEADLINE = ("global_acc: global model on the uniform test set (FedACD Table 1; t
 AUTO_IMAGE = "simplecnn"  # --model auto on images (resnet18 on tinyimagenet)
 
 
-def parse_args(argv=None):
-    def resolve(args):
-        if args.weight_decay is None:
-            args.weight_decay = 1e-3 if args.dataset == "tinyimagenet" else 1e-5
-
+def make_parser(script="fedacd"):
+    """fedacd.py's flags, the paper's defaults (tools/fedacd_diagnostics.py adds its own)."""
     parser = common.base_parser(
-        __doc__.splitlines()[0], script="fedacd", num_clients=20, join_ratio=0.4, local_epochs=5, batch_size=64,
+        __doc__.splitlines()[0], script=script, num_clients=20, join_ratio=0.4, local_epochs=5, batch_size=64,
         lr=0.01, momentum=0.9, weight_decay=None, rounds=200, beta=0.1, partition="dir", test_split="global",
         helps={"weight_decay": "local SGD weight decay (default: 1e-3 on tinyimagenet, else 1e-5)"})
     a = parser.add_argument
@@ -55,24 +47,26 @@ def parse_args(argv=None):
     a("--no-mixup", dest="mixup", action="store_false",
       help="turn input mixup off (Table 5, w/o Input Mixup; default: mixup on)")
     a("--uniform-agg", action="store_true", help="plain mean of the local models (FedACD_base)")
-    a("--fedavg", action="store_true",
-      help="FedAvg with FedACD's diagnostics (Tables 3, 5, 9): cross-entropy and the sample-weighted mean in place of "
-           "FedACD's loss and score weights; local_risk and local_kl still logged; mixup as --no-mixup says")
     a("--score-kl", default="mean", choices=["mean", "sum"],
       help="KL(P^m||Q) in the score V_m: mean over the client's present rows (ours, Table 9's scale) or their sum "
            "(the printed equation)")
-    a("--log-risk", action="store_true",
-      help="log local_risk, Table 3's average risk of the round's local models (each on the whole test set), on "
-           "evaluation rounds (default: off)")
-    a("--log-kl", action="store_true",
-      help="with --fedavg: log local_kl, score_min, score_max (Table 9), one more pass of each trained model over "
-           "its train data (default: off; FedACD logs them always, its score needs them)")
-    return common.parse_args(parser, argv, resolve, checks=lambda args: [
-        (0 < args.tau < 1, f"--tau must be in (0, 1), got {args.tau}"),
-        (math.isfinite(args.missing_delta) and args.missing_delta > 0,
-         f"--missing-delta must be a finite number > 0, got {args.missing_delta}"),
-        (math.isfinite(args.lam) and args.lam >= 0, f"--lam must be a finite number >= 0, got {args.lam}"),
-        (not (args.fedavg and args.uniform_agg), "--fedavg aggregates by sample counts: drop --uniform-agg")])
+    return parser
+
+
+def resolve(args):
+    if args.weight_decay is None:
+        args.weight_decay = 1e-3 if args.dataset == "tinyimagenet" else 1e-5
+
+
+def checks(args):
+    return [(0 < args.tau < 1, f"--tau must be in (0, 1), got {args.tau}"),
+            (math.isfinite(args.missing_delta) and args.missing_delta > 0,
+             f"--missing-delta must be a finite number > 0, got {args.missing_delta}"),
+            (math.isfinite(args.lam) and args.lam >= 0, f"--lam must be a finite number >= 0, got {args.lam}")]
+
+
+def parse_args(argv=None):
+    return common.parse_args(make_parser(), argv, resolve, checks)
 
 
 # ----------------------------------------------------------------------------- local objective (Eq. 7-9)
@@ -163,7 +157,9 @@ def fedacd_local_training(model, optimizer, epochs, clean_batches, num_classes, 
          margins Delta of L2 (Eq. 8) for the first epoch;
       2. each epoch minimises L1 + lambda L2 (Eq. 9) through ``mixup_loss`` and accumulates the batch
          softmax outputs (train mode, detached, with the mixup weights); at the epoch's end they replace
-         P^m, and Delta with it, for the next epoch (rows of classes the epoch did not see keep theirs);
+         P^m, and Delta with it, for the next epoch (rows of classes the epoch did not see keep theirs).
+         Caveat (ours): with mixup these are outputs of MIXED inputs, a departure from Sec. 3's P^m (the
+         mean output over the client's samples of a class), which steps 1 and 3 follow;
       3. P^m of the trained model, a fresh pass as in 1, for the score V_m (Eq. 10).
     ``epochs``: one iterable per epoch of minibatches (x, y_a, y_b, mix), input mixup already applied
     (x = mix x_a + (1 - mix) x_b; mix = 1 and y_b = y_a without mixup). ``clean_batches``: a function
@@ -204,9 +200,8 @@ def aggregation_score(P, present, tau, reduction="sum"):
     rows i of classes the client holds of sum_j P_ij log(P_ij / Q_ij) (rows of absent classes, zero in
     ``probability_matrix``, add nothing). Caveat: summed over tens of rows the KL is tens of times
     Table 9's 0.60-5.59 (CIFAR-100) and every V_m is near 0.5, i.e. uniform weights; ``reduction="mean"``
-    (our choice, what fedacd.py runs by default) averages the rows instead, Table 9's scale.
-    ``present``: those classes as a (C,) boolean mask or as indices (on a GPU a mask costs a host sync,
-    indices do not). Returns (V_m, KL) as 0-dim float64 tensors."""
+    (our choice, what fedacd.py runs by default) averages the rows instead, Table 9's scale. ``present``:
+    those classes as a (C,) boolean mask or as indices. Returns (V_m, KL) as 0-dim float64 tensors."""
     P = P.double()
     Q = template_matrix(P.shape[0], tau, device=P.device)
     kl_rows = (torch.xlogy(P, P) - P * Q.log()).sum(1)[present]
@@ -222,109 +217,56 @@ def aggregation_weights(scores):
 
 # ----------------------------------------------------------------------------- client and round
 
-def mixup_draws(seed, batch_sizes, device):
-    """Input mixup's draws for one local update: per batch, mix ~ U(0, 1) and the permutation that
-    pairs its samples, from one CPU generator in the batches' order (the same draws on every
-    device); the permutations go to ``device`` in one copy, not one per batch."""
-    generator = torch.Generator().manual_seed(seed)
-    mixes, perms = [], []
-    for n in batch_sizes:
-        mixes.append(float(torch.rand((), generator=generator)))
-        perms.append(torch.randperm(n, generator=generator))
-    return mixes, common.to_device(torch.cat(perms), device).split(batch_sizes)
-
-
-def client_batches(data, idx, args, batch_seed, mixup_seed):
-    """The local update's minibatches as ``fedacd_local_training`` takes them: per epoch, (x, y_a, y_b,
-    mix) of index slices of the client's data (common.epoch_batches), inputs mixed by ``mixup_draws``
-    unless --no-mixup."""
-    bounds = common.batch_bounds(len(idx), args.batch_size)  # those of epoch_batches
+def mixup_epochs(data, idx, args, batch_seed, mixup_seed):
+    """The local update's minibatches as ``fedacd_local_training`` takes them: per epoch, (x, y_a, y_b, mix)
+    of index slices of the client's data (common.epoch_batches) with input mixup (Zhang et al. 2018): per
+    batch, mix ~ U(0, 1) and the permutation that pairs its samples, drawn in the batches' order from one CPU
+    generator (the same draws on every device), x = mix x_a + (1 - mix) x_b. --no-mixup: mix = 1, y_b = y_a.
+    The draws are made here, so each epoch's iterable is independent of the others."""
+    batches = list(common.epoch_batches(idx, args.batch_size, args.local_epochs, batch_seed))
+    mixes, perms = [1.0] * len(batches), [None] * len(batches)
     if args.mixup:
-        mixes, perms = mixup_draws(mixup_seed, [end - start for start, end in bounds] * args.local_epochs,
-                                   data.x.device)
+        generator = torch.Generator().manual_seed(mixup_seed)
+        for k, batch in enumerate(batches):
+            mixes[k] = float(torch.rand((), generator=generator))  # first the mix, then the pairing: the stream's order
+            perms[k] = torch.randperm(len(batch), generator=generator)
+        perms = common.to_device(torch.cat(perms), data.x.device).split([len(b) for b in batches])  # one copy
 
-    def minibatches():
-        for step, batch in enumerate(common.epoch_batches(idx, args.batch_size, args.local_epochs, batch_seed)):
-            x, y_a, y_b, mix = data.x[batch], data.y[batch], data.y[batch], 1.0
-            if args.mixup:
-                mix, perm = mixes[step], perms[step]
-                mixed = mix * x  # keeps x's strides (channels-last images: the fast convolutions)
-                mixed += (1 - mix) * x[perm]  # the sum as mix * x + (1 - mix) * x[perm], to the bit
-                x, y_b = mixed, y_a[perm]
-            yield x, y_a, y_b, mix
+    def epoch(steps):
+        for k in steps:
+            x, y = data.x[batches[k]], data.y[batches[k]]
+            if perms[k] is not None:
+                mixed = mixes[k] * x  # keeps x's strides (channels-last images: the fast convolutions)
+                mixed += (1 - mixes[k]) * x[perms[k]]  # the sum as mix * x + (1 - mix) * x[perm], to the bit
+            yield (x, y, y, 1.0) if perms[k] is None else (mixed, y, y[perms[k]], mixes[k])
 
-    steps = minibatches()
-    return [itertools.islice(steps, len(bounds)) for _ in range(args.local_epochs)]
-
-
-def fedavg_local_training(model, optimizer, epochs):
-    """--fedavg's local update on the same minibatches: FedAvg's cross-entropy (fedavg.py's loss to the
-    bit without mixup, through ``mixup_loss`` with it); no P^m. Returns the mean minibatch loss."""
-    model.train()
-    total, steps = torch.zeros((), device=next(model.parameters()).device), 0
-    for epoch in epochs:
-        for x, y_a, y_b, mix in epoch:
-            logits = model(x)
-            loss = F.cross_entropy(logits, y_a) if mix == 1 else mixup_loss(
-                lambda logits, y: F.cross_entropy(logits, y, reduction="none"), logits, y_a, y_b, mix)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total += loss.detach()
-            steps += 1
-    return total / steps
+    per_epoch = len(batches) // args.local_epochs
+    return [epoch(range(e * per_epoch, (e + 1) * per_epoch)) for e in range(args.local_epochs)]
 
 
-def local_train(model, data, idx, present, args, batch_seed, mixup_seed):
-    """The local update from the received model: ``fedacd_local_training`` (--fedavg:
-    ``fedavg_local_training``, then P^m of the trained model only with --log-kl). Returns the mean
-    loss (0-dim) and P^m of the trained model (None if not computed)."""
-    optimizer = common.make_optimizer(model, args)
-    epochs = client_batches(data, idx, args, batch_seed, mixup_seed)
-    clean_batches = lambda: ((data.x[batch], data.y[batch]) for batch in idx.split(1024))  # noqa: E731
-    if not args.fedavg:
-        return fedacd_local_training(model, optimizer, epochs, clean_batches, data.num_classes, present, args.lam,
-                                     args.missing_delta)
-    loss = fedavg_local_training(model, optimizer, epochs)
-    return loss, probability_matrix(model, clean_batches(), data.num_classes) if args.log_kl else None
-
-
-def per_class_errors(model, data, class_test_idx):
-    """eps(w): per-class error rates on the uniform test set (0 for a class it lacks)."""
-    correct, count, _ = common.evaluate(model, data, class_test_idx)
-    return torch.where(count > 0, 1 - correct / count.clamp_min(1), torch.zeros_like(count))
-
-
-def average_risk(errors, priors):
-    """Eq. (3): R(w_m) = 1/M sum_n eps(w_m) . pi^n, ``priors`` the (M, C) client label priors."""
-    return (priors @ errors.to(priors.dtype)).mean()
-
-
-def client_update(model, global_state, data, client, present, args, round_, risk=None, out=None):
-    """Client m (Appendix A.1): local training from the global model (flat), then its score V_m from
-    P^m of the trained model (--fedavg: only with --log-kl). With ``risk = (class_test_idx, priors)``
-    also the trained model's average risk (Table 3). Returns (the trained model, flat, written into
-    ``out`` if given; mean loss; V_m; KL; risk), None for what was not computed."""
+def client_update(model, global_state, data, client, present, args, round_, out=None):
+    """Client m (Appendix A.1): ``fedacd_local_training`` from the global model (flat) on its minibatches
+    with input mixup, then its score V_m from P^m of the trained model. ``present``: the (N, C) boolean
+    matrix of the classes each client holds, on the host. Returns (the trained model, flat, in ``out``
+    if given; mean loss; V_m; KL)."""
     common.load_flat_state(model, global_state)
     idx, device = data.train_idx[client], data.x.device
     # the client's classes as indices, found where the mask is: with main's host mask, no GPU sync
-    present = present[client]
-    classes = common.to_device(present.nonzero().flatten(), device)
+    classes = common.to_device(present[client].nonzero().flatten(), device)
     seeds = common.client_seed(args.seed, round_, client), common.client_seed(args.seed, round_, client, tag=1)
-    loss, P = local_train(model, data, idx, common.to_device(present, device), args, *seeds)
+    clean_batches = lambda: ((data.x[batch], data.y[batch]) for batch in idx.split(1024))  # noqa: E731
+    loss, P = fedacd_local_training(model, common.make_optimizer(model, args), mixup_epochs(data, idx, args, *seeds),
+                                    clean_batches, data.num_classes, common.to_device(present[client], device),
+                                    args.lam, args.missing_delta)
     # the score with the KL averaged over the client's classes (--score-kl mean), our default: docs/fedacd.md
-    score, kl = aggregation_score(P, classes, args.tau, reduction=args.score_kl) if P is not None else (None, None)
-    local_risk = average_risk(per_class_errors(model, data, risk[0]), risk[1]) if risk is not None else None
-    return common.flatten_state(model, out=out), loss, score, kl, local_risk
+    score, kl = aggregation_score(P, classes, args.tau, reduction=args.score_kl)
+    return common.flatten_state(model, out=out), loss, score, kl
 
 
-def server_update(client_states, scores, uniform=False, num_samples=None):
+def server_update(client_states, scores, uniform=False):
     """The server's step: the score-weighted average of the local models (aggregation_weights); ``uniform``: their
-    plain mean (FedACD_base, Table 8); given the clients' ``num_samples`` (--fedavg), FedAvg's
-    sample-weighted mean."""
-    if num_samples is not None:
-        weights = num_samples
-    elif uniform:
+    plain mean (FedACD_base, Table 8)."""
+    if uniform:
         weights = torch.full((len(scores),), 1 / len(scores), dtype=torch.float64)
     else:
         weights = aggregation_weights(torch.stack(scores))
@@ -345,50 +287,32 @@ def main(argv=None):
     model_bytes = common.state_bytes(global_model)
     client_stack = torch.empty(common.clients_per_round(args), common.flatten_state(global_model).numel(),
                                device=device)  # the models the round's clients send back, one row each
-    counts = torch.as_tensor(data.train_counts, dtype=torch.float64, device=device)
     present = torch.as_tensor(data.train_counts > 0)  # on the host: see client_update
-    priors = counts / counts.sum(1, keepdim=True)  # pi^n of the average risk
-    risk_test = data.global_test_idx if data.global_test_idx is not None else torch.cat(data.test_idx)
-    class_test_idx = [risk_test[data.y[risk_test] == c] for c in range(data.num_classes)]
-    run = run_folder.Run("fedacd-fedavg" if args.fedavg else "fedacd", args, data, device, script="fedacd",
-                         headline_metric=HEADLINE_METRIC, headline=HEADLINE)
+    run = run_folder.Run("fedacd", args, data, device, headline_metric=HEADLINE_METRIC, headline=HEADLINE)
     state = {"global_model": global_model}
     start = run.resume(state, rng)
     print(f"[fedacd] model {global_model.__class__.__name__}: {common.flatten_state(global_model).numel()} "
-          f"parameters, {model_bytes / 2**20:.2f} MB; {len(pool)} client(s) at a time"
-          + ("; --fedavg: FedAvg's loss and aggregation" if args.fedavg else ""))
+          f"parameters, {model_bytes / 2**20:.2f} MB; {len(pool)} client(s) at a time")
 
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
-        evaluate = run.should_eval(round_)
-        risk = (class_test_idx, priors) if evaluate and args.log_risk else None  # Table 3's diagnostic
         global_state = common.flatten_state(global_model)
         row = dict(zip(clients, client_stack))  # where each client's model lands: no copies per client
         updates = pool.map(lambda model, client: client_update(model, global_state, data, client, present, args,
-                                                               round_, risk, out=row[client]), clients)
+                                                               round_, out=row[client]), clients)
         losses = [common.check_finite(u[1], round_, client) for client, u in zip(clients, updates)]
-        _, _, scores, kls, risks = zip(*updates)
-        num_samples = [len(data.train_idx[client]) for client in clients] if args.fedavg else None
-        common.load_flat_state(global_model, server_update(client_stack[:len(clients)], scores, args.uniform_agg,
-                                                           num_samples))
-        score_bytes = 0 if args.fedavg else 8  # FedAvg's server does not need the score V_m
-        run.add_bytes(down=model_bytes * len(clients), up=(model_bytes + score_bytes) * len(clients))
-        if evaluate:
-            diagnostics = {}
-            if scores[0] is not None:  # Table 9: FedACD always, --fedavg with --log-kl
-                scores = torch.stack(scores)
-                diagnostics.update(local_kl=float(torch.stack(kls).mean()), score_min=float(scores.min()),
-                                   score_max=float(scores.max()))
-            if args.log_risk:
-                diagnostics["local_risk"] = float(torch.stack(risks).mean())
+        _, _, scores, kls = zip(*updates)
+        common.load_flat_state(global_model, server_update(client_stack[:len(clients)], scores, args.uniform_agg))
+        run.add_bytes(down=model_bytes * len(clients), up=(model_bytes + 8) * len(clients))  # + the score V_m
+        if run.should_eval(round_):
+            scores = torch.stack(scores)  # Table 9
             run.log(round_, {**common.evaluate_global(global_model, data), "train_loss": sum(losses) / len(losses),
-                             **diagnostics})
+                             "local_kl": float(torch.stack(kls).mean()), "score_min": float(scores.min()),
+                             "score_max": float(scores.max())})
         run.checkpoint(round_, state, rng)
         if run.stop_requested(round_):  # Ctrl-C: this round's checkpoint is written
             return run.stop(round_)
-    risks = [float(r["local_risk"]) for r in run.rows if "local_risk" in r]  # Table 3: lower is better
-    run.finish({"local_risk": {"best": min(risks), "final": risks[-1], "last10_mean": sum(risks[-10:]) / len(
-        risks[-10:])}} if risks else None)
+    run.finish()
 
 
 if __name__ == "__main__":

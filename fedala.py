@@ -26,7 +26,8 @@ is how FedPake's Tables 1-3 report FedALA (FedPake App. C.2: the global model of
     python fedala.py --dataset synthetic --rounds 20        # offline quick start
     python fedala.py --dataset cifar10 --beta 0.1           # Table 2, Dir(0.1) CIFAR-10
 """
-import common  # first, before torch: common.py's first lines make a Ctrl-C while starting one line
+import startup  # first, before torch loads (seconds): a Ctrl-C while starting ends in one line (startup.py)
+import common
 
 import math
 
@@ -67,12 +68,13 @@ def parse_args(argv=None):
 class ALA:
     """Adaptive Local Aggregation for ``num_clients`` clients of the architecture ``model``.
 
-    p counts layers, i.e. modules that own parameters, from the output down. Needs only torch
-    and numpy: it can be pasted into any client code. Holds each client's element-wise weights
-    W_i^p (one flat row per client, ones at the start, Alg. 1 l. 2) and whether the client is
-    still in its initial stage. ``initialise``
-    works on plain nn.Modules: it learns W_i^p with the global and local models frozen and
-    writes Theta_hat_i (Eq. 4) into the local model in place.
+    p counts layers, i.e. modules that own parameters, from the output down. Needs only torch and
+    numpy: it can be pasted into any client code. Holds each client's element-wise weights W_i^p (one
+    flat row per client, ones at the start, Alg. 1 l. 2) and whether the client is still in its initial
+    stage (``start_phase``). ``initialise`` works on plain nn.Modules: it learns W_i^p with the global and
+    local models frozen and writes Theta_hat_i (Eq. 4) into the local model in place. The caller skips it
+    in round 1 (Alg. 1: Theta^0 = Theta_i^0), where it would learn W on two equal models and end the
+    client's initial stage at once.
     """
 
     def __init__(self, model, num_clients, p=1, eta=1.0, s=80, batch_size=10, threshold=0.01, num_pre_loss=10,
@@ -89,9 +91,6 @@ class ALA:
         self.weights = torch.ones(num_clients, sum(self.sizes), device=next(model.parameters()).device)
         self.start_phase = [True] * num_clients
         self.init_losses = [[] for _ in range(num_clients)]  # epoch losses of each client's initial stage
-
-    def num_weights(self):
-        return self.weights.shape[1]
 
     def client_weights(self, client):
         """W_i^p as tensors shaped like the top-p parameters (views: in-place updates persist)."""
@@ -164,12 +163,11 @@ class ALA:
 
 
 def client_update(model, global_model, local_state, ala, data, client, args, round_, evaluate=False, out=None):
-    """Client i in round t (Alg. 1 l. 7-17): ALA initialises the local model from the old one
-    (``local_state``, flat) and the global model (l. 7-15), then local training (l. 16).
-    ALA is off in round 1, where Theta^0 = Theta_i^0. Returns (the trained local model, flat,
-    written into ``out`` if given (it may be ``local_state`` itself);
-    the mean training loss, 0-dim; the number of ALA epochs; and, if ``evaluate``, the test
-    result (correct, count, summed loss) of the ALA-initialised model)."""
+    """Client i in round t (Alg. 1 l. 7-17): ALA initialises the local model from the old one (``local_state``,
+    flat) and the global model (l. 7-15), then local training (l. 16); ALA is off in round 1. Returns (the
+    trained local model, flat, written into ``out`` if given, which may be ``local_state``; the mean training
+    loss, 0-dim; the number of ALA epochs; if ``evaluate``, the test result (correct, count, summed loss) of
+    the ALA-initialised model)."""
     idx = data.train_idx[client]
     if round_ == 1 or args.no_ala:
         model.load_state_dict(global_model.state_dict())
@@ -209,7 +207,7 @@ def main(argv=None):
     state = {"global_model": global_model, "local_models": local_models, "ala": ala}
     start = run.resume(state, rng)
     print(f"[fedala] model {global_model.__class__.__name__}: {local_models.shape[1]} parameters; ALA on the top "
-          f"p={args.p} layer(s) ({', '.join(ala.top)}): {ala.num_weights()} learnable weights per client"
+          f"p={args.p} layer(s) ({', '.join(ala.top)}): {ala.weights.shape[1]} learnable weights per client"
           f"{' (off: --no-ala)' if args.no_ala else ''}; {len(pool)} client(s) at a time")
 
     for round_ in range(start, args.rounds + 1):
@@ -239,7 +237,7 @@ def main(argv=None):
         run.checkpoint(round_, state, rng)
         if run.stop_requested(round_):  # Ctrl-C: this round's checkpoint is written
             return run.stop(round_)
-    run.finish({"ala_weights_per_client": ala.num_weights(),
+    run.finish({"ala_weights_per_client": ala.weights.shape[1],
                 "initial_stage_epochs": [len(losses) for losses in ala.init_losses]})
 
 

@@ -34,7 +34,8 @@ model is evaluated on every client's test data; the paper reports the mean over 
     python fedpake.py --dataset synthetic --rounds 20      # offline quick start
     python fedpake.py --dataset cifar10                    # Table 1, Dir(0.1), ResNet-18
 """
-import common  # first, before torch: common.py's first lines make a Ctrl-C while starting one line
+import startup  # first, before torch loads (seconds): a Ctrl-C while starting ends in one line (startup.py)
+import common
 
 import time
 
@@ -75,163 +76,156 @@ def parse_args(argv=None):
 
 # ----------------------------------------------------------------------------- the aggregation, Eq. (2)-(11)
 
-def fedpake_aggregate(stacked, weights, kappa=0.2, n_micro=4, n_macro=4, delta=0.2, ablate=None, seed=0,
+def parameter_division(values, kappa):
+    """Eq. (2)-(5) as reconstructed: True where the coefficient of variation over clients (rows),
+    CV = population std / (|mean| + 1e-12), exceeds kappa. Caveat (ours): a parameter whose mean
+    over clients is near zero has a large CV whatever its spread, so every such parameter is
+    "high-dispersion"."""
+    mu = values.mean(0)
+    sigma = (values - mu).square_().mean(0).sqrt_()  # population std
+    return sigma / (mu.abs() + 1e-12) > kappa
+
+
+def micro_classes(values, n_micro):
+    """Eq. (6)-(7) as reconstructed: each column's [min, max] over clients in n_micro equal bins
+    (the maximum in the last bin); uint8 classes."""
+    lo, hi = values.amin(0), values.amax(0)
+    scaled = (values - lo).div_((hi - lo).clamp_min(torch.finfo(values.dtype).tiny))  # in [0, 1]
+    # >= 0, so the cast to uint8 is the floor; the maximum goes into the last bin
+    return scaled.mul_(n_micro).clamp_(max=n_micro - 1).to(torch.uint8)
+
+
+def micro_class_disagreements(mic, n_micro):
+    """Numerator of Eq. (8): [a, b] = #columns where clients a and b have different Micro-Classes,
+    via one (K x h) @ (h x K) product per class instead of a K x K x h comparison."""
+    agree = torch.zeros(mic.shape[0], mic.shape[0], device=mic.device)
+    for m in range(n_micro):
+        one_hot = (mic == m).view(torch.uint8).float()  # via uint8: bool -> float is slow on CPU
+        agree += one_hot @ one_hot.T  # exact: counts stay far below 2^24
+    return mic.shape[1] - agree.double()
+
+
+def cluster_macro_classes(disagreements, num_high, n_macro, delta):
+    """Eq. (8) and the clustering after it, as reconstructed: average-linkage agglomerative
+    clustering on D(a, b) = disagreements[a, b] / num_high, ONE clustering over all of H across
+    layers (our choice; the paper does not say per layer or not). Merge the closest pair while
+    D <= delta (the paper's threshold), and while there are more than n_macro clusters. Returns
+    labels 0..C-1 numbered by each cluster's smallest client (ties between pairs: the first in
+    row-major order)."""
+    pair_sums = disagreements.double().cpu().clone()  # summed over the client pairs of two clusters
+    cluster_sizes = torch.ones(len(pair_sums), dtype=torch.float64)
+    labels = torch.arange(len(pair_sums))
+    while len(cluster_sizes) > 1:
+        # average linkage; integer sums divided once, so ties with delta compare exactly
+        linkage = pair_sums / (cluster_sizes[:, None] * cluster_sizes[None, :] * num_high)
+        linkage.fill_diagonal_(float("inf"))
+        a, b = divmod(int(linkage.argmin()), len(cluster_sizes))  # a < b: the matrix is symmetric
+        if linkage[a, b] > delta and len(cluster_sizes) <= n_macro:
+            break
+        pair_sums[a] += pair_sums[b]
+        pair_sums[:, a] += pair_sums[:, b]
+        cluster_sizes[a] += cluster_sizes[b]
+        keep = torch.arange(len(cluster_sizes)) != b
+        pair_sums, cluster_sizes = pair_sums[keep][:, keep], cluster_sizes[keep]
+        labels[labels == b] = a
+        labels[labels > b] -= 1
+    return labels
+
+
+def tendency(mic, n_micro):
+    """Eq. (9) as reconstructed, for one Macro-Class (``mic``: its clients x h): the most frequent
+    Micro-Class of each column; ties (ours) go to the class nearest the median class, then to the
+    lower class.
+    (A loop over the classes: reductions over a few rows are slow on CPU.)"""
+    size = len(mic)
+    counts = [(mic == m).sum(0, dtype=torch.int32) for m in range(n_micro)]
+    below, twice_median = torch.zeros_like(counts[0]), torch.zeros_like(counts[0])
+    for count in counts:  # the two middle order statistics of the column, from the cumulative counts
+        below += count
+        twice_median += (below < (size + 1) // 2).int() + (below < size // 2 + 1).int()
+    classes = torch.arange(n_micro, dtype=torch.uint8, device=mic.device)  # 0-dim tensors: where() is faster
+    best_class = torch.zeros_like(mic[0])
+    best_score = torch.full_like(below, torch.iinfo(torch.int32).min)
+    for m, count in enumerate(counts):
+        score = count * 1024 - (2 * m - twice_median).abs_()  # frequency first; 2 |m - median| < 1024
+        # strict: on a tie the lower class stays
+        best_class = torch.where(score > best_score, classes[m], best_class)
+        best_score = torch.maximum(best_score, score)
+    return best_class
+
+
+def macro_class_members(labels, device):
+    """The clients (rows) of each Macro-Class c = 0..C-1 as index tensors on ``device``, found on
+    the host from the clustering's labels and copied in one go (no GPU sync per class or chunk)."""
+    labels = labels.tolist()
+    members = [[k for k, label in enumerate(labels) if label == c] for c in range(max(labels) + 1)]
+    rows = torch.tensor(sum(members, [])).to(device, non_blocking=True)
+    return rows.split([len(m) for m in members])
+
+
+def tendency_weights(mic, members, num_samples, n_micro):
+    """Eq. (9) and (11) as reconstructed: the weight of client k (in Macro-Class c) for column j is
+    [MIC_kj = T_cj] * n_k / (sum of n over the matching clients of c) * N_c / N, n_k =
+    ``num_samples[k]`` (the clients' sample counts, a float tensor), ``members`` the rows of each
+    Macro-Class (``macro_class_members``). Each client is in one Macro-Class, so its weight is counted
+    once; columns sum to 1."""
+    weights = torch.empty(mic.shape, dtype=num_samples.dtype, device=mic.device)
+    for rows in members:
+        matched = (mic[rows] == tendency(mic[rows], n_micro)).view(torch.uint8).to(num_samples.dtype)
+        matched *= num_samples[rows, None]
+        # the mode has a client, so the sum is > 0
+        weights[rows] = matched / matched.sum(0) * (num_samples[rows].sum() / num_samples.sum())
+    return weights
+
+
+def high_dispersion_chunks(stacked, high, chunks, n_micro, random_micro=False, seed=0):
+    """The columns of H with their values and Micro-Classes (Eq. (6)-(7); random ones from ``seed`` with
+    ``random_micro``, Table 4), chunk by chunk: (columns, values, MIC) per chunk ``slice`` of ``chunks``,
+    ``high`` its H mask and |H|. The same draws on every call, and on every device (a CPU generator)."""
+    g = torch.Generator().manual_seed(seed)
+    for c, (high_in_c, num) in zip(chunks, high):
+        columns = torch.nonzero_static(high_in_c, size=num).flatten() + c.start  # size known: no GPU sync
+        values = stacked.index_select(1, columns)
+        mic = micro_classes(values, n_micro) if not random_micro else torch.randint(
+            n_micro, values.shape, generator=g, dtype=torch.uint8).to(values.device, non_blocking=True)
+        yield columns, values, mic
+
+
+def fedpake_aggregate(stacked, num_samples, kappa=0.2, n_micro=4, n_macro=4, delta=0.2, ablate=None, seed=0,
                       stats=None, chunk_elems=2 ** 20):
-    """FedPake's server aggregation, Eq. (2)-(11) AS RECONSTRUCTED BY US: the equations are missing
-    from our copy of the paper and no code is public, so every formula here is our reading of its
-    prose (docs/fedpake.md in the project this comes from says what and why). A drop-in replacement
-    for FedAvg's weighted average of the rows of ``stacked`` (K clients x D) with ``weights`` the
-    clients' sample counts; ``kappa = inf`` gives that average bit for bit. Our choices where the
-    prose is open: the low-dispersion set L gets the sample-weighted mean (FedAvg's; Eq. (10)); the
-    Macro-Classes come from ONE clustering over all of H across layers (``cluster_macro_classes``);
-    H is chosen by the coefficient of variation, which puts every near-zero-mean parameter in H
-    (``parameter_division``). ``delta`` is the paper's merge threshold on D (Eq. 8). Columns go in
-    chunks of about ``chunk_elems`` values, in two passes (Micro-Classes are recomputed, not stored);
-    on a GPU the host waits twice, whatever the number of chunks: for |H| of every chunk and for the
-    disagreements the clustering needs. ``ablate`` 'micro', 'macro' or both (a list) draws those
-    classes at random from ``seed`` (Table 4). ``stats``, if a dict, receives the share of
-    high-dispersion parameters and the number of Macro-Classes. Needs only torch: its stages are
-    defined inside it, so it can be pasted alone; ``fedpake_aggregate(None, None)`` returns them by
-    name instead of aggregating (for tests and reuse)."""
-
-    def parameter_division(values, kappa):
-        """Eq. (2)-(5) as reconstructed: True where the coefficient of variation over clients (rows),
-        CV = population std / (|mean| + 1e-12), exceeds kappa. Caveat (ours): a parameter whose mean
-        over clients is near zero has a large CV whatever its spread, so every such parameter is
-        "high-dispersion"."""
-        mu = values.mean(0)
-        sigma = (values - mu).square_().mean(0).sqrt_()  # population std
-        return sigma / (mu.abs() + 1e-12) > kappa
-
-    def micro_classes(values, n_micro):
-        """Eq. (6)-(7) as reconstructed: each column's [min, max] over clients in n_micro equal bins
-        (the maximum in the last bin); uint8 classes."""
-        lo, hi = values.amin(0), values.amax(0)
-        scaled = (values - lo).div_((hi - lo).clamp_min(torch.finfo(values.dtype).tiny))  # in [0, 1]
-        # >= 0, so the cast to uint8 is the floor; the maximum goes into the last bin
-        return scaled.mul_(n_micro).clamp_(max=n_micro - 1).to(torch.uint8)
-
-    def micro_class_disagreements(mic, n_micro):
-        """Numerator of Eq. (8): [a, b] = #columns where clients a and b have different Micro-Classes,
-        via one (K x h) @ (h x K) product per class instead of a K x K x h comparison."""
-        agree = torch.zeros(mic.shape[0], mic.shape[0], device=mic.device)
-        for m in range(n_micro):
-            one_hot = (mic == m).view(torch.uint8).float()  # via uint8: bool -> float is slow on CPU
-            agree += one_hot @ one_hot.T  # exact: counts stay far below 2^24
-        return mic.shape[1] - agree.double()
-
-    def cluster_macro_classes(disagreements, num_high, n_macro, delta):
-        """Eq. (8) and the clustering after it, as reconstructed: average-linkage agglomerative
-        clustering on D(a, b) = disagreements[a, b] / num_high, ONE clustering over all of H across
-        layers (our choice; the paper does not say per layer or not). Merge the closest pair while
-        D <= delta (the paper's threshold), and while there are more than n_macro clusters. Returns
-        labels 0..C-1 numbered by each cluster's smallest client (ties between pairs: the first in
-        row-major order)."""
-        pair_sums = disagreements.double().cpu().clone()  # summed over the client pairs of two clusters
-        sizes = torch.ones(len(pair_sums), dtype=torch.float64)
-        labels = torch.arange(len(pair_sums))
-        while len(sizes) > 1:
-            # average linkage; integer sums divided once, so ties with delta compare exactly
-            linkage = pair_sums / (sizes[:, None] * sizes[None, :] * num_high)
-            linkage.fill_diagonal_(float("inf"))
-            a, b = divmod(int(linkage.argmin()), len(sizes))  # a < b: the matrix is symmetric
-            if linkage[a, b] > delta and len(sizes) <= n_macro:
-                break
-            pair_sums[a] += pair_sums[b]
-            pair_sums[:, a] += pair_sums[:, b]
-            sizes[a] += sizes[b]
-            keep = torch.arange(len(sizes)) != b
-            pair_sums, sizes = pair_sums[keep][:, keep], sizes[keep]
-            labels[labels == b] = a
-            labels[labels > b] -= 1
-        return labels
-
-    def tendency(mic, n_micro):
-        """Eq. (9) as reconstructed, for one Macro-Class (``mic``: its clients x h): the most frequent
-        Micro-Class of each column; ties (ours) go to the class nearest the median class, then to the
-        lower class.
-        (A loop over the classes: reductions over a few rows are slow on CPU.)"""
-        size = len(mic)
-        counts = [(mic == m).sum(0, dtype=torch.int32) for m in range(n_micro)]
-        below, twice_median = torch.zeros_like(counts[0]), torch.zeros_like(counts[0])
-        for count in counts:  # the two middle order statistics of the column, from the cumulative counts
-            below += count
-            twice_median += (below < (size + 1) // 2).int() + (below < size // 2 + 1).int()
-        classes = torch.arange(n_micro, dtype=torch.uint8, device=mic.device)  # 0-dim tensors: where() is faster
-        best_class = torch.zeros_like(mic[0])
-        best_score = torch.full_like(below, torch.iinfo(torch.int32).min)
-        for m, count in enumerate(counts):
-            score = count * 1024 - (2 * m - twice_median).abs_()  # frequency first; 2 |m - median| < 1024
-            # strict: on a tie the lower class stays
-            best_class = torch.where(score > best_score, classes[m], best_class)
-            best_score = torch.maximum(best_score, score)
-        return best_class
-
-    def macro_class_members(labels, device):
-        """The clients (rows) of each Macro-Class c = 0..C-1 as index tensors on ``device``, found on
-        the host from the clustering's labels and copied in one go (no GPU sync per class or chunk)."""
-        labels = labels.tolist()
-        members = [[k for k, label in enumerate(labels) if label == c] for c in range(max(labels) + 1)]
-        rows = torch.tensor(sum(members, [])).to(device, non_blocking=True)
-        return rows.split([len(m) for m in members])
-
-    def tendency_weights(mic, members, sizes, n_micro):
-        """Eq. (9) and (11) as reconstructed: the weight of client k (in Macro-Class c) for column j is
-        [MIC_kj = T_cj] * n_k / (sum of n over the matching clients of c) * N_c / N, ``members``
-        the rows of each Macro-Class (``macro_class_members``). Each client is in one
-        Macro-Class, so its weight is counted once; columns sum to 1."""
-        weights = torch.empty(mic.shape, dtype=sizes.dtype, device=mic.device)
-        for rows in members:
-            matched = (mic[rows] == tendency(mic[rows], n_micro)).view(torch.uint8).to(sizes.dtype) * sizes[rows, None]
-            # the mode has a client, so the sum is > 0
-            weights[rows] = matched / matched.sum(0) * (sizes[rows].sum() / sizes.sum())
-        return weights
-
-    if stacked is None:
-        return {f.__name__: f for f in (parameter_division, micro_classes, micro_class_disagreements,
-                                         cluster_macro_classes, tendency, macro_class_members, tendency_weights)}
+    """FedPake's server aggregation, Eq. (2)-(11) AS RECONSTRUCTED BY US (the equations are missing from our
+    copy of the paper, no code is public; docs/fedpake.md): in place of FedAvg's average of the rows of
+    ``stacked`` (K clients x D) weighted by the clients' ``num_samples``; ``kappa = inf`` gives that average
+    bit for bit. ``ablate``: 'micro', 'macro' or both (a list) draws those classes at random from ``seed``
+    (Table 4). ``stats``, if a dict, receives ``high_fraction`` (|H| / D) and ``macro_classes`` (their
+    number). Columns go in chunks of about ``chunk_elems`` values, twice (the Micro-Classes are recomputed,
+    not stored): memory stays bounded, and a GPU waits twice (|H| per chunk, the clustering's input)."""
     ablate = {ablate} if isinstance(ablate, str) else set(ablate or ())
     num_clients, dim = stacked.shape
-    sizes = torch.as_tensor(weights, dtype=stacked.dtype).to(stacked.device, non_blocking=True)
-    out = (sizes / sizes.sum()) @ stacked  # Eq. (10) on L: the sample-weighted mean (ours); H is overwritten below
+    num_samples = torch.as_tensor(num_samples, dtype=stacked.dtype).to(stacked.device, non_blocking=True)
+    out = (num_samples / num_samples.sum()) @ stacked  # Eq. (10) on L: the sample-weighted mean (ours); H below
     cols = max(1, chunk_elems // num_clients)
     chunks = [slice(s, s + cols) for s in range(0, dim, cols)]
-    high = [parameter_division(stacked[:, c], kappa) for c in chunks]  # H, chunk by chunk
-    # |H| of every chunk in one host sync: the chunks' columns are then found without one each
-    num_high_by_chunk = torch.stack([h.sum() for h in high]).tolist()
-    num_high = sum(num_high_by_chunk)
+    high = [parameter_division(stacked[:, c], kappa) for c in chunks]  # Eq. (2)-(5), chunk by chunk
+    high = list(zip(high, torch.stack([h.sum() for h in high]).tolist()))  # |H| of every chunk: one host sync
+    num_high = sum(num for _, num in high)
     if stats is not None:
         stats.update(high_fraction=num_high / max(dim, 1), macro_classes=0)
     if num_high == 0:
         return out
-
-    def high_columns():
-        """(columns, values, Micro-Classes) of H, chunk by chunk; the same random draws on every call."""
-        g = torch.Generator().manual_seed(seed)  # on the CPU: the same classes for a seed on every device
-        for c, high_in_c, num in zip(chunks, high, num_high_by_chunk):
-            columns = torch.nonzero_static(high_in_c, size=num).flatten() + c.start  # size known: no sync
-            values = stacked.index_select(1, columns)
-            mic = micro_classes(values, n_micro) if "micro" not in ablate else torch.randint(
-                n_micro, values.shape, generator=g, dtype=torch.uint8).to(values.device, non_blocking=True)
-            yield columns, values, mic
-
+    high_columns = lambda: high_dispersion_chunks(stacked, high, chunks, n_micro, "micro" in ablate, seed)  # noqa: E731
     if "macro" in ablate:
         draw = torch.randint(min(n_macro, num_clients), (num_clients,), generator=torch.Generator().manual_seed(seed))
         labels = torch.unique(draw, return_inverse=True)[1]
-    else:
+    else:  # Eq. (8)
         disagreements = sum(micro_class_disagreements(mic, n_micro) for _, _, mic in high_columns())
         labels = cluster_macro_classes(disagreements, num_high, n_macro, delta)
     members = macro_class_members(labels, stacked.device)
-    for columns, values, mic in high_columns():
-        out[columns] = tendency_weights(mic, members, sizes, n_micro).mul_(values).sum(0)  # Eq. (11)
+    for columns, values, mic in high_columns():  # Eq. (9) and (11) on H
+        out[columns] = tendency_weights(mic, members, num_samples, n_micro).mul_(values).sum(0)
     if stats is not None:
         stats["macro_classes"] = len(members)
     return out
-
-
-# the stages of fedpake_aggregate by name (it holds them so that it can be pasted alone)
-(parameter_division, micro_classes, micro_class_disagreements, cluster_macro_classes, tendency, macro_class_members,
- tendency_weights) = fedpake_aggregate(None, None).values()
 
 
 # ----------------------------------------------------------------------------- server step and main

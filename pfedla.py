@@ -27,7 +27,8 @@ data; the paper reports the unweighted mean over clients (test_acc_mean).
     python pfedla.py --dataset cifar10                        # Table 1, 10 clients, non-IID_1
     python pfedla.py --dataset emnist --k 1                   # HeurpFedLA (Table 1 / 3)
 """
-import common  # first, before torch: common.py's first lines make a Ctrl-C while starting one line
+import startup  # first, before torch loads (seconds): a Ctrl-C while starting ends in one line (startup.py)
+import common
 
 import math
 
@@ -102,9 +103,6 @@ class LayerHypernetworks(nn.Module):
         per_client = (embed_dim + sum(a * b + b for a, b in zip(dims, dims[1:]))
                       + hidden_dim * num_layers * num_clients + num_layers * num_clients)
         return num_clients * per_client
-
-    def params_per_client(self):
-        return sum(p[0].numel() for p in self.parameters())
 
 
 def layer_sizes(model):
@@ -245,9 +243,10 @@ def main(argv=None):
     state = {"hypernetworks": hypernetworks, "client_models": client_models}
     start = run.resume(state, rng)
     element, num_params = client_models.element_size(), client_models.shape[1]
+    hn_params = sum(p.numel() for p in hypernetworks.parameters())  # the same count for every client
     print(f"[{algo}] model {model.__class__.__name__}: {num_params} parameters in {len(sizes)} layers; "
-          f"hypernetworks: {args.num_clients} x {hypernetworks.params_per_client()} = "
-          f"{sum(p.numel() for p in hypernetworks.parameters())} parameters; {len(pool)} client(s) at a time")
+          f"hypernetworks: {args.num_clients} x {hn_params // args.num_clients} = {hn_params} parameters; "
+          f"{len(pool)} client(s) at a time")
 
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)

@@ -111,7 +111,7 @@ def restore_signals(previous, ignore=False):
     """Put back the handlers that ``handle_stop_signals`` replaced, or ignore the signals (leaving
     after one: a further one must not turn the exit into a traceback)."""
     for signum, handler in previous.items():
-        if ignore or getattr(handler, "while_starting", False):  # common's start-up handler: the script is ending
+        if ignore or getattr(handler, "while_starting", False):  # startup.py's handler: the script is ending
             handler = signal.SIG_IGN
         signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
@@ -203,6 +203,38 @@ ADDED_FLAGS = {"deterministic": "off",  # before the flag, torch's own settings
                "fedavg": False,  # fedacd.py before --fedavg: FedACD
                "log_risk": True, "log_kl": True,  # fedacd.py logged both at every evaluation before the flags
                "threads": None}  # UNRECORDED: see below
+# flags that left a script for a program of tools/ (one mode per script): program -> (the script, its flags). A
+# run made with one of them set (config.json keeps the command as run) continues, and its command runs, there
+# with the same flags; the program also continues the script's own runs (docs/running.md)
+MOVED = {"tools/fedavg_variants": ("fedavg", ("local_training", "eval_local_models")),
+         "tools/fedacd_diagnostics": ("fedacd", ("fedavg", "log_risk", "log_kl"))}
+
+
+def recorded_args(args, script):
+    """``args`` as config.json and the checkpoint record them: with the flags that left ``script`` for tools/
+    (MOVED) off, as its runs recorded them before, so that its runs and those programs' compare on --resume."""
+    return {**{f: False for moved_from, flags in MOVED.values() if moved_from == script for f in flags}, **vars(args)}
+
+
+def todays_command(command):
+    """A command as config.json keeps it (the program, then its flags), as it runs today: a script given a flag
+    that moved to tools/ (MOVED) is that program, the flags the same (fedavg.py --local-training ... is
+    tools/fedavg_variants.py --local-training ...)."""
+    folder, name = os.path.split(command[0])
+    for program, (moved_from, flags) in MOVED.items():
+        if name == f"{moved_from}.py" and any(f"--{f.replace('_', '-')}" in command[1:] for f in flags):
+            return [os.path.join(folder, f"{program}.py"), *command[1:]]
+    return list(command)
+
+
+def program_of(script, args):
+    """The program (no .py) that runs today what ``script`` ran with the settings ``args`` (config.json's,
+    with ADDED_FLAGS for flags the run predates)."""
+    args = {**ADDED_FLAGS, **args}
+    return next((program for program, (moved_from, flags) in MOVED.items()
+                 if moved_from == script and any(args.get(f) for f in flags)), script)
+
+
 # --threads (the CPU torch threads that decide a run's arithmetic) was not recorded before the flag: such a run
 # resumes as it ran, at torch's default from the environment (OMP_NUM_THREADS), and its record stays without a
 # count; tools/record_threads.py adds the count where the run's launches (reproduce.json) show it
@@ -498,7 +530,8 @@ def resumed_args(parser, argv):
         raise UserError(f"cannot resume: {path} names no script or algorithm")
     if script == "flower_app":  # its checkpoint is the script's: flower/app.py or the script continues it
         script = {"heurpfedla": "pfedla"}.get(config.get("algorithm"), config.get("algorithm"))
-    if f"{script}.py" != parser.prog:
+    script = program_of(script, saved)
+    if f"{script}.py" != parser.prog and MOVED.get(parser.prog.removesuffix(".py"), (None,))[0] != script:
         raise UserError(f"cannot resume: {folder} is a run of {script}.py, not {parser.prog}; "
                         f"use python {script}.py --resume {folder}")
     defaults = vars(parser.parse_args([]))
@@ -889,7 +922,8 @@ class Run:
         else:
             self._new_dir()
             self._write("config.json", _json({
-                "algorithm": algo, "script": self.script, "args": {**vars(args), "resume": None, "stop_after": None},
+                "algorithm": algo, "script": self.script,
+                "args": {**recorded_args(args, self._records_as()), "resume": None, "stop_after": None},
                 "command": self._command(), **where_it_runs(device),
                 "num_classes": data.num_classes, "input_shape": list(data.x.shape[1:]),
                 "data_sha256": self.data_sha256,
@@ -1100,9 +1134,14 @@ class Run:
         self.close()
         sys.exit(0)  # as if killed here
 
+    def _records_as(self):
+        """The script whose flags this run records (flower/app.py runs the algorithm's script)."""
+        return self.algo if self.script == "flower_app" else self.script
+
     def _fixed_args(self):
         """The settings a checkpoint belongs to: every flag that changes results, --rounds aside."""
-        return {k: v for k, v in sorted(vars(self.args).items()) if k not in RESUME_MAY_CHANGE}
+        recorded = recorded_args(self.args, self._records_as())
+        return {k: v for k, v in sorted(recorded.items()) if k not in RESUME_MAY_CHANGE}
 
     def resume(self, state, rng):
         """With ``--resume``: load the checkpoint into ``state`` in place (modules and objects by

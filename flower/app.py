@@ -78,9 +78,6 @@ class Job:
         self.algorithm, self.flags = algorithm, list(flags)
         self.module = importlib.import_module(algorithm)
         self.args = self.module.parse_args(self.flags)
-        if algorithm == "fedavg" and (self.args.local_training or self.args.eval_local_models):
-            raise common.UserError("--local-training and --eval-local-models are fedavg.py's alone, not run on "
-                                   "Flower; use python fedavg.py with them")
         self.device = common.resolve_device(self.args.device)
         self.data = common.load_federated_data(self.args, self.device)
         self.models = {}
@@ -163,22 +160,10 @@ def pfedla_client(job, client, round_, received, evaluate):
 
 
 def fedacd_client(job, client, round_, received, evaluate):
-    data = job.data
-    counts = torch.as_tensor(data.train_counts, dtype=torch.float64, device=job.device)
-    present = torch.as_tensor(data.train_counts > 0)  # on the host, as the script's: no GPU sync
-    risk = None
-    if evaluate and job.args.log_risk:  # the script's average-risk set-up: client label priors, per-class test sets
-        risk_test = data.global_test_idx if data.global_test_idx is not None else torch.cat(data.test_idx)
-        risk = ([risk_test[data.y[risk_test] == c] for c in range(data.num_classes)],
-                counts / counts.sum(1, keepdim=True))
-    trained, loss, score, kl, local_risk = job.module.client_update(
-        job.model(), received["global"], data, client, present, job.args, round_, risk)
-    metrics = {"loss": float(loss)}
-    if score is not None:  # FedACD; --fedavg only with --log-kl
-        metrics.update(score=float(score), kl=float(kl))
-    if local_risk is not None:
-        metrics["local_risk"] = float(local_risk)
-    return {"trained": trained}, metrics
+    present = torch.as_tensor(job.data.train_counts > 0)  # on the host, as the script's: no GPU sync
+    trained, loss, score, kl = job.module.client_update(job.model(), received["global"], job.data, client, present,
+                                                        job.args, round_)
+    return {"trained": trained}, {"loss": float(loss), "score": float(score), "kl": float(kl)}
 
 
 CLIENTS = {"fedavg": fedavg_client, "fedala": fedala_client, "pfedla": pfedla_client,
@@ -434,17 +419,13 @@ def fedavg_round(job, server, clients, round_, evaluate, send):
     losses = [common.check_finite(replies[c][1]["loss"], round_, c) for c in clients]
     metrics, up = {}, 0
     if job.algorithm == "fedacd":
-        scores = [torch.tensor(replies[c][1]["score"], dtype=torch.float64, device=job.device) for c in clients
-                  if "score" in replies[c][1]]
-        num_samples = [len(job.data.train_idx[c]) for c in clients] if args.fedavg else None
-        new_global = m.server_update(states, scores, args.uniform_agg, num_samples)
-        up = 0 if args.fedavg else 8 * len(clients)  # + the score V_m, which FedAvg's server does not need
-        mean = lambda values: float(torch.tensor(values, dtype=torch.float64).mean())  # noqa: E731
-        if evaluate and scores:  # Table 9: FedACD always, --fedavg with --log-kl
-            metrics = {"local_kl": mean([replies[c][1]["kl"] for c in clients]), "score_min": float(min(scores)),
-                       "score_max": float(max(scores))}
-        if evaluate and args.log_risk:  # Table 3
-            metrics["local_risk"] = mean([replies[c][1]["local_risk"] for c in clients])
+        scores = [torch.tensor(replies[c][1]["score"], dtype=torch.float64, device=job.device) for c in clients]
+        new_global = m.server_update(states, scores, args.uniform_agg)
+        up = 8 * len(clients)  # + the score V_m
+        if evaluate:  # Table 9
+            metrics = {"local_kl": float(torch.tensor([replies[c][1]["kl"] for c in clients],
+                                                      dtype=torch.float64).mean()),
+                       "score_min": float(min(scores)), "score_max": float(max(scores))}
     elif job.algorithm == "fedpake":
         new_global, metrics = m.server_update(states, [len(job.data.train_idx[c]) for c in clients], args, round_)
     else:
@@ -549,7 +530,7 @@ def pfedla_round(job, server, clients, round_, evaluate, send):
 def summary_extra(job, server, run):
     """The script's extra summary entries."""
     if job.algorithm == "fedala":
-        return {"ala_weights_per_client": server["ala"].num_weights(),
+        return {"ala_weights_per_client": server["ala"].weights.shape[1],
                 "initial_stage_epochs": [len(losses) for losses in server["ala"].init_losses]}
     if job.algorithm == "pfedla":
         with torch.no_grad():
@@ -557,10 +538,6 @@ def summary_extra(job, server, run):
             self_weight = server["hypernetworks"](ids)[ids, :, ids].mean(0).tolist()
         return {"self_weight_per_layer": [[name, round(w, 4)] for (name, _), w
                                           in zip(common.layers(server["global_model"]), self_weight)]}
-    if job.algorithm == "fedacd" and job.args.log_risk:
-        risks = [float(r["local_risk"]) for r in run.rows if "local_risk" in r]
-        return {"local_risk": {"best": min(risks), "final": risks[-1],
-                               "last10_mean": sum(risks[-10:]) / len(risks[-10:])}} if risks else {}
     return {}
 
 
@@ -635,8 +612,8 @@ def serve(grid, algorithm, flags, options, clients=None):
             if run.rows and not isinstance(e, Interrupted):
                 with contextlib.suppress(Exception):
                     run.summary({"error": str(e).splitlines()[0] if str(e) else e.__class__.__name__},
-                                status="diverged" if isinstance(e, common.DivergedError) else "failed")
-            run.close(failed=True, diverged=isinstance(e, common.DivergedError))
+                                status="diverged" if isinstance(e, run_folder.DivergedError) else "failed")
+            run.close(failed=True, diverged=isinstance(e, run_folder.DivergedError))
         raise
     return clients
 
@@ -847,7 +824,7 @@ def build_server_app(jobs=None):
             algorithm, options, flags = plan(argv)
             try:
                 clients = serve(grid, algorithm, flags, options, clients)
-            except (common.UserError, TooFewClients, common.DivergedError) as e:
+            except (common.UserError, TooFewClients, run_folder.DivergedError) as e:
                 if jobs:  # a simulation: main() says it in one line
                     raise
                 print(f"error: {e}", file=sys.stderr, flush=True)  # deployment: one line in the run's log,

@@ -7,8 +7,8 @@ pytest does not collect it).
 Fashion-MNIST (or --dataset), 20 clients, Dir(0.1), 5 local epochs, batch 64, SGD 0.01 momentum 0.9,
 the simple CNN, the global test split: fedacd.py's defaults, which fedavg.py is given too. One torch
 thread. In turn, --reps times (A, B, A, B, ...): one client's update as fedavg.py runs it
-(common.client_update), as fedacd.py runs it by default, and as fedacd.py runs it with --log-risk on an
-evaluation round (Table 3's average risk: the local model on the whole test set), and with --before
+(common.client_update), as fedacd.py runs it by default, and as tools/fedacd_diagnostics.py runs it with
+--log-risk on an evaluation round (Table 3's average risk: the local model on the whole test set), and with --before
 the older fedacd.py's client update on an evaluation round (it computed the risk every evaluation,
 and every round is one by default). The evaluation of the global model, common to both scripts, is
 timed once per rep. Each is timed in CPU seconds of this process (time.process_time: one torch
@@ -30,6 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import common  # noqa: E402
 import fedacd  # noqa: E402
+from tools import fedacd_diagnostics  # noqa: E402
 import fedavg  # noqa: E402
 
 SETTING = ["--num-clients", "20", "--join-ratio", "0.4", "--local-epochs", "5", "--batch-size", "64", "--lr", "0.01",
@@ -55,7 +56,7 @@ def main(argv=None):
     torch.set_num_threads(1)
     flags = ["--dataset", a.dataset, "--data-dir", a.data_dir, *SETTING]
     args_acd, args_avg = fedacd.parse_args(flags), fedavg.parse_args(flags)
-    args_risk = fedacd.parse_args(flags + ["--log-risk"])
+    args_risk = fedacd_diagnostics.parse_args(flags + ["--log-risk"])
     rng = common.seed_everything(0)
     data = common.load_federated_data(args_acd, torch.device("cpu"))
     clients = common.sample_clients(rng, args_acd.num_clients, args_acd.join_ratio)
@@ -72,7 +73,7 @@ def main(argv=None):
 
     runs = {"fedavg.py": lambda: common.client_update(worker, global_state, data, client, args_avg, 1),
             "fedacd.py": lambda: fedacd.client_update(worker, global_state, data, client, present, args_acd, 1),
-            "fedacd.py --log-risk (eval round)": lambda: fedacd.client_update(
+            "fedacd_diagnostics.py --log-risk (eval round)": lambda: fedacd_diagnostics.client_update(
                 worker, global_state, data, client, present, args_risk, 1, risk)}
     if before:
         runs["fedacd.py before (eval round)"] = lambda: before.client_update(

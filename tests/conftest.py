@@ -97,3 +97,15 @@ def fabricated_publishers_files(monkeypatch):
     content is emptied for the test (in this process only; tests/test_known_content.py tests the check)."""
     import datasets
     monkeypatch.setattr(datasets, "KNOWN_CONTENT", {})
+
+
+def layer_state_keys(model):
+    """For each layer (common.layers), the state_dict keys of its own parameters and buffers (weight and
+    bias move together; BatchNorm's running statistics travel with their layer)."""
+    import common
+    out = []
+    for name, m in common.layers(model):
+        prefix = f"{name}." if name else ""
+        own = [k for k, _ in m.named_parameters(recurse=False)] + [k for k, _ in m.named_buffers(recurse=False)]
+        out.append([prefix + k for k in own])
+    return out

@@ -8,7 +8,8 @@ mixup draws as the script's:
 
 * ``fedacd``: the script's (L1 + lambda L2 with mixup, Eq. (7)-(9));
 * ``fedacd-no-mixup``, ``fedacd-delta-1``: the same without mixup, and with --missing-delta 1.0;
-* ``fedavg``: FedAvg's cross-entropy without mixup (``fedacd.py --fedavg --no-mixup``, Table 9's baseline);
+* ``fedavg``: FedAvg's cross-entropy without mixup (``tools/fedacd_diagnostics.py --fedavg --no-mixup``, Table 9's
+  baseline);
 * ``fedavg-mixup``: FedAvg's cross-entropy with the same mixup.
 
 and for each trained local model it prints the KL of Eq. (10) read several ways: P^m on the client's clean
@@ -30,6 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import common  # noqa: E402
 import fedacd  # noqa: E402
+from tools import fedacd_diagnostics  # noqa: E402
 
 VARIANTS = {"fedacd": {"fedavg": False, "mixup": True, "missing_delta": 0.01},  # every variant whole: a run of
             "fedacd-no-mixup": {"fedavg": False, "mixup": False, "missing_delta": 0.01},  # --fedavg gives the base
@@ -56,7 +58,7 @@ def readings(model, data, idx, classes, present, args, batch_seed, mixup_seed):
     P_adjusted = fedacd.rows_to_matrix(sums, torch.zeros_like(sums))
     mixed_args = argparse.Namespace(**{**vars(args), "mixup": True, "local_epochs": 1})
     sums.zero_()
-    for x, y_a, y_b, mix in fedacd.client_batches(data, idx, mixed_args, batch_seed, mixup_seed)[0]:
+    for x, y_a, y_b, mix in fedacd.mixup_epochs(data, idx, mixed_args, batch_seed, mixup_seed)[0]:
         fedacd.accumulate_probabilities(sums, model(x).softmax(1), y_a, y_b, mix)
     P_mixed = fedacd.rows_to_matrix(sums, torch.zeros_like(sums))
     out = {"diag": float(P.diagonal()[classes].mean()), "kl_mean": kl(P, classes),
@@ -64,6 +66,16 @@ def readings(model, data, idx, classes, present, args, batch_seed, mixup_seed):
            "kl_mixed": kl(P_mixed, classes)}
     out.update({f"kl_tau{tau}": kl(P, classes, tau) for tau in TAUS[1:]})
     return out
+
+
+def local_train(model, data, idx, present, args, batch_seed, mixup_seed):
+    """The variant's local update, as fedacd.client_update (or --fedavg's) runs it: its mean loss."""
+    optimizer, epochs = common.make_optimizer(model, args), fedacd.mixup_epochs(data, idx, args, batch_seed, mixup_seed)
+    if args.fedavg:
+        return fedacd_diagnostics.fedavg_local_training(model, optimizer, epochs)
+    clean = lambda: ((data.x[b], data.y[b]) for b in idx.split(1024))  # noqa: E731
+    return fedacd.fedacd_local_training(model, optimizer, epochs, clean, data.num_classes, present, args.lam,
+                                        args.missing_delta)[0]
 
 
 def main():
@@ -77,7 +89,7 @@ def main():
     for folder in a.runs:
         config = json.load(open(os.path.join(folder, "config.json")))
         checkpoint = torch.load(os.path.join(folder, "checkpoint.pt"), map_location="cpu", weights_only=False)
-        base = fedacd.parse_args([*config["command"][1:], "--data-dir", a.data_dir, "--device", "cpu"])
+        base = fedacd_diagnostics.parse_args([*config["command"][1:], "--data-dir", a.data_dir, "--device", "cpu"])
         data = common.load_federated_data(base, torch.device("cpu"))
         model = common.build_model(base.model, data)
         global_model = checkpoint["state"]["global_model"]  # its state_dict
@@ -99,7 +111,7 @@ def main():
             for name, change in VARIANTS.items():
                 args = argparse.Namespace(**{**vars(base), **change})
                 model.load_state_dict(global_model)
-                loss, _ = fedacd.local_train(model, data, idx, present, args, *seeds)
+                loss = local_train(model, data, idx, present, args, *seeds)
                 r = readings(model, data, idx, classes, present, args, *seeds)
                 print(f"    {name:16s} loss {float(loss):.3f} " + " ".join(f"{k} {v:.3f}" for k, v in r.items()),
                       flush=True)

@@ -1,6 +1,8 @@
 """One round of each algorithm as its script's main() runs it, composed from the script's own
 client update and server step, for tests that drive rounds directly (``worker`` is one model
 or a list of them, as in common.ClientPool)."""
+import argparse
+
 import torch
 
 import common
@@ -8,6 +10,7 @@ import fedacd
 import fedala
 import fedavg
 import pfedla
+from tools import fedacd_diagnostics
 
 
 def pool_of(worker, data):
@@ -67,8 +70,13 @@ def fedacd_round(global_model, worker, data, clients, args, round_, client_stack
     """Returns the round's statistics as fedacd.main logs them; ``client_stack`` receives the
     uploaded models."""
     global_state = common.flatten_state(global_model)
-    updates = pool_of(worker, data).map(lambda model, client: fedacd.client_update(
-        model, global_state, data, client, present, args, round_, risk), clients)
+    if risk is None:
+        updates = pool_of(worker, data).map(lambda model, client: (*fedacd.client_update(
+            model, global_state, data, client, present, args, round_), None), clients)
+    else:  # Table 3's average risk besides: tools/fedacd_diagnostics.py's client (FedACD without --fedavg)
+        args = argparse.Namespace(**{**vars(args), "fedavg": False})
+        updates = pool_of(worker, data).map(lambda model, client: fedacd_diagnostics.client_update(
+            model, global_state, data, client, present, args, round_, risk), clients)
     states, losses, scores, kls, risks = zip(*updates)
     client_stack[:len(clients)] = torch.stack(states)
     common.load_flat_state(global_model, fedacd.server_update(states, scores, args.uniform_agg))
@@ -78,3 +86,11 @@ def fedacd_round(global_model, worker, data, clients, args, round_, client_stack
     if risk is not None:
         stats["local_risk"] = float(torch.stack(risks).mean())
     return stats
+
+
+def fedacd_local_train(model, data, idx, present, args, batch_seed, mixup_seed):
+    """fedacd.client_update's local training of ``idx`` with these seeds: (mean loss, P^m)."""
+    return fedacd.fedacd_local_training(model, common.make_optimizer(model, args),
+                                        fedacd.mixup_epochs(data, idx, args, batch_seed, mixup_seed),
+                                        lambda: ((data.x[b], data.y[b]) for b in idx.split(1024)), data.num_classes,
+                                        present, args.lam, args.missing_delta)

@@ -31,6 +31,7 @@ sys.path.insert(0, ROOT)
 import common  # noqa: E402
 import fedacd  # noqa: E402
 import fedala  # noqa: E402
+from rounds import fedacd_local_train  # noqa: E402
 
 # script -> (model with --model auto on CIFAR-10, batch size, lr, momentum, weight decay), the scripts' defaults
 SCRIPTS = {
@@ -96,7 +97,7 @@ def phase_ops(model, data, batch_size, args):
 
 def local_update_ops(script, model, data, args):
     """aten ops per step of the script's own local update over all of ``data`` (one epoch):
-    common.local_train, or fedacd.local_train with its P^m pass, mixup and loss."""
+    common.local_train, or fedacd.client_update's local training with its P^m pass, mixup and loss."""
     make_optimizer = common.make_optimizer
     common.make_optimizer = lambda m, a: torch.optim.SGD(m.parameters(), lr=a.lr, momentum=a.momentum,
                                                          weight_decay=a.weight_decay, foreach=True)
@@ -106,7 +107,7 @@ def local_update_ops(script, model, data, args):
         with CountOps() as count:
             if script == "fedacd":
                 present = torch.ones(data.num_classes, dtype=torch.bool)
-                fedacd.local_train(model, data, idx, present, args, batch_seed=1, mixup_seed=2)
+                fedacd_local_train(model, data, idx, present, args, batch_seed=1, mixup_seed=2)
             else:
                 common.local_train(model, data, idx, args, seed=1)
     finally:

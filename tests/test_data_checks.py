@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import common
+import datasets
 import fedavg
 from conftest import run_script
 
@@ -46,7 +47,7 @@ def test_the_name_may_be_in_capitals_and_other_arrays_are_not_read(tmp_path):
     path = tmp_path / "D.NPZ"
     with open(path, "wb") as f:  # np.savez would append .npz
         np.savez(f, x=np.zeros((40, 8), np.float32), y=Y40, notes=np.array([{"a": 1}], dtype=object))
-    x, y, x_test, y_test = common.load_arrays(str(path), str(tmp_path))
+    x, y, x_test, y_test = datasets.load_arrays(str(path), str(tmp_path))
     assert x.shape == (40, 8) and y.tolist() == Y40.tolist() and len(x_test) == len(y_test) == 0
 
 
@@ -59,7 +60,7 @@ def test_an_unreadable_file_says_why(tmp_path, monkeypatch):
 
     monkeypatch.setattr(np, "load", refuse)
     with pytest.raises(common.UserError, match=r"^cannot read .*d\.npz: Permission denied$"):
-        common.load_arrays(str(path), str(tmp_path))
+        datasets.load_arrays(str(path), str(tmp_path))
 
 
 @pytest.mark.parametrize("name,shape", [("lenet", (3, 32, 32)), ("resnet18", (3, 32, 32)), ("cnn", (1, 28, 28))])

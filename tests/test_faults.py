@@ -24,6 +24,7 @@ import torch
 import common
 import fedavg
 import run_folder
+import startup
 from conftest import ROOT, metrics_rows, run_dir, run_in_process, sighup_as_in_a_terminal
 
 SMALL = ["--dataset", "synthetic", "--num-clients", "4"]
@@ -115,17 +116,25 @@ def folder_in_place_of(name):
 
 # ----------------------------------------------------------------------------- signals
 
-def test_every_script_imports_common_first_which_handles_signals_before_numpy_and_torch_load():
-    for name in common.SCRIPTS:
+def test_every_program_imports_startup_first_which_handles_signals_before_numpy_and_torch_load():
+    """startup.py installs its handlers and imports nothing heavy; every program it names (the scripts,
+    tools/reproduce.py and the programs of tools/ that run a script's rounds) imports it before anything
+    of ours, numpy or torch."""
+    programs = [*startup.SCRIPTS, *(os.path.join("tools", name) for name in os.listdir(os.path.join(ROOT, "tools"))
+                                    if name in startup.STARTING)]
+    assert len(programs) == len(startup.STARTING)
+    for name in programs:
         tree = ast.parse(open(os.path.join(ROOT, name)).read())
-        first = next(node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom)))
-        assert isinstance(first, ast.Import) and first.names[0].name == "common", name
-    body = ast.parse(open(os.path.join(ROOT, "common.py")).read()).body
-    installs = next(i for i, node in enumerate(body) if isinstance(node, ast.If))  # the start-up handlers
-    heavy = [i for i, node in enumerate(body) if isinstance(node, ast.Import)
-             and {a.name.split(".")[0] for a in node.names} - {"os", "signal", "sys"}]
-    assert installs < min(heavy)
-    assert sorted(common.SCRIPTS) == sorted(
+        imports = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+        first = next(i for i, node in enumerate(imports) if isinstance(node, ast.Import)
+                     and node.names[0].name == "startup")
+        before = {a.name.split(".")[0] for node in imports[:first] for a in node.names}
+        assert before <= {"os", "sys"}, (name, before)
+    body = ast.parse(open(os.path.join(ROOT, "startup.py")).read()).body
+    imported = {a.name.split(".")[0] for node in body if isinstance(node, (ast.Import, ast.ImportFrom))
+                for a in node.names}
+    assert imported == {"os", "signal", "sys"} and isinstance(body[-1], ast.If)  # the handlers, installed last
+    assert sorted(startup.SCRIPTS) == sorted(
         name for name in os.listdir(ROOT) if name.endswith(".py") and "run_folder.run_main(main)" in
         open(os.path.join(ROOT, name)).read())
 

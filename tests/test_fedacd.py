@@ -15,8 +15,9 @@ import torch.nn.functional as F
 import common
 import fedacd
 import run_folder
-from rounds import fedacd_round
+from rounds import fedacd_local_train as local_train, fedacd_round
 from conftest import metrics_rows, run_dir
+from tools import fedacd_diagnostics
 
 CPU = torch.device("cpu")
 
@@ -146,7 +147,7 @@ def test_mixup_accumulation_uses_the_mixing_weights():
 
 
 def batches_of(data, idx, size=1024):
-    """The client's unmixed (x, y) train batches, as fedacd.local_train gives them to P^m."""
+    """The client's unmixed (x, y) train batches, as fedacd.client_update gives them to P^m."""
     return ((data.x[b], data.y[b]) for b in idx.split(size))
 
 
@@ -166,7 +167,7 @@ def test_local_training_mixes_losses_and_replaces_p_with_the_epochs_mixup_weight
     torch.manual_seed(1)
     model = common.build_model("auto", data)
     idx, present = data.train_idx[0], torch.as_tensor(data.train_counts[0] > 0)
-    loss, P = fedacd.local_train(model, data, idx, present, args, batch_seed=5, mixup_seed=7)
+    loss, P = local_train(model, data, idx, present, args, batch_seed=5, mixup_seed=7)
     clean = fedacd.probability_matrix(model, batches_of(data, idx), 10)
     assert torch.equal(P, clean)  # the trained model's P^m, for V_m
     margins, losses, g = fedacd.margin_deltas(clean, present, 0.01), [], torch.Generator().manual_seed(7)
@@ -198,27 +199,39 @@ def test_local_training_mixes_losses_and_replaces_p_with_the_epochs_mixup_weight
         assert not torch.allclose(epoch_P, clean, atol=1e-3)
 
 
-def test_schedule_piece_needs_only_torch_and_gives_local_train_s_result():
+def test_schedule_piece_needs_only_torch_and_gives_client_update_s_result():
     """fedacd_local_training pasted alone (with the pieces it calls) into torch-only code, fed plain
-    (x, y_a, y_b, mix) batches, gives the script's local update bit for bit."""
+    (x, y_a, y_b, mix) batches, gives the script's client update bit for bit (trained model, loss, and the
+    score from P^m)."""
     from test_paste import paste_pieces
     args, data = _tiny_data()
-    args.local_epochs = 2
-    idx, present = data.train_idx[1], torch.as_tensor(data.train_counts[1] > 0)
-    results = []
-    for pasted in (False, True):
-        torch.manual_seed(1)
-        model = common.build_model("auto", data)
-        if pasted:
-            train = paste_pieces("fedacd.py", "fedacd_local_training")["fedacd_local_training"]
-            optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
-                                        weight_decay=args.weight_decay)
-            loss, P = train(model, optimizer, fedacd.client_batches(data, idx, args, 5, 7),
-                            lambda: batches_of(data, idx), 10, present, args.lam, args.missing_delta)
-        else:
-            loss, P = fedacd.local_train(model, data, idx, present, args, batch_seed=5, mixup_seed=7)
-        results.append((loss, P, common.flatten_state(model)))
-    assert all(torch.equal(a, b) for a, b in zip(*results))
+    args.local_epochs, client, round_ = 2, 1, 3
+    idx, present = data.train_idx[client], torch.as_tensor(data.train_counts > 0)
+    seeds = common.client_seed(args.seed, round_, client), common.client_seed(args.seed, round_, client, tag=1)
+    torch.manual_seed(1)
+    model = common.build_model("auto", data)
+    initial = common.flatten_state(model).clone()
+    trained, loss, score, kl = fedacd.client_update(model, initial, data, client, present, args, round_)
+    train = paste_pieces("fedacd.py", "fedacd_local_training")["fedacd_local_training"]
+    common.load_flat_state(model, initial)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    pasted_loss, P = train(model, optimizer, fedacd.mixup_epochs(data, idx, args, *seeds),
+                           lambda: batches_of(data, idx), 10, present[client], args.lam, args.missing_delta)
+    assert torch.equal(pasted_loss, loss) and torch.equal(common.flatten_state(model), trained)
+    assert torch.equal(fedacd.aggregation_score(P, present[client], args.tau, reduction="mean")[0], score)
+
+
+def test_each_epoch_s_batches_do_not_depend_on_the_others_being_read():
+    """mixup_epochs draws every batch's mix and pairing at once: epoch 2 read alone gives what it gives
+    after epoch 1 (no iterable sliced from one shared stream)."""
+    args, data = _tiny_data()
+    args.local_epochs = 3
+    idx = data.train_idx[0]
+    in_order = [list(epoch) for epoch in fedacd.mixup_epochs(data, idx, args, 5, 7)]
+    alone = list(fedacd.mixup_epochs(data, idx, args, 5, 7)[1])
+    assert len(alone) == len(in_order[1]) > 0
+    for (x, y_a, y_b, mix), (x2, y_a2, y_b2, mix2) in zip(alone, in_order[1]):
+        assert torch.equal(x, x2) and torch.equal(y_a, y_a2) and torch.equal(y_b, y_b2) and mix == mix2 != 1
 
 
 def test_mixup_loss_mixes_the_two_labels_losses():
@@ -239,18 +252,21 @@ def test_mixup_loss_mixes_the_two_labels_losses():
 
 
 def test_fedavg_flag_gives_fedavg_py_metrics_and_fedacd_diagnostics(tmp_path):
-    """fedacd.py --fedavg --no-mixup is FedAvg: every column fedavg.py writes is equal on the same
-    settings (timing aside), and local_risk and local_kl are written besides when asked (--log-risk,
-    --log-kl); without them, not."""
+    """tools/fedacd_diagnostics.py --fedavg --no-mixup is FedAvg: every column fedavg.py writes is equal on
+    the same settings (timing aside), and local_risk and local_kl are written besides when asked (--log-risk,
+    --log-kl); without them, not. Without --fedavg its columns are fedacd.py's."""
     import fedavg
     flags = ["--dataset", "synthetic", "--num-clients", "6", "--rounds", "3", "--join-ratio", "0.5",
              "--local-epochs", "2", "--batch-size", "16", "--lr", "0.01", "--momentum", "0.9", "--weight-decay", "1e-5",
              "--test-split", "global", "--parallel-clients", "1"]  # synthetic data: no partition flags
     fedavg.main(flags + ["--out", str(tmp_path / "fedavg")])
-    fedacd.main(flags + ["--fedavg", "--no-mixup", "--log-risk", "--log-kl", "--out", str(tmp_path / "diag")])
-    fedacd.main(flags + ["--fedavg", "--no-mixup", "--out", str(tmp_path / "bare")])
+    fedacd_diagnostics.main(flags + ["--fedavg", "--no-mixup", "--log-risk", "--log-kl", "--out",
+                                     str(tmp_path / "diag")])
+    fedacd_diagnostics.main(flags + ["--fedavg", "--no-mixup", "--out", str(tmp_path / "bare")])
     fedacd.main(flags + ["--no-mixup", "--out", str(tmp_path / "fedacd")])
-    plain, diag, bare, acd = (metrics_rows(run_dir(tmp_path / name)) for name in ("fedavg", "diag", "bare", "fedacd"))
+    fedacd_diagnostics.main(flags + ["--no-mixup", "--log-risk", "--out", str(tmp_path / "acd-risk")])
+    plain, diag, bare, acd, acd_risk = (metrics_rows(run_dir(tmp_path / name))
+                                        for name in ("fedavg", "diag", "bare", "fedacd", "acd-risk"))
     timing = {"seconds", "sec_per_round", "host_mb", "device_mb"}
     columns = [c for c in plain[0] if c not in timing]
     assert "global_acc" in columns and "mb_up" in columns
@@ -259,6 +275,9 @@ def test_fedavg_flag_gives_fedavg_py_metrics_and_fedacd_diagnostics(tmp_path):
     assert [{c: r[c] for c in columns} for r in acd] != [{c: r[c] for c in columns} for r in plain]
     assert not {"local_risk", "local_kl", "score_min", "score_max"} & set(bare[0])  # nothing computed unasked
     assert "local_kl" in acd[0] and "local_risk" not in acd[0]  # FedACD's KL comes with its score
+    timing = timing | {"local_risk"}
+    assert [{c: r[c] for c in r if c not in timing} for r in acd_risk] == \
+        [{c: r[c] for c in r if c not in timing} for r in acd]
     for r in diag:
         assert 0 <= float(r["local_risk"]) <= 1 and math.isfinite(float(r["local_kl"])) and float(r["local_kl"]) > 0
     assert os.path.basename(run_dir(tmp_path / "diag")).startswith("fedacd-fedavg-")
@@ -266,7 +285,7 @@ def test_fedavg_flag_gives_fedavg_py_metrics_and_fedacd_diagnostics(tmp_path):
 
 def test_fedavg_flag_excludes_uniform_aggregation():
     with pytest.raises(common.UserError, match="--uniform-agg"):
-        fedacd.parse_args(["--dataset", "synthetic", "--fedavg", "--uniform-agg"])
+        fedacd_diagnostics.parse_args(["--dataset", "synthetic", "--fedavg", "--uniform-agg"])
 
 
 def test_p_matrix_is_replaced_at_every_epoch_end_when_a_single_sample_batch_is_merged():
@@ -276,7 +295,7 @@ def test_p_matrix_is_replaced_at_every_epoch_end_when_a_single_sample_batch_is_m
     torch.manual_seed(1)
     model = common.build_model("auto", data)
     idx, present = data.train_idx[0][:21], torch.as_tensor(data.train_counts[0] > 0)  # batches of 10 and 11
-    loss, P = fedacd.local_train(model, data, idx, present, args, batch_seed=5, mixup_seed=7)
+    loss, P = local_train(model, data, idx, present, args, batch_seed=5, mixup_seed=7)
     rows = torch.bincount(data.y[idx], minlength=10) > 0
     expected = fedacd.probability_matrix(model, batches_of(data, idx), 10)  # frozen: every epoch's P^m is this
     assert torch.allclose(P[rows], expected[rows], atol=1e-5)
@@ -412,7 +431,8 @@ def test_average_risk_matches_independent_computation(npz_dataset):
     test = data.global_test_idx
     class_idx = [test[data.y[test] == c] for c in range(4)]
     counts = torch.as_tensor(data.train_counts, dtype=torch.float64)
-    risk = fedacd.average_risk(fedacd.per_class_errors(model, data, class_idx), counts / counts.sum(1, keepdim=True))
+    risk = fedacd_diagnostics.average_risk(fedacd_diagnostics.per_class_errors(model, data, class_idx),
+                                           counts / counts.sum(1, keepdim=True))
     with torch.no_grad():
         pred = model(data.x[test]).argmax(1).numpy()
     labels = data.y[test].numpy()
@@ -433,7 +453,8 @@ METRICS = ("round", "global_acc", "global_loss", "test_acc", "test_acc_mean", "t
 @pytest.mark.slow  # end to end, several seconds: runs in CI with the full suite
 def test_default_synthetic_run_is_fast_and_logs_all_three_tables(script, tmp_path):
     start = time.time()
-    result = script("fedacd.py", "--dataset", "synthetic", "--rounds", "10", "--device", "cpu", "--log-risk",
+    result = script("tools/fedacd_diagnostics.py", "--dataset", "synthetic", "--rounds", "10", "--device", "cpu",
+                    "--log-risk",
                     "--out", tmp_path)
     assert result.returncode == 0, result.stderr
     assert time.time() - start < 60
@@ -454,7 +475,7 @@ def test_default_synthetic_run_is_fast_and_logs_all_three_tables(script, tmp_pat
 def test_resume_gives_the_uninterrupted_result(tmp_path, capsys):
     # in-process: the same path as the command line, minus three interpreter start-ups
     flags = ["--dataset", "synthetic", "--num-clients", "5", "--rounds", "4", "--local-epochs", "1",
-             "--checkpoint-every", "2", "--device", "cpu", "--log-risk"]
+             "--checkpoint-every", "2", "--device", "cpu"]
     run_folder.run_main(fedacd.main, [*flags, "--out", str(tmp_path / "full")])
     with pytest.raises(SystemExit) as stop:
         run_folder.run_main(fedacd.main, [*flags, "--out", str(tmp_path / "part"), "--stop-after", "3"])
@@ -463,7 +484,7 @@ def test_resume_gives_the_uninterrupted_result(tmp_path, capsys):
     assert len(metrics_rows(folder)) == 3  # round 3 was logged after the last checkpoint (round 2)
     run_folder.run_main(fedacd.main, ["--resume", folder])
     assert "resumed" in capsys.readouterr().out
-    metrics = lambda rows: [[r[k] for k in METRICS] for r in rows]  # all but time and memory
+    metrics = lambda rows: [[r[k] for k in METRICS if k != "local_risk"] for r in rows]  # all but time and memory
     assert metrics(metrics_rows(folder)) == metrics(metrics_rows(run_dir(tmp_path / "full")))
 
 
@@ -495,12 +516,13 @@ def test_clients_in_parallel_give_the_same_round_as_one_at_a_time():
     assert torch.equal(g1, g3) and s1 == s3 and s1["score_min"] < s1["score_max"]
 
 
-def test_a_run_made_before_the_diagnostic_flags_resumes_logging_them(tmp_path):
-    """Runs made before --log-risk and --log-kl logged both at every evaluation: resumed, they go on so."""
+def test_a_run_made_before_the_diagnostic_flags_resumes_logging_them(tmp_path, capsys):
+    """Runs made before --log-risk and --log-kl logged both at every evaluation: resumed, they go on so, with
+    tools/fedacd_diagnostics.py (fedacd.py, which they were made with, says so in one line)."""
     flags = ["--dataset", "synthetic", "--num-clients", "3", "--rounds", "3", "--local-epochs", "1",
              "--checkpoint-every", "1", "--device", "cpu", "--fedavg", "--log-risk", "--log-kl"]
     with pytest.raises(SystemExit) as stop:
-        run_folder.run_main(fedacd.main, [*flags, "--out", str(tmp_path), "--stop-after", "2"])
+        run_folder.run_main(fedacd_diagnostics.main, [*flags, "--out", str(tmp_path), "--stop-after", "2"])
     assert stop.value.code == 0
     folder = run_dir(tmp_path)
     config_path, checkpoint_path = os.path.join(folder, "config.json"), os.path.join(folder, "checkpoint.pt")
@@ -508,8 +530,12 @@ def test_a_run_made_before_the_diagnostic_flags_resumes_logging_them(tmp_path):
     blob = torch.load(checkpoint_path, weights_only=False)
     for saved in (config["args"], blob["args"]):  # as an older fedacd.py wrote them
         del saved["log_risk"], saved["log_kl"]
+    config["script"], config["command"][0] = "fedacd", "fedacd.py"
     json.dump(config, open(config_path, "w"))
     torch.save(blob, checkpoint_path)
-    run_folder.run_main(fedacd.main, ["--resume", folder])
+    with pytest.raises(SystemExit) as stop:
+        run_folder.run_main(fedacd.main, ["--resume", folder])
+    assert stop.value.code == 2 and "use python tools/fedacd_diagnostics.py --resume" in capsys.readouterr().err
+    run_folder.run_main(fedacd_diagnostics.main, ["--resume", folder])
     rows = metrics_rows(folder)
     assert len(rows) == 3 and rows[-1]["local_risk"] != "" and rows[-1]["local_kl"] != ""

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 import common
+import datasets
 import fedala
 from rounds import fedala_round, fedavg_round
 from conftest import metrics_rows, run_dir, run_script
@@ -88,7 +89,7 @@ def test_one_ala_step_is_clipped_eq7_and_matches_autograd_through_w():
     eta, top = 30.0, ["3.weight", "3.bias"]
     ala = fedala.ALA(global_model, num_clients=2, p=1, eta=eta, s=100, batch_size=8)  # one batch = one step
     torch.manual_seed(2)
-    ala.weights[1] = torch.rand(ala.num_weights())
+    ala.weights[1] = torch.rand(ala.weights.shape[1])
     w0 = [w.clone() for w in ala.client_weights(1)]
     ala.start_phase[1] = False
     ala.initialise(1, global_model, local_model, x, y, torch.Generator().manual_seed(0))
@@ -105,7 +106,7 @@ def test_one_ala_step_is_clipped_eq7_and_matches_autograd_through_w():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     raw = torch.cat([(w - eta * g).flatten() for w, g in zip(w0, grads)])
     assert (raw < 0).any() and (raw > 1).any() and ((raw > 0) & (raw < 1)).any()  # both clips and no clip hit
-    assert torch.equal(ala.weights[0], torch.ones(ala.num_weights()))  # other clients' W untouched
+    assert torch.equal(ala.weights[0], torch.ones(ala.weights.shape[1]))  # other clients' W untouched
     # Eq. (7) by hand: the same step as -eta * dL/dTheta_hat (.) (Theta - Theta_i)
     theta_hat = {k: (old[k] + (glob[k] - old[k]) * w).requires_grad_() for k, w in zip(top, w0)}
     params = {**{k: v.clone() for k, v in glob.items()}, **theta_hat}
@@ -129,12 +130,12 @@ def test_p_counts_layers_and_cnn_weight_counts_match_table6():
              "conv1.bias"]
     for p, count in expected.items():
         ala = fedala.ALA(cnn, num_clients=2, p=p)
-        assert ala.num_weights() == count
+        assert ala.weights.shape[1] == count
         assert sorted(ala.top) == sorted(names[:2 * p])
     with pytest.raises(ValueError, match="p=5 is outside 1..4"):  # torch only: no project exception
         fedala.ALA(cnn, num_clients=1, p=5)
     fasttext = common.FastText(50, 4)  # Table 6, fastText: p=1 132, p=2 1188
-    assert [fedala.ALA(fasttext, 1, p=p).num_weights() for p in (1, 2)] == [132, 1188]
+    assert [fedala.ALA(fasttext, 1, p=p).weights.shape[1] for p in (1, 2)] == [132, 1188]
 
 
 @pytest.mark.parametrize("p,touched", [(1, {"3"}), (2, {"3", "1"}), (3, {"3", "1", "0"})])
@@ -164,7 +165,7 @@ def tiny_fed_data(num_clients=3, n_train=30, n_test=10, seed=0):
     train = [torch.arange(s, s + n_train) for s in starts]
     test = [torch.arange(num_clients * n_train + i * n_test, num_clients * n_train + (i + 1) * n_test)
             for i in range(num_clients)]
-    return common.FedData(x=x, y=y, num_classes=10, train_idx=train, test_idx=test)
+    return datasets.FedData(x=x, y=y, num_classes=10, train_idx=train, test_idx=test)
 
 
 def fedala_args(*flags):

@@ -89,8 +89,8 @@ def test_refusals_exit_2_with_one_line(tmp_path):
         "bad flag": (["fedala", "--dataset", "synthetic", "--rounds", "0"], {}, "--rounds must be >= 1"),
         "unknown flag": (["pfedla", "--no-such-flag"], {}, "unrecognized arguments"),
         "algorithm": (["fedprox"], {}, "unknown algorithm"),
-        "fedavg.py alone": (["fedavg", "--dataset", "synthetic", "--local-training"], {},
-                            "--local-training and --eval-local-models are fedavg.py's alone"),
+        "not fedavg.py's": (["fedavg", "--dataset", "synthetic", "--local-training"], {},
+                            "--local-training is tools/fedavg_variants.py's now"),
         "no flwr": (["fedavg"], {"PYTHONPATH": str(shadow)}, "pip install -r requirements-flower.txt"),
     }
     procs = {name: subprocess.Popen([sys.executable, os.path.join(ROOT, "flower", "app.py"), *argv], cwd=tmp_path,
@@ -142,11 +142,13 @@ def test_resume_refuses_a_named_pipe_in_the_run_folder_never_opens_it(name, tmp_
     assert str(refused.value) == f"cannot resume: {folder / name} is a named pipe, not a regular file; move it away"
 
 
-@pytest.mark.parametrize("flag", ["--local-training", "--eval-local-models"])
-def test_fedavg_flags_flower_does_not_run_are_refused_not_ignored(flag):
-    """Flower's FedAvg always aggregates and evaluates the global model: these flags would be silently dropped."""
-    with pytest.raises(common.UserError, match="are fedavg.py's alone"):
-        flower_app.Job("fedavg", ["--dataset", "synthetic", "--num-clients", "4", flag])
+@pytest.mark.parametrize("algorithm, flag", [("fedavg", "--local-training"), ("fedavg", "--eval-local-models"),
+                                             ("fedacd", "--fedavg"), ("fedacd", "--log-risk")])
+def test_the_modes_that_left_the_scripts_are_refused_not_ignored(algorithm, flag):
+    """Flower runs the scripts' own client and server steps: the modes of tools/ are not run there, and their
+    flags are refused in one line that says where they went."""
+    with pytest.raises(common.UserError, match=f"{flag} is tools/"):
+        flower_app.Job(algorithm, ["--dataset", "synthetic", "--num-clients", "4", flag])
 
 
 def test_help_prints_the_usage_and_exits_0(capsys):

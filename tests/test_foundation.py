@@ -12,10 +12,11 @@ import pytest
 import torch
 
 import common
+import datasets
 import fedavg
 import run_folder
 from rounds import fedavg_round
-from conftest import metrics_rows, run_dir, run_in_process, run_script
+from conftest import metrics_rows, run_dir, run_in_process, run_script, layer_state_keys
 
 
 def fake_data(shape, classes=10):
@@ -60,7 +61,7 @@ def test_auto_model_for_vectors_is_mlp():
 
 
 def test_layer_keys_keep_weight_bias_and_bn_buffers_together():
-    keys = common.layer_state_keys(common.build_model("lenet", fake_data((3, 32, 32))))
+    keys = layer_state_keys(common.build_model("lenet", fake_data((3, 32, 32))))
     assert keys[1] == ["bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var", "bn1.num_batches_tracked"]
     assert keys[-1] == ["fc3.weight", "fc3.bias"]
 
@@ -253,7 +254,7 @@ def write_mnist(root, folder="MNIST", prefix="", gz=False, n=40):
 
 def test_cifar10_pickles_load_through_user_path(tmp_path, fabricated_publishers_files):
     written = write_cifar(str(tmp_path), 10)
-    xtr, ytr, xte, yte = common.load_arrays("cifar10", str(tmp_path))
+    xtr, ytr, xte, yte = datasets.load_arrays("cifar10", str(tmp_path))
     assert xtr.shape == (60, 3, 32, 32) and xte.shape == (12, 3, 32, 32)
     assert np.array_equal(xtr[:12].reshape(12, -1), written["data_batch_1"][0])
     assert ytr[12:24].tolist() == written["data_batch_2"][1] and yte.tolist() == written["test_batch"][1]
@@ -261,20 +262,20 @@ def test_cifar10_pickles_load_through_user_path(tmp_path, fabricated_publishers_
 
 def test_cifar100_pickles_use_fine_labels(tmp_path, fabricated_publishers_files):
     written = write_cifar(str(tmp_path), 100, n_per_file=30)
-    xtr, ytr, xte, yte = common.load_arrays("cifar100", str(tmp_path))
+    xtr, ytr, xte, yte = datasets.load_arrays("cifar100", str(tmp_path))
     assert xtr.shape == (30, 3, 32, 32) and ytr.tolist() == written["train"][1]
 
 
 def test_mnist_idx_files_plain_and_gz(tmp_path, fabricated_publishers_files):
     plain = write_mnist(str(tmp_path))
-    xtr, ytr, xte, yte = common.load_arrays("mnist", str(tmp_path))
+    xtr, ytr, xte, yte = datasets.load_arrays("mnist", str(tmp_path))
     assert xtr.shape == (40, 1, 28, 28) and np.array_equal(xtr[:, 0], plain["train"][0])
     assert np.array_equal(yte, plain["t10k"][1])
     gz = write_mnist(str(tmp_path), folder="FashionMNIST", gz=True)
-    xtr, ytr, _, _ = common.load_arrays("fmnist", str(tmp_path))
+    xtr, ytr, _, _ = datasets.load_arrays("fmnist", str(tmp_path))
     assert np.array_equal(ytr, gz["train"][1])
     em = write_mnist(str(tmp_path), folder="EMNIST", prefix="emnist-digits-")
-    xtr, _, _, _ = common.load_arrays("emnist", str(tmp_path))
+    xtr, _, _, _ = datasets.load_arrays("emnist", str(tmp_path))
     assert np.array_equal(xtr[:, 0], em["train"][0].transpose(0, 2, 1))  # EMNIST is stored transposed
 
 
@@ -284,7 +285,7 @@ def test_truncated_idx_file_is_one_clear_error(tmp_path, fabricated_publishers_f
     with open(path, "r+b") as f:
         f.truncate(1000)
     with pytest.raises(common.UserError, match="corrupt or truncated"):
-        common.load_arrays("mnist", str(tmp_path))
+        datasets.load_arrays("mnist", str(tmp_path))
 
 
 def test_cifar10_end_to_end_run(tmp_path, fabricated_publishers_files):

@@ -49,7 +49,7 @@ def write_idx_folder(folder, train_labels, test_labels, rng):
 
 def refused(name, data_dir):
     with pytest.raises(common.UserError) as e:
-        common.load_arrays(name, str(data_dir))
+        datasets.load_arrays(name, str(data_dir))
     line = str(e.value)
     assert "\n" not in line
     return line
@@ -94,7 +94,7 @@ def test_digits_under_fashion_mnists_names_are_not_fashion_mnist(tmp_path):
     assert line.startswith(f"{tmp_path / 'train-labels-idx1-ubyte'} is not Fashion-MNIST's training labels: its "
                            "classes hold 5923, 6742, 5958,"), line
     assert "Fashion-MNIST's 6000 in each" in line and "MNIST's: --dataset mnist" in line
-    assert common.load_arrays("mnist", str(tmp_path))[0].shape == (60000, 1, 28, 28)  # what they are loads
+    assert datasets.load_arrays("mnist", str(tmp_path))[0].shape == (60000, 1, 28, 28)  # what they are loads
 
 
 def test_a_header_of_other_sizes_is_refused_before_its_data_is_read(tmp_path):
@@ -134,7 +134,7 @@ def test_another_fingerprint_is_refused_and_the_match_is_named(tmp_path, monkeyp
              "sha256": tuple(datasets.content_sha256(a) for a in (x, y, x_test, y_test))}
     monkeypatch.setattr(datasets, "KNOWN_CONTENT", {"fmnist": {**entry, "title": "Fashion-MNIST"},
                                                     "mnist": {**entry, "title": "MNIST", "sha256": ("0" * 64,) * 4}})
-    assert common.load_arrays("fmnist", str(tmp_path / "ours"))[0].shape == (40, 1, 28, 28)
+    assert datasets.load_arrays("fmnist", str(tmp_path / "ours"))[0].shape == (40, 1, 28, 28)
     shutil.copytree(tmp_path / "ours", tmp_path / "changed")
     x[7, 0, 3, 3] ^= 1  # one pixel
     with open(tmp_path / "changed" / STEMS[0], "wb") as f:
@@ -150,7 +150,7 @@ def test_another_fingerprint_is_refused_and_the_match_is_named(tmp_path, monkeyp
 # ----------------------------------------------------------------------------- Fashion-MNIST's own files
 
 def test_fashion_mnist_loads_and_is_refused_as_mnist(fmnist_dir):
-    x, y, x_test, y_test = common.load_arrays("fmnist", fmnist_dir)
+    x, y, x_test, y_test = datasets.load_arrays("fmnist", fmnist_dir)
     assert x.shape == (60000, 1, 28, 28) and np.bincount(y_test).tolist() == [1000] * 10
     before = tree(fmnist_dir)
     line = refused("mnist", fmnist_dir)

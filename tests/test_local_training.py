@@ -1,6 +1,8 @@
-"""fedavg.py --local-training: the "Local Training" row of pFedLA's Tables 1-2 (each client alone,
-no aggregation), checked against an independent chain of local training per client; and
-fedavg.py --eval-local-models, FedAvg's trained models before aggregation, evaluated by hand."""
+"""tools/fedavg_variants.py --local-training: the "Local Training" row of pFedLA's Tables 1-2 (each client
+alone, no aggregation), checked against an independent chain of local training per client; and
+tools/fedavg_variants.py --eval-local-models, FedAvg's trained models before aggregation, evaluated by hand.
+Both were fedavg.py's flags: its runs made with them continue here, and fedavg.py points here."""
+import json
 import os
 
 import pytest
@@ -10,13 +12,14 @@ import common
 import fedavg
 import run_folder
 from conftest import metrics_rows, run_dir
+from tools import fedavg_variants
 
 FLAGS = ["--dataset", "synthetic", "--num-clients", "3", "--local-epochs", "2", "--batch-size", "8",
          "--checkpoint-every", "1", "--device", "cpu"]
 
 
 def test_each_client_trains_alone_from_the_common_initial_model(tmp_path, one_thread):
-    run_folder.run_main(fedavg.main, [*FLAGS, "--rounds", "2", "--local-training", "--out", str(tmp_path)])
+    run_folder.run_main(fedavg_variants.main, [*FLAGS, "--rounds", "2", "--local-training", "--out", str(tmp_path)])
     folder = run_dir(tmp_path)
     assert os.path.basename(folder).startswith("local-")
     blob = torch.load(os.path.join(folder, "checkpoint.pt"), weights_only=False)
@@ -43,11 +46,11 @@ def test_each_client_trains_alone_from_the_common_initial_model(tmp_path, one_th
 @pytest.mark.slow  # an end-to-end run of seconds; in CI with the full suite
 def test_local_training_differs_from_fedavg_and_resumes_to_the_uninterrupted_metrics(tmp_path, one_thread):
     flags = [*FLAGS, "--rounds", "3", "--local-training"]
-    run_folder.run_main(fedavg.main, [*flags, "--out", str(tmp_path / "full")])
+    run_folder.run_main(fedavg_variants.main, [*flags, "--out", str(tmp_path / "full")])
     with pytest.raises(SystemExit) as stop:
-        run_folder.run_main(fedavg.main, [*flags, "--out", str(tmp_path / "part"), "--stop-after", "2"])
+        run_folder.run_main(fedavg_variants.main, [*flags, "--out", str(tmp_path / "part"), "--stop-after", "2"])
     assert stop.value.code == 0
-    run_folder.run_main(fedavg.main, ["--resume", run_dir(tmp_path / "part")])
+    run_folder.run_main(fedavg_variants.main, ["--resume", run_dir(tmp_path / "part")])
     columns = ("round", "test_acc", "test_acc_mean", "test_acc_std", "test_loss", "train_loss")
     rows = lambda out: [[r[k] for k in columns] for r in metrics_rows(run_dir(out))]
     assert rows(tmp_path / "part") == rows(tmp_path / "full")
@@ -58,7 +61,7 @@ def test_local_training_differs_from_fedavg_and_resumes_to_the_uninterrupted_met
 def test_eval_local_models_reports_the_trained_models_before_aggregation_and_changes_nothing(tmp_path, one_thread):
     flags = ["--dataset", "synthetic", "--num-clients", "6", "--local-epochs", "1", "--batch-size", "8",
              "--checkpoint-every", "1", "--device", "cpu", "--rounds", "2"]
-    run_folder.run_main(fedavg.main, [*flags, "--eval-local-models", "--out", str(tmp_path / "eval")])
+    run_folder.run_main(fedavg_variants.main, [*flags, "--eval-local-models", "--out", str(tmp_path / "eval")])
     run_folder.run_main(fedavg.main, [*flags[:-1], "1", "--out", str(tmp_path / "one")])
     # by hand: round 2 starts every client from the global model after round 1, trains, and tests it alone
     args = fedavg.parse_args(flags)
@@ -91,8 +94,37 @@ def test_eval_local_models_reports_the_trained_models_before_aggregation_and_cha
 
 def test_eval_local_models_with_local_training_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
-        run_folder.run_main(fedavg.main, [*FLAGS, "--local-training", "--eval-local-models", "--out", str(tmp_path)])
+        run_folder.run_main(fedavg_variants.main, [*FLAGS, "--local-training", "--eval-local-models", "--out",
+                                                   str(tmp_path)])
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--eval-local-models" in err[0]
     assert os.listdir(tmp_path) == []
+
+
+def test_fedavg_py_points_to_the_moved_flags_and_their_old_runs_resume_here_only(tmp_path, capsys, one_thread):
+    """A run made as ``fedavg.py --local-training`` (config.json as that version wrote it) continues with
+    tools/fedavg_variants.py to the uninterrupted run's metrics; fedavg.py refuses it, and the flag, in one line."""
+    for flag in ("--local-training", "--eval-local-models"):
+        with pytest.raises(SystemExit) as stop:
+            run_folder.run_main(fedavg.main, [*FLAGS, flag, "--out", str(tmp_path / "refused")])
+        assert stop.value.code == 2
+        assert capsys.readouterr().err.strip() == \
+            f"error: unrecognized arguments: {flag}; {flag} is tools/fedavg_variants.py's now"
+    flags = [*FLAGS, "--rounds", "2", "--local-training"]
+    assert run_folder.todays_command(["fedavg.py", *flags]) == ["tools/fedavg_variants.py", *flags]  # tests/test_results
+    run_folder.run_main(fedavg_variants.main, [*flags, "--out", str(tmp_path / "full")])
+    with pytest.raises(SystemExit):
+        run_folder.run_main(fedavg_variants.main, [*flags, "--out", str(tmp_path / "old"), "--stop-after", "1"])
+    path = os.path.join(run_dir(tmp_path / "old"), "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config["script"], config["command"][0] = "fedavg", "fedavg.py"  # as fedavg.py wrote it
+    with open(path, "w") as f:
+        json.dump(config, f)
+    with pytest.raises(SystemExit) as stop:
+        run_folder.run_main(fedavg.main, ["--resume", run_dir(tmp_path / "old")])
+    assert stop.value.code == 2 and "use python tools/fedavg_variants.py --resume" in capsys.readouterr().err
+    run_folder.run_main(fedavg_variants.main, ["--resume", run_dir(tmp_path / "old")])
+    assert metrics_rows(run_dir(tmp_path / "old"))[-1]["test_acc_mean"] == \
+        metrics_rows(run_dir(tmp_path / "full"))[-1]["test_acc_mean"]

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import common
+import datasets
 import fedavg
 import run_folder
 from conftest import metrics_rows, run_dir
@@ -110,7 +111,7 @@ def test_the_offline_line_says_what_to_put_where_and_following_it_works(dataset,
                                       "--partition", "iid", "--rounds", "2", "--model", "mlp", "--device", "cpu",
                                       "--out", str(tmp_path / "runs")])
     assert len(metrics_rows(run_dir(tmp_path / "runs"))) == 2
-    x, y, x_test, y_test = common.load_arrays(dataset, str(data_dir))
+    x, y, x_test, y_test = datasets.load_arrays(dataset, str(data_dir))
     if dataset.startswith("cifar"):
         assert np.array_equal(x.reshape(50, 3072), CIFAR["train"]) and np.array_equal(y, np.arange(50) % 4)
         assert np.array_equal(x_test.reshape(20, 3072), CIFAR["test"])
@@ -133,7 +134,7 @@ def test_the_files_are_read_where_they_lie_without_writing(tmp_path):
     write_gz_files(folder, names)
     os.chmod(folder, 0o555)
     try:
-        x, y, x_test, y_test = common.load_arrays("fmnist", str(folder))
+        x, y, x_test, y_test = datasets.load_arrays("fmnist", str(folder))
     finally:
         os.chmod(folder, 0o755)
     assert sorted(os.listdir(folder)) == sorted(names)
@@ -145,7 +146,7 @@ def test_a_cifar_archive_put_where_an_older_message_said_is_unpacked_in_place(tm
     folder = tmp_path / "cifar-10-batches-py"
     folder.mkdir()
     WRITERS["cifar10"](str(folder), ["cifar-10-python.tar.gz"])
-    x, y, _, _ = common.load_arrays("cifar10", str(tmp_path))
+    x, y, _, _ = datasets.load_arrays("cifar10", str(tmp_path))
     assert np.array_equal(x.reshape(50, 3072), CIFAR["train"])
     assert not (folder / "cifar-10-batches-py").exists() and not [f for f in os.listdir(tmp_path) if f.startswith(".")]
 
@@ -157,7 +158,7 @@ def test_a_cut_idx_file_is_one_line(cut, tmp_path):
     with gzip.open(tmp_path / "train-images-idx3-ubyte.gz", "wb") as f:
         f.write(content[:10] if cut == "header" else content[:-5])
     with pytest.raises(common.UserError, match="corrupt or truncated"):
-        common.load_arrays("mnist", str(tmp_path))
+        datasets.load_arrays("mnist", str(tmp_path))
 
 
 def test_a_cut_file_in_a_folder_of_its_own_is_named_there(tmp_path):
@@ -166,5 +167,5 @@ def test_a_cut_file_in_a_folder_of_its_own_is_named_there(tmp_path):
     with gzip.open(tmp_path / "t10k-labels-idx1-ubyte.gz", "wb") as f:
         f.write(idx_bytes(TEST_LABELS.astype(np.uint8))[:-1])
     with pytest.raises(common.UserError, match=f"the fmnist files in {tmp_path} are corrupt or truncated") as e:
-        common.load_arrays("fmnist", str(tmp_path))
+        datasets.load_arrays("fmnist", str(tmp_path))
     assert "FashionMNIST" not in str(e.value) and "holds 19 bytes of data; its header says 20" in str(e.value)

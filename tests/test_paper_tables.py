@@ -20,12 +20,16 @@ SUMMARIES = {"best", "final", "last10"}
 # global_loss only under --test-split global.
 COMMON_COLUMNS = {"round", "test_acc", "test_acc_mean", "test_acc_std", "test_loss", "train_loss", "seconds",
                   "sec_per_round", "mb_down", "mb_up", "host_mb", "mb_total"}
-COLUMNS = {"fedavg.py": COMMON_COLUMNS | {"local_model_acc", "local_model_acc_mean", "local_model_acc_std",
-                                          "local_model_loss"},  # --eval-local-models
+COLUMNS = {"fedavg.py": COMMON_COLUMNS,
            "fedala.py": COMMON_COLUMNS | {"ala_epochs", "global_model_acc"},
            "pfedla.py": COMMON_COLUMNS | {"self_weight"},
            "fedpake.py": COMMON_COLUMNS | {"high_fraction", "macro_classes", "agg_seconds"},
-           "fedacd.py": COMMON_COLUMNS | {"local_kl", "score_min", "score_max", "local_risk"}}
+           "fedacd.py": COMMON_COLUMNS | {"local_kl", "score_min", "score_max"},
+           # the programs of tools/ that run a script's other modes (--eval-local-models; --log-risk)
+           paper_tables.FEDAVG_VARS: COMMON_COLUMNS | {"local_model_acc", "local_model_acc_mean", "local_model_acc_std",
+                                                       "local_model_loss"},
+           paper_tables.FEDACD_DIAG: COMMON_COLUMNS | {"local_kl", "score_min", "score_max", "local_risk"}}
+SCRIPT_OF = {paper_tables.FEDAVG_VARS: "fedavg.py", paper_tables.FEDACD_DIAG: "fedacd.py"}  # the algorithm they run
 GLOBAL_COLUMNS = {"global_acc", "global_loss"}
 # The settings every run of a cell must share with the cell's algorithm (argparse dests).
 SHARED = ["dataset", "partition", "beta", "classes_per_client", "balance", "num_clients", "join_ratio", "rounds",
@@ -123,20 +127,21 @@ def test_every_paper_cell_has_its_algorithm_and_a_number():
         # a sensitivity table of ours may hold cells that re-read a baseline row alone (e.g. FedAvg's
         # evaluated model); the table as a whole still runs the paper's algorithm
         sensitivity = table["title"].startswith("Sensitivity (ours")
-        assert SOURCES[table["source"]] in [m["script"] for c in table["cells"] for m in c["methods"]], tid
+        assert SOURCES[table["source"]] in [SCRIPT_OF.get(m["script"], m["script"]) for c in table["cells"]
+                                            for m in c["methods"]], tid
         for cell in table["cells"]:
-            scripts = [m["script"] for m in cell["methods"]]
+            scripts = [SCRIPT_OF.get(m["script"], m["script"]) for m in cell["methods"]]
             assert sensitivity or SOURCES[table["source"]] in scripts, (tid, cell["name"])
             assert any(m["paper"] is not None for m in cell["methods"]), (tid, cell["name"])
 
 
 def written_columns(script, argv):
-    """The columns a run of ``script`` with ``argv`` writes: fedacd.py's diagnostics only where asked for
+    """The columns a run of ``script`` with ``argv`` writes: tools/fedacd_diagnostics.py's only where asked for
     (local_risk: --log-risk; --fedavg's local_kl and scores: --log-kl)."""
     columns = COLUMNS[script]
     if flag_value(argv, "--test-split") == "global":
         columns = columns | GLOBAL_COLUMNS
-    if script == "fedacd.py":
+    if script == paper_tables.FEDACD_DIAG:
         if "--log-risk" not in argv:
             columns = columns - {"local_risk"}
         if "--fedavg" in argv and "--log-kl" not in argv:
@@ -153,12 +158,12 @@ def test_metric_columns_are_written_by_the_scripts():
 def test_fedacd_diagnostics_are_asked_for_by_the_cells_that_quote_them_only():
     """Table 3's local_risk and Table 9's --fedavg local_kl cost passes over data: only their cells ask."""
     for tid, table, cell, method, argv in runs():
-        if method["script"] == "fedacd.py":
+        if SCRIPT_OF.get(method["script"], method["script"]) == "fedacd.py":
             column = method.get("metric", table["metric"])["column"]
             assert ("--log-risk" in argv) == (column == "local_risk"), (tid, cell["name"], method["method"])
             assert "--log-kl" not in argv or column == "local_kl", (tid, cell["name"], method["method"])
-    assert "local_risk" not in written_columns("fedacd.py", ["--test-split", "global"])
-    assert "local_kl" not in written_columns("fedacd.py", ["--fedavg"])
+    assert "local_risk" not in written_columns(paper_tables.FEDACD_DIAG, ["--test-split", "global"])
+    assert "local_kl" not in written_columns(paper_tables.FEDACD_DIAG, ["--fedavg"])
 
 
 def test_left_out_entries():
@@ -175,7 +180,7 @@ def test_left_out_entries():
 # ------------------------------------------------------------------------- same settings for every method
 
 def parse(script, argv):
-    module = importlib.import_module(script.removesuffix(".py"))
+    module = importlib.import_module(script.removesuffix(".py").replace("/", "."))
     try:
         return module.parse_args(argv)
     except SystemExit as e:  # argparse refused a flag: report the command rather than a bare exit
@@ -190,7 +195,8 @@ def test_every_method_of_a_cell_runs_with_the_algorithms_settings(tid):
         parsed = [(m, parse(m["script"], [*table["common"], *cell["flags"], *m["flags"],
                                           "--rounds", str(table["rounds"])])) for m in cell["methods"]]
         # the reference: the cell's algorithm (the first method of the source's script), else the first method
-        ref_method, ref = next(((m, a) for m, a in parsed if m["script"] == algorithm), parsed[0])
+        ref_method, ref = next(((m, a) for m, a in parsed if SCRIPT_OF.get(m["script"], m["script"]) == algorithm),
+                               parsed[0])
         assert ref.rounds == table["rounds"]
         # synthetic data is generated per client: the partition settings do not apply to it; nor the split to a
         # PFLlib dataset folder's clients (where it exists, every script takes them as they are: --test-split client)
@@ -230,7 +236,7 @@ def test_the_synthetic_tables_share_one_setting():
     assert TABLES["synthetic"]["common"] == TABLES["synthetic-sweep"]["common"]
     assert TABLES["synthetic"]["rounds"] == TABLES["synthetic-sweep"]["rounds"] == 300
     scripts = {m["script"] for c in TABLES["synthetic"]["cells"] for m in c["methods"]}
-    assert scripts == set(COLUMNS)
+    assert scripts == set(COLUMNS) - set(SCRIPT_OF)
 
 
 # ------------------------------------------------------------------------------ paper numbers in the docs

@@ -269,9 +269,9 @@ def test_fedacd_s_losses_schedule_and_score_paste_into_the_loop(tmp_path):
 
 def test_a_piece_that_reaches_for_common_fails_when_pasted(tmp_path):
     """The extraction proves something: a function that uses common.py cannot run pasted."""
-    local_train = paste_pieces("fedacd.py", "local_train")["local_train"]
+    mixup_epochs = paste_pieces("fedacd.py", "mixup_epochs")["mixup_epochs"]
     with pytest.raises(NameError, match="common"):
-        local_train(None, None, torch.arange(3), None, None, 0, 0)
+        mixup_epochs(None, torch.arange(3), None, 0, 0)
 
 
 def test_no_two_scripts_define_a_piece_of_the_same_name():

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 import common
+import datasets
 import pfedla
 from rounds import pfedla_round
-from conftest import metrics_rows, run_dir, run_in_process
+from conftest import metrics_rows, run_dir, run_in_process, layer_state_keys
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models run faster on one thread
@@ -50,7 +51,7 @@ def group_data(groups=3, per_group=2, n=120, dim=20, seed=0):
         train.append(torch.arange(c * n, c * n + int(0.7 * n)))
         test.append(torch.arange(c * n + int(0.7 * n), (c + 1) * n))
     counts = np.zeros((len(train), 2 * groups), int)
-    return common.FedData(x=torch.cat(xs), y=torch.cat(ys), num_classes=2 * groups, train_idx=train, test_idx=test,
+    return datasets.FedData(x=torch.cat(xs), y=torch.cat(ys), num_classes=2 * groups, train_idx=train, test_idx=test,
                           train_counts=counts, test_counts=counts)
 
 
@@ -76,7 +77,7 @@ def own_slices(model):
         if v.is_floating_point():
             offsets[k] = (offset, offset + v.numel())
             offset += v.numel()
-    return [[offsets[k] for k in keys if k in offsets] for keys in common.layer_state_keys(model)]
+    return [[offsets[k] for k in keys if k in offsets] for keys in layer_state_keys(model)]
 
 
 # ----------------------------------------------------------------------------- 1. Eq. (3)-(6)
@@ -98,7 +99,7 @@ def test_alpha_on_simplex_and_personalised_model_is_layerwise_weighted_sum():
     assert alpha.shape == (n, 7, n)
     assert (alpha >= 0).all()
     torch.testing.assert_close(alpha.sum(-1), torch.ones(n, 7))
-    layer_keys = common.layer_state_keys(model)
+    layer_keys = layer_state_keys(model)
     checked_buffers = 0
     for i in range(n):
         common.load_flat_state(model, theta_bar[i])

@@ -24,6 +24,7 @@ import fedpake
 import pfedla
 import run_folder
 from conftest import ROOT, run_dir
+from tools import fedacd_diagnostics
 
 SCRIPTS = {"fedavg": fedavg, "fedala": fedala, "pfedla": pfedla, "fedpake": fedpake, "fedacd": fedacd}
 
@@ -50,11 +51,13 @@ def test_ala_pasted_alone_equals_ours():
     assert torch.equal(results[0][1], results[1][1]) and torch.equal(results[0][2], results[1][2])
 
 
-def test_fedpake_aggregate_pasted_alone_equals_ours_with_only_stacked_and_weights():
+def test_fedpake_aggregate_pasted_with_its_stages_equals_ours_with_only_stacked_and_weights():
+    """The driver and the top-level stages it calls, pasted as a user would copy them."""
+    from test_paste import paste_pieces
     torch.manual_seed(0)
     stacked = torch.randn(7, 3000) * torch.rand(3000) + 0.05
     weights = [3, 1, 4, 1, 5, 9, 2]
-    pasted = paste(fedpake.fedpake_aggregate)(stacked, weights)
+    pasted = paste_pieces("fedpake.py", "fedpake_aggregate")["fedpake_aggregate"](stacked, weights)
     assert torch.equal(pasted, fedpake.fedpake_aggregate(stacked, weights))
     assert not torch.allclose(pasted, common.weighted_average(stacked, weights))  # not just FedAvg
 
@@ -124,11 +127,12 @@ def test_same_seed_gives_the_metrics_of_the_code_before_the_refactor(tmp_path):
     restructured into client_update / server_update (same flags, --parallel-clients 1)."""
     before = json.load(open(os.path.join(ROOT, "tests", "data", "metrics_before_refactor.json")))
     for name, rows in before.items():  # in-process: the command line's path, minus five start-ups
-        run_folder.run_main(SCRIPTS[name].main, ["--dataset", "synthetic", "--num-clients", "5", "--rounds", "3",
-                                             "--join-ratio", "0.6", "--local-epochs", "1", "--seed", "3",
-                                             "--parallel-clients", "1", "--out", str(tmp_path / name),
-                                             *(["--score-kl", "sum", "--log-risk"] if name == "fedacd" else []),
-                                             *(["--threshold", "0.1"] if name == "fedala" else [])])
+        main = fedacd_diagnostics.main if name == "fedacd" else SCRIPTS[name].main  # fedacd: with --log-risk
+        run_folder.run_main(main, ["--dataset", "synthetic", "--num-clients", "5", "--rounds", "3",
+                                   "--join-ratio", "0.6", "--local-epochs", "1", "--seed", "3",
+                                   "--parallel-clients", "1", "--out", str(tmp_path / name),
+                                   *(["--score-kl", "sum", "--log-risk"] if name == "fedacd" else []),
+                                   *(["--threshold", "0.1"] if name == "fedala" else [])])
         with open(os.path.join(run_dir(tmp_path / name), "metrics.csv")) as f:
             now = list(csv.DictReader(f))
         assert len(now) == len(rows)

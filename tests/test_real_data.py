@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import common
+import datasets
 import fedacd
 import fedala
 import fedavg
@@ -40,7 +41,7 @@ def fmnist_dir():
 @pytest.fixture(scope="module")
 def fmnist_subset(fmnist_dir, tmp_path_factory):
     """400 training images per class and 100 test images per class of the real data, as an .npz."""
-    x, y, x_test, y_test = common.load_arrays("fmnist", fmnist_dir)
+    x, y, x_test, y_test = datasets.load_arrays("fmnist", fmnist_dir)
     assert x.shape == (60000, 1, 28, 28) and x_test.shape == (10000, 1, 28, 28)
     assert np.bincount(y).tolist() == [6000] * 10 and np.bincount(y_test).tolist() == [1000] * 10
     rng = np.random.default_rng(0)

@@ -594,6 +594,34 @@ def test_a_fedacd_run_made_when_its_diagnostics_were_on_by_default_is_the_table_
     assert reproduce.other_settings(job, str(folder)) == ["--lam 0.5 (now not given)"]
 
 
+def test_a_run_of_a_flag_that_moved_to_tools_is_the_cell_s_run_of_that_program(tmp_path):
+    """Runs made as fedavg.py --local-training keep that command in their config.json; the flag now belongs to
+    tools/fedavg_variants.py, whose cell takes them as its runs (same flags), not another setting; a run of plain
+    fedavg.py is one (--local-training differs), and so is a run of another script."""
+    from tools import fedavg_variants
+    method = {"method": "Local Training", "script": paper_tables.FEDAVG_VARS, "flags": ["--local-training"],
+              "paper": None}
+    (job,) = [j for j in jobs_of(tiny_tables(extra_methods=[method]), tmp_path, seeds=(0,))
+              if j["method"] == "Local Training"]
+    command = reproduce.new_command(job, "auto")
+    args = vars(fedavg_variants.parse_args(command[2:]))
+    folder = tmp_path / "run"
+    os.makedirs(folder)
+
+    def write(script, saved_command, **changed):
+        with open(folder / "config.json", "w") as f:
+            json.dump({"script": script, "command": saved_command, "args": {**args, **changed}}, f)
+
+    write("fedavg", ["fedavg.py", *command[2:]])
+    assert reproduce.other_settings(job, str(folder)) == []
+    write("tools/fedavg_variants", ["tools/fedavg_variants.py", *command[2:]])
+    assert reproduce.other_settings(job, str(folder)) == []
+    write("fedavg", ["fedavg.py", *[f for f in command[2:] if f != "--local-training"]], local_training=False)
+    assert reproduce.other_settings(job, str(folder)) == ["--local-training not given (now True)"]
+    write("fedala", ["fedala.py", *command[2:]])
+    assert reproduce.other_settings(job, str(folder)) == [f"a run of fedala.py (now {paper_tables.FEDAVG_VARS})"]
+
+
 # ----------------------------------------------------------------------------------------- issue 37: damaged results
 
 def _damage_copy(finished, tmp_path):

@@ -21,6 +21,7 @@ import fedpake
 import pfedla
 import run_folder
 from conftest import ROOT, metrics_rows, run_dir, run_in_process, run_script
+from tools import fedavg_variants
 
 SCRIPTS = {"fedavg": fedavg, "fedala": fedala, "pfedla": pfedla, "fedpake": fedpake, "fedacd": fedacd}
 SMALL = ["--dataset", "synthetic", "--num-clients", "4", "--rounds", "2"]
@@ -414,7 +415,7 @@ def test_bad_data_is_one_line_exit_2_before_any_run_folder(case, make, dataset, 
 
 @pytest.mark.parametrize("script, flags, words", [
     ("fedala", [], "4 client models of "),
-    ("fedavg", ["--local-training"], "4 client models of "),
+    ("fedavg_variants", ["--local-training"], "4 client models of "),
     ("pfedla", [], "the hypernetworks (4 x --embed-dim 100, --hidden-dim 100: "),
 ])
 def test_client_models_beyond_the_memory_are_refused_before_allocating(script, flags, words, tmp_path, capsys,
@@ -424,7 +425,8 @@ def test_client_models_beyond_the_memory_are_refused_before_allocating(script, f
     import datasets
     monkeypatch.setattr(datasets, "memory_available", lambda device="cpu": 1024)
     with pytest.raises(SystemExit) as stop:
-        run_folder.run_main(SCRIPTS[script].main, [*SMALL, *flags, "--out", str(tmp_path / "runs")])
+        run_folder.run_main({**SCRIPTS, "fedavg_variants": fedavg_variants}[script].main,
+                            [*SMALL, *flags, "--out", str(tmp_path / "runs")])
     lines = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(lines) == 1 and words in lines[0] and \
         "more than the 1.0 KB free in this machine's memory" in lines[0], lines

@@ -11,11 +11,13 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import common
+import datasets
 import fedacd
 import fedpake
 import fedavg
 import pfedla
 from common import UserError
+from rounds import fedacd_local_train
 from fedacd import accumulate_probabilities, fedacd_loss, margin_deltas, probability_matrix, rows_to_matrix
 
 aten = torch.ops.aten
@@ -70,7 +72,7 @@ def vector_data(sizes, seed=0):
     g = torch.Generator().manual_seed(seed)
     n = sum(sizes)
     idx = list(torch.randperm(n, generator=g).split(sizes))
-    return common.FedData(x=torch.randn(n, 6, generator=g), y=torch.randint(4, (n,), generator=g), num_classes=4,
+    return datasets.FedData(x=torch.randn(n, 6, generator=g), y=torch.randint(4, (n,), generator=g), num_classes=4,
                           train_idx=idx, test_idx=idx)
 
 
@@ -162,11 +164,15 @@ def test_fedpake_syncs_do_not_grow_with_the_chunks(host_syncs):
 # ----------------------------------------------------------------------------- 7. FedACD
 
 def test_mixup_draws_are_the_stream_drawn_batch_by_batch():
-    sizes = [10, 10, 7, 10, 10, 7, 1]
-    mixes, perms = fedacd.mixup_draws(7, sizes, torch.device("cpu"))
-    g = torch.Generator().manual_seed(7)
-    for n, mix, perm in zip(sizes, mixes, perms, strict=True):
-        assert mix == float(torch.rand((), generator=g)) and torch.equal(perm, torch.randperm(n, generator=g))
+    args, data = tiny_fedacd()
+    idx, g = data.train_idx[1], torch.Generator().manual_seed(7)
+    batches = list(common.epoch_batches(idx, args.batch_size, args.local_epochs, 5))
+    mixed = [b for epoch in fedacd.mixup_epochs(data, idx, args, batch_seed=5, mixup_seed=7) for b in epoch]
+    assert len(common.batch_bounds(len(idx), args.batch_size)) > 1 and args.local_epochs > 1
+    for batch, (x, y_a, y_b, mix) in zip(batches, mixed, strict=True):
+        want, perm = float(torch.rand((), generator=g)), torch.randperm(len(batch), generator=g)
+        assert mix == want and torch.equal(y_a, data.y[batch]) and torch.equal(y_b, data.y[batch][perm])
+        assert torch.equal(x, want * data.x[batch] + (1 - want) * data.x[batch][perm])
 
 
 def tiny_fedacd(mixup=True):
@@ -180,7 +186,7 @@ def test_fedacd_local_train_gives_the_old_result(mixup):
     args, data = tiny_fedacd(mixup)
     idx, present = data.train_idx[1], torch.as_tensor(data.train_counts[1] > 0)
     results = []
-    for train in (fedacd.local_train, old_local_train):
+    for train in (fedacd_local_train, old_local_train):
         torch.manual_seed(1)
         model = common.build_model("mlp", data)
         loss, P = train(model, data, idx, present, args, batch_seed=5, mixup_seed=7)
@@ -201,7 +207,7 @@ def test_fedacd_copies_mixup_permutations_once_per_update_not_per_batch(monkeypa
     per_batch_size = {}
     for batch_size in (8, 40):
         args.batch_size, copies[:] = batch_size, []
-        fedacd.local_train(common.build_model("mlp", data), data, idx, present, args, batch_seed=5, mixup_seed=7)
+        fedacd_local_train(common.build_model("mlp", data), data, idx, present, args, batch_seed=5, mixup_seed=7)
         per_batch_size[batch_size] = list(copies)
     assert len(common.batch_bounds(len(idx), 8)) > 2 * len(common.batch_bounds(len(idx), 40))
     assert per_batch_size[8] == per_batch_size[40]
@@ -228,7 +234,7 @@ def test_aggregation_score_with_class_indices_equals_the_mask_without_a_sync(hos
 
 def test_integer_images_come_channels_last_with_the_old_values():
     images = np.random.default_rng(0).integers(0, 256, (20, 3, 8, 8), dtype=np.uint8)
-    new, old = common.to_tensor(images), old_to_tensor(images)
+    new, old = datasets.to_tensor(images), old_to_tensor(images)
     assert new.is_contiguous(memory_format=torch.channels_last) and torch.equal(new, old)
 
 

@@ -28,6 +28,10 @@
 # LEFT_OUT at the end, with the reason.
 
 # ------------------------------------------------------------------------------- shared settings
+# the programs of tools/ that run a script's other modes: FedAvg's Local Training and local models (pFedLA's
+# Tables 1-2), FedACD's FedAvg baseline and diagnostics (FedACD's Tables 3, 5 and 9)
+FEDAVG_VARS = "tools/fedavg_variants.py"
+FEDACD_DIAG = "tools/fedacd_diagnostics.py"
 # FedALA, Sec. "Experimental Setup": 20 clients, rho = 1, batch 10, 1 local epoch, 2000 iterations, 25% of
 # each client's data for testing; lr 0.005 for the 4-layer CNN (0.1 on MNIST), 0.1 for fastText and ResNet-18.
 _FEDALA_COMMON = ["--num-clients", "20", "--join-ratio", "1.0", "--local-epochs", "1", "--batch-size", "10",
@@ -57,8 +61,8 @@ _PFEDLA_METRIC = {"summary": "final", "column": "test_acc_mean",
 # A reading of pFedLA's FedAvg rows (sensitivity, ours): FedAvg's clients' models after their local training.
 _FEDAVG_LOCAL_METRIC = {"summary": "final", "column": "local_model_acc_mean",
                         "protocol": "FedAvg's clients' models after the round's local training, before aggregation "
-                                    "(fedavg.py --eval-local-models), each on its own test data, unweighted mean "
-                                    "over clients, after the last round"}
+                                    "(tools/fedavg_variants.py --eval-local-models), each on its own test data, "
+                                    "unweighted mean over clients, after the last round"}
 
 # FedPake, Sec. 4.1: ResNet-18 (ResNet-34 for CIFAR-100*), 1000 rounds, 20 clients, rho 1.0, 1 local epoch,
 # 0.75 : 0.25 train / test (train and test images merged first), Dir(0.1). The paper states neither batch size
@@ -101,10 +105,11 @@ _FMNIST_PAPER = {"t1": {"Local Training": (85.83, 0.17), "pFedLA": (94.34, 0.29)
 
 def _fmnist_sensitivity_cell(name, paper_table, extra, fedavg_local_models=False):
     """Local Training, pFedLA and FedAvg under ``extra`` flags; with ``fedavg_local_models``, FedAvg's
-    clients' models after local training (fedavg.py --eval-local-models) beside the paper's FedAvg."""
+    clients' models after local training (tools/fedavg_variants.py --eval-local-models) beside the paper's
+    FedAvg."""
     paper = _FMNIST_PAPER[paper_table]
-    methods = [("FedAvg, local models", "fedavg.py", ["--eval-local-models"], "FedAvg")] if fedavg_local_models \
-        else [("Local Training", "fedavg.py", ["--local-training"], "Local Training"),
+    methods = [("FedAvg, local models", FEDAVG_VARS, ["--eval-local-models"], "FedAvg")] if fedavg_local_models \
+        else [("Local Training", FEDAVG_VARS, ["--local-training"], "Local Training"),
               ("pFedLA", "pfedla.py", ["--k", "0"], "pFedLA"), ("FedAvg", "fedavg.py", [], "FedAvg")]
     return {"name": name, "flags": _FMNIST_FLAGS[paper_table] + extra,
             "methods": [{"method": method, "script": script, "flags": flags, "paper": paper[row][0],
@@ -462,7 +467,7 @@ TABLES = {
 
     # ------------------------------------------------------------------------------------------ pFedLA
     # Rows we do not implement (Tables 1, 2): Per-FedAvg, pFedMe, pFedHN, FedBN, FedRep, FedFomo. FedAvg runs with
-    # pFedLA's settings, model included; Local Training is fedavg.py --local-training (no aggregation).
+    # pFedLA's settings, model included; Local Training is tools/fedavg_variants.py --local-training (no aggregation).
     "pfedla-t1": {
         "title": "pFedLA (CVPR 2022) Table 1: average model accuracy (%), non-IID_1, "
                  "10 clients, rho 1, 10 local epochs, 600 rounds",
@@ -478,7 +483,7 @@ TABLES = {
                  {"method": "HeurpFedLA", "script": "pfedla.py", "flags": ["--k", "1"], "paper": 94.11,
                   "paper_std": 0.13},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 90.45, "paper_std": 0.76},
-                 {"method": "Local Training", "script": "fedavg.py", "flags": ["--local-training"],
+                 {"method": "Local Training", "script": FEDAVG_VARS, "flags": ["--local-training"],
                   "paper": 89.01, "paper_std": 0.47},
              ]},
             {"name": "fmnist",
@@ -488,7 +493,7 @@ TABLES = {
                  {"method": "HeurpFedLA", "script": "pfedla.py", "flags": ["--k", "1"], "paper": 95.47,
                   "paper_std": 0.47},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 91.24, "paper_std": 0.98},
-                 {"method": "Local Training", "script": "fedavg.py", "flags": ["--local-training"],
+                 {"method": "Local Training", "script": FEDAVG_VARS, "flags": ["--local-training"],
                   "paper": 85.83, "paper_std": 0.17},
              ]},
             {"name": "cifar10",
@@ -498,7 +503,7 @@ TABLES = {
                  {"method": "HeurpFedLA", "script": "pfedla.py", "flags": ["--k", "1"], "paper": 60.02,
                   "paper_std": 0.74},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 48.57, "paper_std": 0.63},
-                 {"method": "Local Training", "script": "fedavg.py", "flags": ["--local-training"],
+                 {"method": "Local Training", "script": FEDAVG_VARS, "flags": ["--local-training"],
                   "paper": 59.44, "paper_std": 0.40},
              ]},
             {"name": "cifar100",
@@ -508,7 +513,7 @@ TABLES = {
                  {"method": "HeurpFedLA", "script": "pfedla.py", "flags": ["--k", "1"], "paper": 46.47,
                   "paper_std": 0.83},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 36.64, "paper_std": 0.67},
-                 {"method": "Local Training", "script": "fedavg.py", "flags": ["--local-training"],
+                 {"method": "Local Training", "script": FEDAVG_VARS, "flags": ["--local-training"],
                   "paper": 41.68, "paper_std": 0.89},
              ]},
         ],
@@ -528,7 +533,7 @@ TABLES = {
                  {"method": "HeurpFedLA", "script": "pfedla.py", "flags": ["--k", "1"], "paper": 95.04,
                   "paper_std": 0.41},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 93.71, "paper_std": 0.38},
-                 {"method": "Local Training", "script": "fedavg.py", "flags": ["--local-training"],
+                 {"method": "Local Training", "script": FEDAVG_VARS, "flags": ["--local-training"],
                   "paper": 91.25, "paper_std": 0.18},
              ]},
             {"name": "fmnist",
@@ -538,7 +543,7 @@ TABLES = {
                  {"method": "HeurpFedLA", "script": "pfedla.py", "flags": ["--k", "1"], "paper": 96.95,
                   "paper_std": 0.44},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 98.36, "paper_std": 0.26},
-                 {"method": "Local Training", "script": "fedavg.py", "flags": ["--local-training"],
+                 {"method": "Local Training", "script": FEDAVG_VARS, "flags": ["--local-training"],
                   "paper": 89.27, "paper_std": 0.21},
              ]},
             {"name": "cifar10",
@@ -548,7 +553,7 @@ TABLES = {
                  {"method": "HeurpFedLA", "script": "pfedla.py", "flags": ["--k", "1"], "paper": 73.05,
                   "paper_std": 1.02},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 58.43, "paper_std": 0.29},
-                 {"method": "Local Training", "script": "fedavg.py", "flags": ["--local-training"],
+                 {"method": "Local Training", "script": FEDAVG_VARS, "flags": ["--local-training"],
                   "paper": 64.19, "paper_std": 0.19},
              ]},
             {"name": "cifar100",
@@ -558,7 +563,7 @@ TABLES = {
                  {"method": "HeurpFedLA", "script": "pfedla.py", "flags": ["--k", "1"], "paper": 54.43,
                   "paper_std": 1.37},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 45.19, "paper_std": 0.33},
-                 {"method": "Local Training", "script": "fedavg.py", "flags": ["--local-training"],
+                 {"method": "Local Training", "script": FEDAVG_VARS, "flags": ["--local-training"],
                   "paper": 42.53, "paper_std": 0.44},
              ]},
         ],
@@ -578,7 +583,7 @@ TABLES = {
                  {"method": "HeurpFedLA", "script": "pfedla.py", "flags": ["--k", "1"], "paper": 91.98,
                   "paper_std": 0.36},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 90.43, "paper_std": 0.58},
-                 {"method": "Local Training", "script": "fedavg.py", "flags": ["--local-training"],
+                 {"method": "Local Training", "script": FEDAVG_VARS, "flags": ["--local-training"],
                   "paper": 80.72, "paper_std": 0.43},
              ]},
             {"name": "fmnist",
@@ -588,7 +593,7 @@ TABLES = {
                  {"method": "HeurpFedLA", "script": "pfedla.py", "flags": ["--k", "1"], "paper": 92.01,
                   "paper_std": 0.74},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 89.09, "paper_std": 0.57},
-                 {"method": "Local Training", "script": "fedavg.py", "flags": ["--local-training"],
+                 {"method": "Local Training", "script": FEDAVG_VARS, "flags": ["--local-training"],
                   "paper": 65.60, "paper_std": 0.59},
              ]},
             {"name": "cifar10",
@@ -598,7 +603,7 @@ TABLES = {
                  {"method": "HeurpFedLA", "script": "pfedla.py", "flags": ["--k", "1"], "paper": 49.06,
                   "paper_std": 0.68},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 44.89, "paper_std": 0.21},
-                 {"method": "Local Training", "script": "fedavg.py", "flags": ["--local-training"],
+                 {"method": "Local Training", "script": FEDAVG_VARS, "flags": ["--local-training"],
                   "paper": 39.79, "paper_std": 0.42},
              ]},
             {"name": "cifar100",
@@ -608,7 +613,7 @@ TABLES = {
                  {"method": "HeurpFedLA", "script": "pfedla.py", "flags": ["--k", "1"], "paper": 35.42,
                   "paper_std": 0.49},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 32.24, "paper_std": 0.74},
-                 {"method": "Local Training", "script": "fedavg.py", "flags": ["--local-training"],
+                 {"method": "Local Training", "script": FEDAVG_VARS, "flags": ["--local-training"],
                   "paper": 26.29, "paper_std": 0.37},
              ]},
         ],
@@ -628,7 +633,7 @@ TABLES = {
                  {"method": "HeurpFedLA", "script": "pfedla.py", "flags": ["--k", "1"], "paper": 93.31,
                   "paper_std": 0.77},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 93.91, "paper_std": 0.32},
-                 {"method": "Local Training", "script": "fedavg.py", "flags": ["--local-training"],
+                 {"method": "Local Training", "script": FEDAVG_VARS, "flags": ["--local-training"],
                   "paper": 79.09, "paper_std": 0.12},
              ]},
             {"name": "fmnist",
@@ -638,7 +643,7 @@ TABLES = {
                  {"method": "HeurpFedLA", "script": "pfedla.py", "flags": ["--k", "1"], "paper": 98.66,
                   "paper_std": 0.80},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 98.25, "paper_std": 0.38},
-                 {"method": "Local Training", "script": "fedavg.py", "flags": ["--local-training"],
+                 {"method": "Local Training", "script": FEDAVG_VARS, "flags": ["--local-training"],
                   "paper": 65.97, "paper_std": 0.28},
              ]},
             {"name": "cifar10",
@@ -648,7 +653,7 @@ TABLES = {
                  {"method": "HeurpFedLA", "script": "pfedla.py", "flags": ["--k", "1"], "paper": 60.62,
                   "paper_std": 1.73},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 54.03, "paper_std": 0.37},
-                 {"method": "Local Training", "script": "fedavg.py", "flags": ["--local-training"],
+                 {"method": "Local Training", "script": FEDAVG_VARS, "flags": ["--local-training"],
                   "paper": 45.15, "paper_std": 0.29},
              ]},
             {"name": "cifar100",
@@ -658,7 +663,7 @@ TABLES = {
                  {"method": "HeurpFedLA", "script": "pfedla.py", "flags": ["--k", "1"], "paper": 48.72,
                   "paper_std": 1.75},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 40.89, "paper_std": 0.46},
-                 {"method": "Local Training", "script": "fedavg.py", "flags": ["--local-training"],
+                 {"method": "Local Training", "script": FEDAVG_VARS, "flags": ["--local-training"],
                   "paper": 27.87, "paper_std": 0.28},
              ]},
         ],
@@ -1100,8 +1105,8 @@ TABLES = {
              ]},
         ],
     },
-    # FedAvg's row is fedacd.py --fedavg --no-mixup: FedAvg (cross-entropy, sample-weighted mean, no mixup) with
-    # FedACD's local_risk (--log-risk: the table asks for it; other runs skip it).
+    # FedAvg's row is tools/fedacd_diagnostics.py --fedavg --no-mixup: FedAvg (cross-entropy, sample-weighted mean,
+    # no mixup) with FedACD's local_risk (--log-risk: the table asks for it, so its FedACD rows run there too).
     "fedacd-t3": {
         "title": "FedACD (IJCAI 2025) Table 3: average risk of the local models on the distributions "
                  "over clients, 20 clients, 40% participation, Dir(beta)",
@@ -1119,72 +1124,72 @@ TABLES = {
              "flags": ["--dataset", "cifar10", "--beta", "0.3", "--model", "simplecnn",
                        "--weight-decay", "1e-5"],
              "methods": [
-                 {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.25, "paper_std": 0.017},
-                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.41,
+                 {"method": "FedACD", "script": FEDACD_DIAG, "flags": [], "paper": 0.25, "paper_std": 0.017},
+                 {"method": "FedAvg", "script": FEDACD_DIAG, "flags": ["--fedavg", "--no-mixup"], "paper": 0.41,
                   "paper_std": 0.033},
              ]},
             {"name": "cifar10-dir0.1",
              "flags": ["--dataset", "cifar10", "--beta", "0.1", "--model", "simplecnn",
                        "--weight-decay", "1e-5"],
              "methods": [
-                 {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.31, "paper_std": 0.012},
-                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.57,
+                 {"method": "FedACD", "script": FEDACD_DIAG, "flags": [], "paper": 0.31, "paper_std": 0.012},
+                 {"method": "FedAvg", "script": FEDACD_DIAG, "flags": ["--fedavg", "--no-mixup"], "paper": 0.57,
                   "paper_std": 0.019},
              ]},
             {"name": "cifar10-dir0.05",
              "flags": ["--dataset", "cifar10", "--beta", "0.05", "--model", "simplecnn",
                        "--weight-decay", "1e-5"],
              "methods": [
-                 {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.39, "paper_std": 0.031},
-                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.70,
+                 {"method": "FedACD", "script": FEDACD_DIAG, "flags": [], "paper": 0.39, "paper_std": 0.031},
+                 {"method": "FedAvg", "script": FEDACD_DIAG, "flags": ["--fedavg", "--no-mixup"], "paper": 0.70,
                   "paper_std": 0.02},
              ]},
             {"name": "cifar100-dir0.3",
              "flags": ["--dataset", "cifar100", "--beta", "0.3", "--model", "simplecnn",
                        "--weight-decay", "1e-5"],
              "methods": [
-                 {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.60, "paper_std": 0.003},
-                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.69,
+                 {"method": "FedACD", "script": FEDACD_DIAG, "flags": [], "paper": 0.60, "paper_std": 0.003},
+                 {"method": "FedAvg", "script": FEDACD_DIAG, "flags": ["--fedavg", "--no-mixup"], "paper": 0.69,
                   "paper_std": 0.006},
              ]},
             {"name": "cifar100-dir0.1",
              "flags": ["--dataset", "cifar100", "--beta", "0.1", "--model", "simplecnn",
                        "--weight-decay", "1e-5"],
              "methods": [
-                 {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.67, "paper_std": 0.005},
-                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.77,
+                 {"method": "FedACD", "script": FEDACD_DIAG, "flags": [], "paper": 0.67, "paper_std": 0.005},
+                 {"method": "FedAvg", "script": FEDACD_DIAG, "flags": ["--fedavg", "--no-mixup"], "paper": 0.77,
                   "paper_std": 0.006},
              ]},
             {"name": "cifar100-dir0.05",
              "flags": ["--dataset", "cifar100", "--beta", "0.05", "--model", "simplecnn",
                        "--weight-decay", "1e-5"],
              "methods": [
-                 {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.74, "paper_std": 0.01},
-                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.82,
+                 {"method": "FedACD", "script": FEDACD_DIAG, "flags": [], "paper": 0.74, "paper_std": 0.01},
+                 {"method": "FedAvg", "script": FEDACD_DIAG, "flags": ["--fedavg", "--no-mixup"], "paper": 0.82,
                   "paper_std": 0.001},
              ]},
             {"name": "tinyimagenet-dir0.3",
              "flags": ["--dataset", "tinyimagenet", "--beta", "0.3", "--model", "resnet18",
                        "--weight-decay", "1e-3"],
              "methods": [
-                 {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.64, "paper_std": 0.001},
-                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.68,
+                 {"method": "FedACD", "script": FEDACD_DIAG, "flags": [], "paper": 0.64, "paper_std": 0.001},
+                 {"method": "FedAvg", "script": FEDACD_DIAG, "flags": ["--fedavg", "--no-mixup"], "paper": 0.68,
                   "paper_std": 0.004},
              ]},
             {"name": "tinyimagenet-dir0.1",
              "flags": ["--dataset", "tinyimagenet", "--beta", "0.1", "--model", "resnet18",
                        "--weight-decay", "1e-3"],
              "methods": [
-                 {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.73, "paper_std": 0.002},
-                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.79,
+                 {"method": "FedACD", "script": FEDACD_DIAG, "flags": [], "paper": 0.73, "paper_std": 0.002},
+                 {"method": "FedAvg", "script": FEDACD_DIAG, "flags": ["--fedavg", "--no-mixup"], "paper": 0.79,
                   "paper_std": 0.006},
              ]},
             {"name": "tinyimagenet-dir0.05",
              "flags": ["--dataset", "tinyimagenet", "--beta", "0.05", "--model", "resnet18",
                        "--weight-decay", "1e-3"],
              "methods": [
-                 {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.80, "paper_std": 0.004},
-                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 0.86,
+                 {"method": "FedACD", "script": FEDACD_DIAG, "flags": [], "paper": 0.80, "paper_std": 0.004},
+                 {"method": "FedAvg", "script": FEDACD_DIAG, "flags": ["--fedavg", "--no-mixup"], "paper": 0.86,
                   "paper_std": 0.004},
              ]},
         ],
@@ -1249,9 +1254,10 @@ TABLES = {
              ]},
         ],
     },
-    # Table 5: FedAvg w/ Input Mixup is fedacd.py --fedavg (FedAvg's loss and aggregation, FedACD's mixup); its
-    # CIFAR-10 Dir(0.05) and Tiny-ImageNet Dir(0.1), Dir(0.05) numbers are not legible. FedROD, FedLC and FedNH
-    # are not implemented. FedACD w/ Input Mixup and FedAvg w/o Input Mixup are Table 1's rows, the same runs.
+    # Table 5: FedAvg w/ Input Mixup is tools/fedacd_diagnostics.py --fedavg (FedAvg's loss and aggregation,
+    # FedACD's mixup); its CIFAR-10 Dir(0.05) and Tiny-ImageNet Dir(0.1), Dir(0.05) numbers are not legible.
+    # FedROD, FedLC and FedNH are not implemented. FedACD w/ Input Mixup and FedAvg w/o Input Mixup are Table 1's
+    # rows, the same runs.
     "fedacd-t5": {
         "title": "FedACD (IJCAI 2025) Table 5: accuracy (%) of the global model on the uniform test "
                  "set, with and without input mixup, Dir(beta)",
@@ -1268,7 +1274,7 @@ TABLES = {
                   "paper_std": 0.41},
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 79.57, "paper_std": 0.02},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 75.63, "paper_std": 0.75},
-                 {"method": "FedAvg w/ Input Mixup", "script": "fedacd.py", "flags": ["--fedavg"], "paper": 73.44,
+                 {"method": "FedAvg w/ Input Mixup", "script": FEDACD_DIAG, "flags": ["--fedavg"], "paper": 73.44,
                   "paper_std": 2.2},
              ]},
             {"name": "cifar10-dir0.1",
@@ -1279,7 +1285,7 @@ TABLES = {
                   "paper_std": 0.38},
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 73.13, "paper_std": 0.52},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 68.35, "paper_std": 2.43},
-                 {"method": "FedAvg w/ Input Mixup", "script": "fedacd.py", "flags": ["--fedavg"], "paper": 66.13,
+                 {"method": "FedAvg w/ Input Mixup", "script": FEDACD_DIAG, "flags": ["--fedavg"], "paper": 66.13,
                   "paper_std": 2.62},
              ]},
             {"name": "cifar10-dir0.05",
@@ -1299,7 +1305,7 @@ TABLES = {
                   "paper_std": 0.30},
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 49.08, "paper_std": 0.08},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 41.97, "paper_std": 0.24},
-                 {"method": "FedAvg w/ Input Mixup", "script": "fedacd.py", "flags": ["--fedavg"], "paper": 46.43,
+                 {"method": "FedAvg w/ Input Mixup", "script": FEDACD_DIAG, "flags": ["--fedavg"], "paper": 46.43,
                   "paper_std": 0.49},
              ]},
             {"name": "cifar100-dir0.1",
@@ -1310,7 +1316,7 @@ TABLES = {
                   "paper_std": 0.26},
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 46.24, "paper_std": 0.17},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 39.57, "paper_std": 0.60},
-                 {"method": "FedAvg w/ Input Mixup", "script": "fedacd.py", "flags": ["--fedavg"], "paper": 41.41,
+                 {"method": "FedAvg w/ Input Mixup", "script": FEDACD_DIAG, "flags": ["--fedavg"], "paper": 41.41,
                   "paper_std": 0.54},
              ]},
             {"name": "cifar100-dir0.05",
@@ -1321,7 +1327,7 @@ TABLES = {
                   "paper_std": 0.24},
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 43.22, "paper_std": 0.46},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 38.12, "paper_std": 0.11},
-                 {"method": "FedAvg w/ Input Mixup", "script": "fedacd.py", "flags": ["--fedavg"], "paper": 37.17,
+                 {"method": "FedAvg w/ Input Mixup", "script": FEDACD_DIAG, "flags": ["--fedavg"], "paper": 37.17,
                   "paper_std": 1.13},
              ]},
             {"name": "tinyimagenet-dir0.3",
@@ -1332,7 +1338,7 @@ TABLES = {
                   "paper_std": 0.36},
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 49.62, "paper_std": 0.32},
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 45.76, "paper_std": 0.21},
-                 {"method": "FedAvg w/ Input Mixup", "script": "fedacd.py", "flags": ["--fedavg"], "paper": 47.36,
+                 {"method": "FedAvg w/ Input Mixup", "script": FEDACD_DIAG, "flags": ["--fedavg"], "paper": 47.36,
                   "paper_std": 0.36},
              ]},
             {"name": "tinyimagenet-dir0.1",
@@ -1470,8 +1476,8 @@ TABLES = {
              ]},
         ],
     },
-    # Table 9: FedAvg's row is fedacd.py --fedavg --no-mixup (FedAvg with FedACD's local_kl, --log-kl: FedACD logs
-    # its KL anyway, --fedavg only when asked); the other rows are methods we do not implement.
+    # Table 9: FedAvg's row is tools/fedacd_diagnostics.py --fedavg --no-mixup --log-kl (FedAvg with FedACD's
+    # local_kl: FedACD logs its KL anyway, --fedavg only when asked); the other rows are methods we do not implement.
     "fedacd-t9": {
         "title": "FedACD (IJCAI 2025) Table 9: KL divergence between the probability matrix P^m and the template "
                  "matrix Q, CIFAR-100, Dir(beta)",
@@ -1481,28 +1487,28 @@ TABLES = {
                                "data, rows of absent classes left out, averaged over the rows: --score-kl mean), "
                                "mean over the round's clients, last round (the paper does not say which round)"},
         "rounds": 200,
-        "common": _FEDACD_COMMON + ["--log-kl"],  # --fedavg's local_kl: only when asked
+        "common": _FEDACD_COMMON,
         "cells": [
             {"name": "cifar100-dir0.3",
              "flags": ["--dataset", "cifar100", "--beta", "0.3", "--model", "simplecnn", "--weight-decay", "1e-5"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.83, "paper_std": 0.01},
-                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 4.06,
-                  "paper_std": 0.05},
+                 {"method": "FedAvg", "script": FEDACD_DIAG, "flags": ["--fedavg", "--no-mixup", "--log-kl"],
+                  "paper": 4.06, "paper_std": 0.05},
              ]},
             {"name": "cifar100-dir0.1",
              "flags": ["--dataset", "cifar100", "--beta", "0.1", "--model", "simplecnn", "--weight-decay", "1e-5"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.70, "paper_std": 0.02},
-                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 4.99,
-                  "paper_std": 0.09},
+                 {"method": "FedAvg", "script": FEDACD_DIAG, "flags": ["--fedavg", "--no-mixup", "--log-kl"],
+                  "paper": 4.99, "paper_std": 0.09},
              ]},
             {"name": "cifar100-dir0.05",
              "flags": ["--dataset", "cifar100", "--beta", "0.05", "--model", "simplecnn", "--weight-decay", "1e-5"],
              "methods": [
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": 0.60, "paper_std": 0.03},
-                 {"method": "FedAvg", "script": "fedacd.py", "flags": ["--fedavg", "--no-mixup"], "paper": 5.59,
-                  "paper_std": 0.16},
+                 {"method": "FedAvg", "script": FEDACD_DIAG, "flags": ["--fedavg", "--no-mixup", "--log-kl"],
+                  "paper": 5.59, "paper_std": 0.16},
              ]},
         ],
     },

@@ -20,7 +20,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root: the scripts
 sys.path.insert(0, ROOT)  # python tools/reproduce.py: common, run_folder and tools.* by name from the root
-import common  # noqa: E402  first: its start-up signal handling covers the seconds numpy and torch take to load
+import startup  # noqa: E402, F401  first: its signal handling covers the seconds numpy and torch take to load
+import common  # noqa: E402
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import importlib  # noqa: E402
@@ -386,7 +387,7 @@ def other_settings(job, folder):
     config, _ = compare.read_json(os.path.join(folder, "config.json"))  # checked by run_folders
     if not isinstance(config.get("command"), list):
         return ["a config.json without its command line"]
-    if f"{config.get('script')}.py" != job["script"]:
+    if family(config.get("script")) != family(job["script"].removesuffix(".py")):
         return [f"a run of {config.get('script')}.py (now {job['script']})"]
     saved = given_flags([str(t) for t in config["command"][1:]])
     now = given_flags(new_command(job, "auto")[2:])
@@ -406,12 +407,19 @@ def other_settings(job, folder):
     return differ
 
 
+def family(program):
+    """The script a program runs the algorithm of: a program of tools/ that took flags from a script
+    (run_folder.MOVED) runs its runs too, which their flags tell apart (``fedavg.py --local-training``, run
+    before the flag moved, is ``tools/fedavg_variants.py --local-training``)."""
+    return run_folder.MOVED.get(program, (program,))[0]
+
+
 def changed_defaults(job, saved_args, given):
     """'--flag saved (now new)' for each setting the run took that the same command line would now
     take otherwise: a default changed since (e.g. fedala.py --threshold 0.1, now 0.01). Settings
     the run's config.json lacks (flags added since) take the value runs before them ran with;
     --agnews-vocab matters to AG News only."""
-    module = importlib.import_module(job["script"].removesuffix(".py"))
+    module = importlib.import_module(job["script"].removesuffix(".py").replace("/", "."))
     try:
         now = vars(module.parse_args(new_command(job, "auto")[2:]))
     except (common.UserError, SystemExit):
@@ -596,7 +604,7 @@ def record_launch(job, command, threads, device, pid=None):
     else:
         launches.append({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "host": socket.gethostname(),
                          "cpu": run_folder.cpu_model(), "threads": threads, "device": device, "command": command})
-    common.atomic_write(path, json.dumps({"launches": launches}, indent=1))
+    run_folder.atomic_write(path, json.dumps({"launches": launches}, indent=1))
 
 
 def label(job):
@@ -1028,7 +1036,7 @@ def report(table_id, table, jobs, args):
     text = "\n".join(lines) + "\n"
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"{table_id}.md")
-    common.atomic_write(path, text)
+    run_folder.atomic_write(path, text)
     print(text)
     print(f"report written to {path}")
     return sum(bool(s["problem"]) for row in rows.values() for s in row["seeds"])
@@ -1141,7 +1149,7 @@ def write_paper_tables(tables, target):
     begin, end = doc.find(DOC_BEGIN), doc.find(DOC_END)
     if begin < 0 or end < begin:
         fail(f"{target} lacks the markers of the paper tables section ({DOC_BEGIN[:40]}... and {DOC_END})")
-    common.atomic_write(target, doc[:begin] + text + doc[end + len(DOC_END) + 1:])
+    run_folder.atomic_write(target, doc[:begin] + text + doc[end + len(DOC_END) + 1:])
     print(f"paper tables section of {target} rewritten ({len(tables)} tables)")
 
 

@@ -265,10 +265,9 @@ CHECKPOINT_EVERY = 50  # the scripts' --checkpoint-every default (common.py)
 
 
 def rounds_done(folder):
-    """The last round in a run folder's metrics.csv (a stopped run has no summary.json); 0 if none is read."""
-    text, _ = compare.read_text(os.path.join(folder, "metrics.csv"))
-    last = (text or "").strip().rsplit("\n", 1)[-1].split(",", 1)[0]
-    return int(last) if last.isdigit() else 0
+    """The last good round in a run folder's metrics.csv (a stopped run has no summary.json); 0 if none."""
+    _, series, _ = compare.read_metrics(os.path.join(folder, "metrics.csv"))
+    return series["round"][-1][0] if series else 0
 
 
 def data_dir_flag(job):
@@ -521,7 +520,7 @@ def running_pid(job):
 
 
 def action(job):
-    """('done' | 'diverged' | 'new' | 'resume', run folder or None)."""
+    """('done' | 'diverged' | 'stopped' (at --stop-after) | 'new' | 'resume', run folder or None)."""
     folder, state = current_run(job)
     if state in ("finished", "diverged"):
         return ("done" if state == "finished" else "diverged"), folder
@@ -722,7 +721,7 @@ def report_end(job, code, passed_on=0):
         print(f"failed (exit {code}): {shown(job['command'])}; log: {job['log']}; last line: {last_line(job['log'])}",
               file=sys.stderr, flush=True)
         return 1
-    if job.get("stop_after") and state in ("resumable", "short") and rounds_done(folder) >= job["stop_after"]:
+    if action(job)[0] == "stopped":
         print(f"stopped after round {job['stop_after']} (--stop-after): {label(job)} in {folder}", flush=True)
         return 0
     if state != "finished":

@@ -413,53 +413,7 @@ def layers(model):
     return [(n, m) for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))]
 
 
-# ----------------------------------------------------------------------------- flat model state
-
-def float_state(model):
-    """The model's floating-point parameters and buffers, in state_dict order (views, not copies)."""
-    return [v for v in model.state_dict().values() if v.is_floating_point()]
-
-
-def check_client_models(model, num_clients):
-    """Refuse, before they are allocated, ``num_clients`` flat copies of ``model`` (every client's own
-    model, kept by the server) that cannot fit in the memory of the model's device (check_fits)."""
-    state = float_state(model)
-    params = sum(v.numel() for v in state)
-    check_fits(f"{num_clients} client models of {params} parameters", num_clients * params * state[0].element_size(),
-               state[0].device)
-
-
-def flatten_state(model, out=None):
-    """All floating-point parameters and buffers as one vector (written into ``out`` if given)."""
-    return torch.cat([v.reshape(-1) for v in float_state(model)], out=out)
-
-
-def load_flat_state(model, flat):
-    """Inverse of ``flatten_state``: copy ``flat`` into the model in place. Integer buffers
-    (BatchNorm's num_batches_tracked) are left as they are: they are not averaged."""
-    offset = 0
-    with torch.no_grad():
-        for v in float_state(model):
-            v.copy_(flat[offset: offset + v.numel()].view_as(v))
-            offset += v.numel()
-
-
-def as_rows(client_states):
-    """The clients' flat models as one (K x D) tensor: a tensor as it is, a list stacked."""
-    return client_states if torch.is_tensor(client_states) else torch.stack(list(client_states))
-
-
-def weighted_average(stacked, weights):
-    """FedAvg's aggregation: sum_k w_k theta_k / sum_k w_k over rows of ``stacked`` (K x D)."""
-    weights = to_device(torch.as_tensor(weights, dtype=stacked.dtype), stacked.device)
-    return (weights / weights.sum()) @ stacked
-
-
-def state_bytes(model):
-    return sum(v.numel() * v.element_size() for v in model.state_dict().values())
-
-
-# ----------------------------------------------------------------------------- training and evaluation
+# ----------------------------------------------------------------------------- devices and seeds
 
 def resolve_device(name):
     if name == "auto":
@@ -513,9 +467,35 @@ def seed_everything(seed):
     return np.random.default_rng([seed, 1])
 
 
+def to_device(tensor, device):
+    """``tensor`` on ``device`` with no GPU sync: from pinned memory (not pageable) a CUDA copy is asynchronous."""
+    pin = tensor.device.type == "cpu" and torch.device(device).type == "cuda"
+    return (tensor.pin_memory() if pin else tensor).to(device, non_blocking=True)
+
+
 def clients_per_round(args):
     return max(1, int(round(args.join_ratio * args.num_clients)))
 
+
+def check_client_models(model, num_clients):
+    """Refuse, before they are allocated, ``num_clients`` flat copies of ``model`` (every client's own
+    model, kept by the server) that cannot fit in the memory of the model's device (check_fits)."""
+    state = float_state(model)
+    params = sum(v.numel() for v in state)
+    check_fits(f"{num_clients} client models of {params} parameters", num_clients * params * state[0].element_size(),
+               state[0].device)
+
+
+def state_bytes(model):
+    return sum(v.numel() * v.element_size() for v in model.state_dict().values())
+
+
+def as_rows(client_states):
+    """The clients' flat models as one (K x D) tensor: a tensor as it is, a list stacked."""
+    return client_states if torch.is_tensor(client_states) else torch.stack(list(client_states))
+
+
+# ----------------------------------------------------------------------------- one round (docs/layout.md)
 
 def sample_clients(rng, num_clients, join_ratio):
     """round(join_ratio * N) clients (at least 1), without replacement, in increasing order."""
@@ -528,60 +508,132 @@ def client_seed(seed, round_, client, tag=0):
     return int(np.random.SeedSequence([seed, round_, client, tag]).generate_state(1)[0])
 
 
-def to_device(tensor, device):
-    """``tensor`` on ``device`` with no GPU sync: from pinned memory (not pageable) a CUDA copy is asynchronous."""
-    pin = tensor.device.type == "cpu" and torch.device(device).type == "cuda"
-    return (tensor.pin_memory() if pin else tensor).to(device, non_blocking=True)
+def float_state(model):
+    return [v for v in model.state_dict().values() if v.is_floating_point()]  # views, in state_dict order
+
+
+def flatten_state(model):
+    """All floating-point parameters and buffers as one vector: a model as the server keeps it."""
+    return torch.cat([v.reshape(-1) for v in float_state(model)])
+
+
+def load_flat_state(model, flat):
+    """flatten_state's inverse, in place. Integer buffers (BatchNorm's batch count) are kept: not averaged."""
+    state = float_state(model)
+    with torch.no_grad():
+        for v, part in zip(state, flat.split([v.numel() for v in state])):
+            v.copy_(part.view_as(v))
 
 
 def batch_bounds(n, batch_size):
-    """(start, end) of each minibatch of n samples; the last partial batch is kept, but a last
-    batch of a single sample joins the batch before it (BatchNorm cannot train on one)."""
+    """(start, end) of each minibatch of n samples; a last batch of one joins the one before (for BatchNorm)."""
     starts = list(range(0, n, batch_size))
     if len(starts) > 1 and n - starts[-1] == 1:
         starts.pop()
     return list(zip(starts, starts[1:] + [n]))
 
 
-def epoch_batches(idx, batch_size, epochs, seed):
-    """Index batches: ``epochs`` passes over ``idx``, reshuffled each epoch (``batch_bounds``)."""
-    g = torch.Generator().manual_seed(seed)
-    bounds = batch_bounds(len(idx), batch_size)
-    for _ in range(epochs):
-        perm = idx[to_device(torch.randperm(len(idx), generator=g), idx.device)]
-        for start, end in bounds:
-            yield perm[start:end]
-
-
 def make_optimizer(model, args):
     return torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
 
 
-def local_train(model, data, idx, args, seed, epochs=None):
-    """Minibatch SGD with cross-entropy on the client's train indices. Returns the mean training
-    loss as a 0-dim tensor (no host sync inside the loop)."""
+def epoch_batches(idx, batch_size, epochs, seed):
+    """Index batches: ``epochs`` passes over ``idx``, reshuffled each epoch (batch_bounds)."""
+    shuffle = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        order = idx[to_device(torch.randperm(len(idx), generator=shuffle), idx.device)]
+        for start, end in batch_bounds(len(idx), batch_size):
+            yield order[start:end]
+
+
+def local_train(model, data, idx, args, seed):
+    """--local-epochs of minibatch SGD with cross-entropy on the train indices ``idx``. Returns the mean
+    training loss, 0-dim (no host sync inside the loop)."""
     model.train()
     optimizer = make_optimizer(model, args)
-    total = torch.zeros((), device=data.x.device)
-    steps = 0
-    for batch in epoch_batches(idx, args.batch_size, epochs or args.local_epochs, seed):
+    total, steps = torch.zeros((), device=data.x.device), 0
+    for batch in epoch_batches(idx, args.batch_size, args.local_epochs, seed):
         loss = F.cross_entropy(model(data.x[batch]), data.y[batch])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        total += loss.detach()
-        steps += 1
+        total, steps = total + loss.detach(), steps + 1
     return total / max(steps, 1)
 
 
-def client_update(model, global_state, data, client, args, round_, out=None):
-    """FedAvg's ClientUpdate(k, w), also FedPake's: load the global model ``global_state`` (a flat
-    vector) into ``model``, run local SGD on client k's training data. Returns (the trained model as
-    a flat vector, written into ``out`` if given; the mean training loss as a 0-dim tensor)."""
+def weighted_average(stacked, weights):
+    """FedAvg's aggregation: sum_k w_k theta_k / sum_k w_k over the rows of ``stacked`` (K x D)."""
+    weights = to_device(torch.as_tensor(weights, dtype=stacked.dtype), stacked.device)
+    return (weights / weights.sum()) @ stacked
+
+
+def client_update(model, global_state, data, client, args, round_):
+    """FedAvg's ClientUpdate(k, w), also FedPake's: local SGD from the global model (flat) on client k's
+    training data. Returns (the trained model, flat; the mean training loss, 0-dim)."""
     load_flat_state(model, global_state)
     loss = local_train(model, data, data.train_idx[client], args, client_seed(args.seed, round_, client))
-    return flatten_state(model, out=out), loss
+    return flatten_state(model), loss
 
+
+# ----------------------------------------------------------------------------- evaluation
+
+def check_finite(loss, round_, client):
+    """One host sync per client: stop the run when training diverged (the data was checked to be
+    finite when loaded, so the step size is to blame)."""
+    value = float(loss)
+    if not math.isfinite(value):
+        raise DivergedError(f"training loss became {value} in round {round_} on client {client}; "
+                            "lower --lr (metrics so far are in the run folder)")
+    return value
+
+
+@torch.no_grad()
+def evaluate(model, data, idx_list, batch_size=2048):
+    """Per-client (correct, count, summed loss) of ``model`` on each index tensor in ``idx_list``,
+    as tensors on the data's device; all clients go through the model in large batches."""
+    was_training = model.training
+    model.eval()
+    device = data.x.device
+    lengths = [len(i) for i in idx_list]  # len() of a tensor is known on the host: no GPU sync
+    count = to_device(torch.tensor(lengths, dtype=torch.long), device)
+    owner = torch.repeat_interleave(torch.arange(len(idx_list), device=device), count, output_size=sum(lengths))
+    all_idx = torch.cat(list(idx_list)) if len(idx_list) else torch.zeros(0, dtype=torch.long, device=device)
+    correct = torch.zeros(len(all_idx), device=device)
+    losses = torch.zeros(len(all_idx), device=device)
+    for start in range(0, len(all_idx), batch_size):
+        batch = all_idx[start: start + batch_size]
+        logits = model(data.x[batch])
+        correct[start: start + len(batch)] = (logits.argmax(1) == data.y[batch]).float()
+        losses[start: start + len(batch)] = F.cross_entropy(logits, data.y[batch], reduction="none")
+    model.train(was_training)
+    zeros = torch.zeros(len(idx_list), device=device)
+    return zeros.index_add(0, owner, correct), count.float(), zeros.index_add(0, owner, losses)
+
+
+def accuracy_metrics(correct, count, loss_sum, prefix="test"):
+    """Pooled accuracy (sum correct / sum samples, the PFLlib number), the unweighted mean and
+    std of per-client accuracies (clients with test data), and the mean test loss; in percent."""
+    correct, count, loss_sum = (t.detach().double().cpu().numpy() for t in (correct, count, loss_sum))
+    has = count > 0
+    per_client = correct[has] / count[has]
+    return {f"{prefix}_acc": 100 * correct.sum() / max(count.sum(), 1),
+            f"{prefix}_acc_mean": 100 * per_client.mean() if has.any() else float("nan"),
+            f"{prefix}_acc_std": 100 * per_client.std() if has.any() else float("nan"),
+            f"{prefix}_loss": loss_sum.sum() / max(count.sum(), 1)}
+
+
+def evaluate_global(model, data):
+    """One model (the global one) on every client's test data (test_acc pooled, test_acc_mean and
+    std over clients) and, under --test-split global, on the uniform test set (global_acc,
+    global_loss; a single test set has no client mean or spread)."""
+    metrics = accuracy_metrics(*evaluate(model, data, data.test_idx))
+    if data.global_test_idx is not None:
+        uniform = accuracy_metrics(*evaluate(model, data, [data.global_test_idx]), prefix="global")
+        metrics.update(global_acc=uniform["global_acc"], global_loss=uniform["global_loss"])
+    return metrics
+
+
+# ----------------------------------------------------------------------------- clients trained at once
 
 GPU_PARALLEL_CLIENTS = 4
 
@@ -662,58 +714,19 @@ class ClientPool:
             executor.shutdown(wait=False, cancel_futures=True)
             torch.set_num_threads(threads)
 
+    def train(self, client_update, clients):
+        """The round's client updates through ``map``: ``client_update(model, client)`` returns (the client's
+        trained model, flat; anything else). Returns the trained models as the rows of one (K x D) tensor, in
+        the order of ``clients``, then each further return value as a list over the clients. Each model is
+        copied into its row when its client finishes, so the round never holds K models besides the rows
+        (ResNet-18's FedAvg round peaked at 3,010 MB instead of 2,100 when it did: docs/speed.md)."""
+        state = float_state(self.models[0])
+        rows = torch.empty(len(clients), sum(v.numel() for v in state), dtype=state[0].dtype, device=state[0].device)
+        position = {client: k for k, client in enumerate(clients)}
 
-def check_finite(loss, round_, client):
-    """One host sync per client: stop the run when training diverged (the data was checked to be
-    finite when loaded, so the step size is to blame)."""
-    value = float(loss)
-    if not math.isfinite(value):
-        raise DivergedError(f"training loss became {value} in round {round_} on client {client}; "
-                            "lower --lr (metrics so far are in the run folder)")
-    return value
+        def update(model, client):
+            trained, *rest = client_update(model, client)
+            rows[position[client]] = trained
+            return rest
 
-
-@torch.no_grad()
-def evaluate(model, data, idx_list, batch_size=2048):
-    """Per-client (correct, count, summed loss) of ``model`` on each index tensor in ``idx_list``,
-    as tensors on the data's device; all clients go through the model in large batches."""
-    was_training = model.training
-    model.eval()
-    device = data.x.device
-    sizes = [len(i) for i in idx_list]  # len() of a tensor is known on the host: no GPU sync for the sizes
-    count = to_device(torch.tensor(sizes, dtype=torch.long), device)
-    owner = torch.repeat_interleave(torch.arange(len(idx_list), device=device), count, output_size=sum(sizes))
-    all_idx = torch.cat(list(idx_list)) if len(idx_list) else torch.zeros(0, dtype=torch.long, device=device)
-    correct = torch.zeros(len(all_idx), device=device)
-    losses = torch.zeros(len(all_idx), device=device)
-    for start in range(0, len(all_idx), batch_size):
-        batch = all_idx[start: start + batch_size]
-        logits = model(data.x[batch])
-        correct[start: start + len(batch)] = (logits.argmax(1) == data.y[batch]).float()
-        losses[start: start + len(batch)] = F.cross_entropy(logits, data.y[batch], reduction="none")
-    model.train(was_training)
-    zeros = torch.zeros(len(idx_list), device=device)
-    return zeros.index_add(0, owner, correct), count.float(), zeros.index_add(0, owner, losses)
-
-
-def accuracy_metrics(correct, count, loss_sum, prefix="test"):
-    """Pooled accuracy (sum correct / sum samples, the PFLlib number), the unweighted mean and
-    std of per-client accuracies (clients with test data), and the mean test loss; in percent."""
-    correct, count, loss_sum = (t.detach().double().cpu().numpy() for t in (correct, count, loss_sum))
-    has = count > 0
-    per_client = correct[has] / count[has]
-    return {f"{prefix}_acc": 100 * correct.sum() / max(count.sum(), 1),
-            f"{prefix}_acc_mean": 100 * per_client.mean() if has.any() else float("nan"),
-            f"{prefix}_acc_std": 100 * per_client.std() if has.any() else float("nan"),
-            f"{prefix}_loss": loss_sum.sum() / max(count.sum(), 1)}
-
-
-def evaluate_global(model, data):
-    """One model (the global one) on every client's test data (test_acc pooled, test_acc_mean and
-    std over clients) and, under --test-split global, on the uniform test set (global_acc,
-    global_loss; a single test set has no client mean or spread)."""
-    metrics = accuracy_metrics(*evaluate(model, data, data.test_idx))
-    if data.global_test_idx is not None:
-        uniform = accuracy_metrics(*evaluate(model, data, [data.global_test_idx]), prefix="global")
-        metrics.update(global_acc=uniform["global_acc"], global_loss=uniform["global_loss"])
-    return metrics
+        return (rows, *(list(column) for column in zip(*self.map(update, clients))))

@@ -244,11 +244,11 @@ def mixup_epochs(data, idx, args, batch_seed, mixup_seed):
     return [epoch(range(e * per_epoch, (e + 1) * per_epoch)) for e in range(args.local_epochs)]
 
 
-def client_update(model, global_state, data, client, present, args, round_, out=None):
+def client_update(model, global_state, data, client, present, args, round_):
     """Client m (Appendix A.1): ``fedacd_local_training`` from the global model (flat) on its minibatches
     with input mixup, then its score V_m from P^m of the trained model. ``present``: the (N, C) boolean
-    matrix of the classes each client holds, on the host. Returns (the trained model, flat, in ``out``
-    if given; mean loss; V_m; KL)."""
+    matrix of the classes each client holds, on the host. Returns (the trained model, flat; mean loss;
+    V_m; KL)."""
     common.load_flat_state(model, global_state)
     idx, device = data.train_idx[client], data.x.device
     # the client's classes as indices, found where the mask is: with main's host mask, no GPU sync
@@ -260,7 +260,7 @@ def client_update(model, global_state, data, client, present, args, round_, out=
                                     args.lam, args.missing_delta)
     # the score with the KL averaged over the client's classes (--score-kl mean), our default: docs/fedacd.md
     score, kl = aggregation_score(P, classes, args.tau, reduction=args.score_kl)
-    return common.flatten_state(model, out=out), loss, score, kl
+    return common.flatten_state(model), loss, score, kl
 
 
 def server_update(client_states, scores, uniform=False):
@@ -285,8 +285,6 @@ def main(argv=None):
     pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=auto_image), device,
                                    data)
     model_bytes = common.state_bytes(global_model)
-    client_stack = torch.empty(common.clients_per_round(args), common.flatten_state(global_model).numel(),
-                               device=device)  # the models the round's clients send back, one row each
     present = torch.as_tensor(data.train_counts > 0)  # on the host: see client_update
     run = run_folder.Run("fedacd", args, data, device, headline_metric=HEADLINE_METRIC, headline=HEADLINE)
     state = {"global_model": global_model}
@@ -297,12 +295,10 @@ def main(argv=None):
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
         global_state = common.flatten_state(global_model)
-        row = dict(zip(clients, client_stack))  # where each client's model lands: no copies per client
-        updates = pool.map(lambda model, client: client_update(model, global_state, data, client, present, args,
-                                                               round_, out=row[client]), clients)
-        losses = [common.check_finite(u[1], round_, client) for client, u in zip(clients, updates)]
-        _, _, scores, kls = zip(*updates)
-        common.load_flat_state(global_model, server_update(client_stack[:len(clients)], scores, args.uniform_agg))
+        client_states, losses, scores, kls = pool.train(lambda model, client: client_update(
+            model, global_state, data, client, present, args, round_), clients)
+        losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
+        common.load_flat_state(global_model, server_update(client_states, scores, args.uniform_agg))
         run.add_bytes(down=model_bytes * len(clients), up=(model_bytes + 8) * len(clients))  # + the score V_m
         if run.should_eval(round_):
             scores = torch.stack(scores)  # Table 9

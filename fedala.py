@@ -71,7 +71,7 @@ class ALA:
     p counts layers, i.e. modules that own parameters, from the output down. Needs only torch and
     numpy: it can be pasted into any client code. Holds each client's element-wise weights W_i^p (one
     flat row per client, ones at the start, Alg. 1 l. 2) and whether the client is still in its initial
-    stage (``start_phase``). ``initialise`` works on plain nn.Modules: it learns W_i^p with the global and
+    stage (``initial_stage``; the official ALA.py's ``start_phase``). ``initialise`` works on plain nn.Modules: it learns W_i^p with the global and
     local models frozen and writes Theta_hat_i (Eq. 4) into the local model in place. The caller skips it
     in round 1 (Alg. 1: Theta^0 = Theta_i^0), where it would learn W on two equal models and end the
     client's initial stage at once.
@@ -89,7 +89,7 @@ class ALA:
         self.eta, self.s, self.batch_size = eta, s, batch_size
         self.threshold, self.num_pre_loss, self.max_init_epochs = threshold, num_pre_loss, max_init_epochs
         self.weights = torch.ones(num_clients, sum(self.sizes), device=next(model.parameters()).device)
-        self.start_phase = [True] * num_clients
+        self.initial_stage = [True] * num_clients
         self.init_losses = [[] for _ in range(num_clients)]  # epoch losses of each client's initial stage
 
     def client_weights(self, client):
@@ -137,13 +137,13 @@ class ALA:
                         p.copy_(torch.addcmul(o, u, w))  # Eq. (4) with the new W
                 total, steps = total + loss.detach(), steps + 1
             epochs += 1
-            if not self.start_phase[client]:
+            if not self.initial_stage[client]:
                 break  # Alg. 1 l. 12-14: one epoch after the initial stage
             losses = self.init_losses[client]
             losses.append(float(total) / steps)  # mean batch loss of the epoch: one host sync per epoch
             settled = len(losses) >= self.num_pre_loss and np.std(losses[-self.num_pre_loss:]) < self.threshold
             if settled or epochs >= self.max_init_epochs:  # Alg. 1 l. 9: "while W does not converge"
-                self.start_phase[client] = False
+                self.initial_stage[client] = False
                 break
         for p in lower:
             p.requires_grad_(True)
@@ -153,21 +153,20 @@ class ALA:
         return epochs
 
     def state_dict(self):
-        return {"weights": self.weights, "start_phase": list(self.start_phase),
+        return {"weights": self.weights, "initial_stage": list(self.initial_stage),
                 "init_losses": [list(l) for l in self.init_losses]}
 
     def load_state_dict(self, state):
         self.weights.copy_(state["weights"])
-        self.start_phase = list(state["start_phase"])
+        self.initial_stage = list(state["initial_stage" if "initial_stage" in state else "start_phase"])  # older name
         self.init_losses = [list(l) for l in state["init_losses"]]
 
 
-def client_update(model, global_model, local_state, ala, data, client, args, round_, evaluate=False, out=None):
+def client_update(model, global_model, local_state, ala, data, client, args, round_, evaluate=False):
     """Client i in round t (Alg. 1 l. 7-17): ALA initialises the local model from the old one (``local_state``,
     flat) and the global model (l. 7-15), then local training (l. 16); ALA is off in round 1. Returns (the
-    trained local model, flat, written into ``out`` if given, which may be ``local_state``; the mean training
-    loss, 0-dim; the number of ALA epochs; if ``evaluate``, the test result (correct, count, summed loss) of
-    the ALA-initialised model)."""
+    trained local model, flat; the mean training loss, 0-dim; the number of ALA epochs; if ``evaluate``, the
+    test result (correct, count, summed loss) of the ALA-initialised model)."""
     idx = data.train_idx[client]
     if round_ == 1 or args.no_ala:
         model.load_state_dict(global_model.state_dict())
@@ -178,7 +177,7 @@ def client_update(model, global_model, local_state, ala, data, client, args, rou
         ala_epochs = ala.initialise(client, global_model, model, data.x[idx], data.y[idx], generator)
     result = common.evaluate(model, data, [data.test_idx[client]]) if evaluate else None
     loss = common.local_train(model, data, idx, args, common.client_seed(args.seed, round_, client))
-    return common.flatten_state(model, out=out), loss, ala_epochs, result
+    return common.flatten_state(model), loss, ala_epochs, result
 
 
 def global_model_accuracy(global_model, data):
@@ -213,26 +212,25 @@ def main(argv=None):
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)  # Alg. 1 l. 4-5
         evaluate = run.should_eval(round_)
-        in_initial_stage = [c for c in clients if ala.start_phase[c]]
-        updates = pool.map(lambda model, client: client_update(model, global_model, local_models[client], ala, data,
-                                                               client, args, round_, evaluate,
-                                                               out=local_models[client]), clients)  # l. 6-17
-        losses = [common.check_finite(loss, round_, client) for client, (_, loss, _, _) in zip(clients, updates)]
+        starting = [c for c in clients if ala.initial_stage[c]]
+        local_models[clients], losses, ala_epochs, results = pool.train(lambda model, client: client_update(
+            model, global_model, local_models[client], ala, data, client, args, round_, evaluate), clients)  # l. 6-17
+        losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         num_samples = [len(data.train_idx[client]) for client in clients]
         common.load_flat_state(global_model, common.weighted_average(local_models[clients], num_samples))  # l. 18
-        done = [c for c in in_initial_stage if not ala.start_phase[c]]
+        done = [c for c in starting if not ala.initial_stage[c]]
         if done:
             print(f"[fedala] round {round_}: initial stage (Alg. 1 l. 8-11) done on {len(done)} client(s) after "
                   f"{[len(ala.init_losses[c]) for c in done]} weight-learning epochs")
         run.add_bytes(down=model_bytes * len(clients), up=model_bytes * len(clients))
         if evaluate:  # joining clients: their ALA-initialised models; the others: their current local models
-            results = dict(zip(clients, (result for _, _, _, result in updates)))
+            results = dict(zip(clients, results))
             for client in sorted(set(range(args.num_clients)) - set(clients)):
                 common.load_flat_state(pool.models[0], local_models[client])
                 results[client] = common.evaluate(pool.models[0], data, [data.test_idx[client]])
             totals = [torch.cat([results[c][i] for c in range(args.num_clients)]) for i in range(3)]
             run.log(round_, {**common.accuracy_metrics(*totals), "train_loss": sum(losses) / len(losses),
-                             "ala_epochs": sum(u[2] for u in updates) / len(updates),
+                             "ala_epochs": sum(ala_epochs) / len(ala_epochs),
                              "global_model_acc": global_model_accuracy(global_model, data)})
         run.checkpoint(round_, state, rng)
         if run.stop_requested(round_):  # Ctrl-C: this round's checkpoint is written

@@ -253,8 +253,6 @@ def main(argv=None):
     pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=AUTO_IMAGE), device,
                                    data)
     model_bytes = common.state_bytes(global_model)
-    client_stack = torch.empty(common.clients_per_round(args), common.flatten_state(global_model).numel(),
-                               device=device)  # the models the round's clients send back, one row each
     run = run_folder.Run("fedpake", args, data, device, headline_metric=HEADLINE_METRIC, headline=HEADLINE)
     state = {"global_model": global_model}
     start = run.resume(state, rng)
@@ -267,12 +265,12 @@ def main(argv=None):
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
         global_state = common.flatten_state(global_model)
-        row = dict(zip(clients, client_stack))  # where each client's model lands: no copies per client
-        updates = pool.map(lambda model, client: common.client_update(model, global_state, data, client, args, round_,
-                                                                      out=row[client]), clients)  # FedAvg's clients
-        losses = [common.check_finite(loss, round_, client) for client, (_, loss) in zip(clients, updates)]
+        client_states, losses = pool.train(lambda model, client: common.client_update(model, global_state, data,
+                                                                                      client, args, round_),
+                                           clients)  # FedAvg's clients
+        losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         num_samples = [len(data.train_idx[client]) for client in clients]
-        new_global, stats = server_update(client_stack[:len(clients)], num_samples, args, round_)
+        new_global, stats = server_update(client_states, num_samples, args, round_)
         common.load_flat_state(global_model, new_global)
         run.add_bytes(down=model_bytes * len(clients), up=model_bytes * len(clients))
         if run.should_eval(round_):

@@ -71,17 +71,18 @@ class LayerHypernetworks(nn.Module):
 
     HN_i: embedding v_i -> 3 x (Linear, ReLU) -> one linear head per model layer l giving N
     scores -> softmax over clients, so alpha_i^l >= 0 and sum_j alpha_i^{l,j} = 1 (Eq. 3).
-    Initialisation as nn.Linear / nn.Embedding (U(+-1/sqrt(fan_in)), N(0, 1)): alpha starts
-    close to uniform."""
+    Initialisation as nn.Linear / nn.Embedding (U(+-1/sqrt(fan_in)), N(0, 1)), drawn from
+    ``generator`` (default: torch's global one): alpha starts close to uniform."""
 
-    def __init__(self, num_clients, num_layers, embed_dim=100, hidden_dim=100, hidden_layers=3):
+    def __init__(self, num_clients, num_layers, embed_dim=100, hidden_dim=100, hidden_layers=3, generator=None):
         super().__init__()
         n = num_clients
 
         def uniform(*shape, fan_in):
-            return nn.Parameter(torch.empty(*shape).uniform_(-1 / math.sqrt(fan_in), 1 / math.sqrt(fan_in)))
+            bound = 1 / math.sqrt(fan_in)
+            return nn.Parameter(torch.empty(*shape).uniform_(-bound, bound, generator=generator))
 
-        self.embedding = nn.Parameter(torch.randn(n, embed_dim))  # v_i
+        self.embedding = nn.Parameter(torch.randn(n, embed_dim, generator=generator))  # v_i
         dims = [embed_dim] + [hidden_dim] * hidden_layers
         self.mlp_weight = nn.ParameterList([uniform(n, a, b, fan_in=a) for a, b in zip(dims, dims[1:])])
         self.mlp_bias = nn.ParameterList([uniform(n, b, fan_in=a) for a, b in zip(dims, dims[1:])])
@@ -95,14 +96,6 @@ class LayerHypernetworks(nn.Module):
             h = F.relu(torch.einsum("si,sio->so", h, w[clients]) + b[clients])
         scores = torch.einsum("sh,shlj->slj", h, self.head_weight[clients]) + self.head_bias[clients]
         return scores.softmax(dim=-1)
-
-    @staticmethod
-    def count(num_clients, num_layers, embed_dim=100, hidden_dim=100, hidden_layers=3):
-        """The parameters __init__ makes, computed without making them."""
-        dims = [embed_dim] + [hidden_dim] * hidden_layers
-        per_client = (embed_dim + sum(a * b + b for a, b in zip(dims, dims[1:]))
-                      + hidden_dim * num_layers * num_clients + num_layers * num_clients)
-        return num_clients * per_client
 
 
 def layer_sizes(model):
@@ -140,21 +133,22 @@ def retained_layers(alpha, clients, k):
     returns it for ``clients``, the S client ids (a list or a tensor)."""
     clients = torch.as_tensor(clients, device=alpha.device)
     self_weight = alpha[torch.arange(len(clients), device=alpha.device), :, clients]  # (S, layers)
-    keep = torch.zeros_like(self_weight, dtype=torch.bool)
+    is_retained = torch.zeros_like(self_weight, dtype=torch.bool)
     if k > 0:
-        keep.scatter_(1, self_weight.topk(k, dim=1).indices, True)
-    return keep
+        is_retained.scatter_(1, self_weight.topk(k, dim=1).indices, True)
+    return is_retained
 
 
-def with_retained_layers(theta_bar, client_models, clients, sizes, keep):
+def with_retained_layers(theta_bar, client_models, clients, sizes, is_retained):
     """Alg. 2 l. 7 and 13: the model client i starts local training from: the layer-wise
-    aggregate theta_bar_i, except for its retained layers (``keep``), where it has its own
+    aggregate theta_bar_i, except for its retained layers (``is_retained``), where it has its own
     theta_i^l (its last trained model, which is also the server's stored row i, so the
     simulation reads it from there). With no retained layer this is theta_bar_i itself."""
     # sizes copied without waiting and the output length given: no GPU sync (once per client when evaluating)
-    keep_entries = keep.repeat_interleave(torch.as_tensor(sizes).to(keep.device, non_blocking=True), dim=1,
+    retained_entries = is_retained.repeat_interleave(torch.as_tensor(sizes).to(is_retained.device, non_blocking=True),
+                                                     dim=1,
                                           output_size=sum(sizes))
-    return torch.where(keep_entries, client_models[clients], theta_bar)
+    return torch.where(retained_entries, client_models[clients], theta_bar)
 
 
 def hypernetwork_step(hypernetworks, theta_bar, update, hn_lr):
@@ -176,14 +170,13 @@ def hypernetwork_step(hypernetworks, theta_bar, update, hn_lr):
             p.sub_(hn_lr * g)
 
 
-def client_update(model, theta_bar_i, data, client, args, round_, out=None):
+def client_update(model, theta_bar_i, data, client, args, round_):
     """Client i (Alg. 1 l. 10-14): set its model to the received theta_bar_i (flat) and run local
-    SGD. Returns (the trained model, flat, written into ``out`` if given; the mean training
-    loss, 0-dim). The client sends
+    SGD. Returns (the trained model, flat; the mean training loss, 0-dim). The client sends
     Delta theta_i = trained - theta_bar_i."""
     common.load_flat_state(model, theta_bar_i)
     loss = common.local_train(model, data, data.train_idx[client], args, common.client_seed(args.seed, round_, client))
-    return common.flatten_state(model, out=out), loss
+    return common.flatten_state(model), loss
 
 
 def server_update(hypernetworks, client_models, clients, theta_bar, received, trained, hn_lr):
@@ -202,12 +195,12 @@ def evaluate_personalised(hypernetworks, client_models, worker, data, sizes, k):
     mean self-weight alpha_i^{l,i} over clients and layers (a diagnostic of personalisation)."""
     ids = torch.arange(data.num_clients, device=client_models.device)
     alpha = hypernetworks(ids)
-    keep = retained_layers(alpha, ids, k)
+    is_retained = retained_layers(alpha, ids, k)
     results = []
     for i in range(data.num_clients):  # one client at a time: N x D personalised models never exist at once
         theta_bar = aggregate_layerwise(alpha[i:i + 1], client_models, sizes)
         common.load_flat_state(worker, with_retained_layers(theta_bar, client_models, ids[i:i + 1], sizes,
-                                                            keep[i:i + 1])[0])
+                                                            is_retained[i:i + 1])[0])
         results.append(common.evaluate(worker, data, [data.test_idx[i]]))
     metrics = common.accuracy_metrics(*(torch.cat(r) for r in zip(*results)))
     metrics["self_weight"] = float(alpha[ids, :, ids].mean())
@@ -227,14 +220,16 @@ def main(argv=None):
         raise common.UserError(f"pfedla.py cannot split --model {args.model} into layers: {e}")
     if args.k > len(sizes):
         raise common.UserError(f"--k {args.k} is more than the model's {len(sizes)} layers")
-    # Alg. 1 l. 1: every client starts from the same initial model
-    # before anything is allocated: the hypernetworks' weights and gradients, and every client's model
-    hn_params = LayerHypernetworks.count(args.num_clients, len(sizes), args.embed_dim, args.hidden_dim)
+    # before anything is allocated: the hypernetworks' weights and gradients, and every client's model (built
+    # on the meta device, which allocates nothing and draws no random numbers)
+    with torch.device("meta"):
+        hn_params = sum(p.numel() for p in LayerHypernetworks(args.num_clients, len(sizes), args.embed_dim,
+                                                               args.hidden_dim).parameters())
     model_params = sum(p.numel() for p in model.parameters())
     common.check_fits(f"the hypernetworks ({args.num_clients} x --embed-dim {args.embed_dim}, --hidden-dim "
                       f"{args.hidden_dim}: {hn_params} parameters, with their gradients) and the {args.num_clients} "
                       "client models", (2 * hn_params + args.num_clients * model_params) * 4, device)
-    client_models = common.flatten_state(model).detach().repeat(args.num_clients, 1)
+    client_models = common.flatten_state(model).detach().repeat(args.num_clients, 1)  # Alg. 1 l. 1
     hypernetworks = LayerHypernetworks(args.num_clients, len(sizes), args.embed_dim, args.hidden_dim).to(device)
     pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=AUTO_IMAGE), device,
                                    data)
@@ -243,7 +238,6 @@ def main(argv=None):
     state = {"hypernetworks": hypernetworks, "client_models": client_models}
     start = run.resume(state, rng)
     element, num_params = client_models.element_size(), client_models.shape[1]
-    hn_params = sum(p.numel() for p in hypernetworks.parameters())  # the same count for every client
     print(f"[{algo}] model {model.__class__.__name__}: {num_params} parameters in {len(sizes)} layers; "
           f"hypernetworks: {args.num_clients} x {hn_params // args.num_clients} = {hn_params} parameters; "
           f"{len(pool)} client(s) at a time")
@@ -253,16 +247,16 @@ def main(argv=None):
         ids = torch.as_tensor(clients, device=device)
         alpha = hypernetworks(ids)                                               # Alg. 1 l. 5
         theta_bar = aggregate_layerwise(alpha, client_models, sizes)             # Alg. 1 l. 5
-        keep = retained_layers(alpha.detach(), ids, args.k)                      # Alg. 2 l. 6
-        received = with_retained_layers(theta_bar.detach(), client_models, ids, sizes, keep)  # Alg. 2 l. 7, 13
-        slot = {client: i for i, client in enumerate(clients)}  # the client's row of received and trained
-        trained = torch.empty(received.shape, device=device)
-        updates = pool.map(lambda model, client: client_update(model, received[slot[client]], data, client,
-                                                               args, round_, out=trained[slot[client]]), clients)
-        losses = [common.check_finite(loss, round_, client) for client, (_, loss) in zip(clients, updates)]
+        is_retained = retained_layers(alpha.detach(), ids, args.k)               # Alg. 2 l. 6
+        received = with_retained_layers(theta_bar.detach(), client_models, ids, sizes, is_retained)  # l. 7, 13
+        received_by = dict(zip(clients, received))
+        trained, losses = pool.train(lambda model, client: client_update(model, received_by[client], data, client,
+                                                                         args, round_), clients)  # Alg. 1 l. 10-14
+        losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         server_update(hypernetworks, client_models, ids, theta_bar, received, trained, args.hn_lr)  # Alg. 1 l. 7-8
-        retained = int((keep.long() * torch.as_tensor(sizes, device=device)).sum())  # retained layers are not sent
-        run.add_bytes(down=(len(clients) * num_params - retained) * element, up=len(clients) * num_params * element)
+        retained_params = int((is_retained.long() * torch.as_tensor(sizes, device=device)).sum())  # not sent
+        run.add_bytes(down=(len(clients) * num_params - retained_params) * element,
+                      up=len(clients) * num_params * element)
         if run.should_eval(round_):
             run.log(round_, {**evaluate_personalised(hypernetworks, client_models, pool.models[0], data, sizes, args.k),
                              "train_loss": sum(losses) / len(losses)})

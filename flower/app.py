@@ -138,11 +138,11 @@ def fedala_client(job, client, round_, received, evaluate):
                                   num_pre_loss=args.num_pre_loss, max_init_epochs=args.max_init_epochs)
     ala = job.models["ala"]
     ala.weights[client] = received["ala_weights"]
-    ala.start_phase[client] = bool(received["start_phase"])
+    ala.initial_stage[client] = bool(received["initial_stage"])
     ala.init_losses[client] = received["init_losses"].tolist()
     trained, loss, ala_epochs, result = m.client_update(job.model(), global_model, received.get("local"), ala,
                                                         job.data, client, args, round_, evaluate)
-    state = {"ala_weights": ala.weights[client], "start_phase": torch.tensor(ala.start_phase[client]),
+    state = {"ala_weights": ala.weights[client], "initial_stage": torch.tensor(ala.initial_stage[client]),
              "init_losses": torch.tensor(ala.init_losses[client], dtype=torch.float64)}
     return ({"trained": trained, **state, **(dict(zip(EVAL_KEYS, result)) if evaluate else {})},
             {"loss": float(loss), "ala_epochs": ala_epochs})
@@ -460,7 +460,7 @@ def fedala_round(job, server, clients, round_, evaluate, send):
 
     def client_state(c):  # what client c keeps between rounds in the script (round 1: ALA is off, Alg. 1 l. 7)
         local = {"local": local_models[c]} if round_ > 1 and not job.args.no_ala else {}
-        return {**local, "ala_weights": ala.weights[c], "start_phase": torch.tensor(ala.start_phase[c]),
+        return {**local, "ala_weights": ala.weights[c], "initial_stage": torch.tensor(ala.initial_stage[c]),
                 "init_losses": torch.tensor(ala.init_losses[c], dtype=torch.float64)}
 
     replies = send("train", round_, {c: {"global": global_state, **client_state(c)} for c in clients}, evaluate)
@@ -470,7 +470,7 @@ def fedala_round(job, server, clients, round_, evaluate, send):
         sent = replies[c][0]
         local_models[c] = sent["trained"]
         ala.weights[c] = sent["ala_weights"]
-        ala.start_phase[c], ala.init_losses[c] = bool(sent["start_phase"]), sent["init_losses"].tolist()
+        ala.initial_stage[c], ala.init_losses[c] = bool(sent["initial_stage"]), sent["init_losses"].tolist()
     num_samples = [len(job.data.train_idx[c]) for c in clients]
     common.load_flat_state(global_model, common.weighted_average(local_models[clients], num_samples))  # l. 18
     model_bytes = common.state_bytes(global_model)
@@ -509,8 +509,8 @@ def pfedla_round(job, server, clients, round_, evaluate, send):
     ids = torch.as_tensor(clients, device=job.device)
     alpha = hypernetworks(ids)                                                 # Alg. 1 l. 5
     theta_bar = m.aggregate_layerwise(alpha, client_models, sizes)             # Alg. 1 l. 5
-    keep = m.retained_layers(alpha.detach(), ids, args.k)                      # Alg. 2 l. 6
-    received = m.with_retained_layers(theta_bar.detach(), client_models, ids, sizes, keep)  # Alg. 2 l. 7, 13
+    is_retained = m.retained_layers(alpha.detach(), ids, args.k)                      # Alg. 2 l. 6
+    received = m.with_retained_layers(theta_bar.detach(), client_models, ids, sizes, is_retained)  # Alg. 2 l. 7, 13
     replies = send("train", round_, {c: {"theta_bar": received[i]} for i, c in enumerate(clients)}, evaluate)
     rows = [i for i, c in enumerate(clients) if c in replies]
     answered = [clients[i] for i in rows]
@@ -518,12 +518,12 @@ def pfedla_round(job, server, clients, round_, evaluate, send):
     m.server_update(hypernetworks, client_models, ids[rows], theta_bar[rows], received[rows],
                     torch.stack([replies[c][0]["trained"] for c in answered]), args.hn_lr)
     element, num_params = client_models.element_size(), client_models.shape[1]
-    retained = int((keep.long() * torch.as_tensor(sizes, device=job.device)).sum())  # counted as not sent
+    retained_params = int((is_retained.long() * torch.as_tensor(sizes, device=job.device)).sum())  # counted as not sent
     metrics = {}
     if evaluate:
         metrics = {**m.evaluate_personalised(hypernetworks, client_models, job.model(), job.data, sizes, args.k),
                    "train_loss": sum(losses) / len(losses)}
-    return metrics, (len(clients) * num_params - retained) * element, len(answered) * num_params * element, \
+    return metrics, (len(clients) * num_params - retained_params) * element, len(answered) * num_params * element, \
         len(answered)
 
 

@@ -64,7 +64,7 @@ def loop(model, start, data, idx, args, seeds):
     for c, (client_idx, seed) in enumerate(zip(idx, seeds)):
         common.load_flat_state(model, start)
         common.local_train(model, data, client_idx, args, seed)
-        common.flatten_state(model, out=out[c])
+        out[c] = common.flatten_state(model)
     return out
 
 

@@ -54,15 +54,16 @@ def pfedla_round(hypernetworks, client_models, worker, data, clients, args, roun
     ids = torch.as_tensor(clients, device=client_models.device)
     alpha = hypernetworks(ids)
     theta_bar = pfedla.aggregate_layerwise(alpha, client_models, sizes)
-    keep = pfedla.retained_layers(alpha.detach(), ids, args.k)
-    received = pfedla.with_retained_layers(theta_bar.detach(), client_models, ids, sizes, keep)
+    is_retained = pfedla.retained_layers(alpha.detach(), ids, args.k)
+    received = pfedla.with_retained_layers(theta_bar.detach(), client_models, ids, sizes, is_retained)
     updates = pool_of(worker, data).map(lambda model, client: pfedla.client_update(
         model, received[clients.index(client)], data, client, args, round_), clients)
     pfedla.server_update(hypernetworks, client_models, ids, theta_bar, received,
                          torch.stack([t for t, _ in updates]), args.hn_lr)
     element, num_params = client_models.element_size(), client_models.shape[1]
-    retained = int((keep.long() * torch.as_tensor(sizes, device=keep.device)).sum())
-    return (sum(float(loss) for _, loss in updates) / len(updates), (len(clients) * num_params - retained) * element,
+    retained_params = int((is_retained.long() * torch.as_tensor(sizes, device=is_retained.device)).sum())
+    return (sum(float(loss) for _, loss in updates) / len(updates),
+            (len(clients) * num_params - retained_params) * element,
             len(clients) * num_params * element)
 
 

@@ -119,7 +119,7 @@ def ala_ops(model, data, batch_size):
     """aten ops per step of FedALA's ALA epoch after the initial stage (fedala.ALA.initialise on
     one client: forward, gradients into the top layer only, the W update), and its steps."""
     ala = fedala.ALA(model, 1, batch_size=batch_size)
-    ala.start_phase[0] = False  # after the initial stage: one epoch over s% of the data
+    ala.initial_stage[0] = False  # after the initial stage: one epoch over s% of the data
     local = common.build_model("cnn", data)
     generator = torch.Generator().manual_seed(0)
     with CountOps() as count:

@@ -63,7 +63,7 @@ def test_eq4_initialisation_top_layer_mixes_lower_layers_and_buffers_are_global(
     glob, old = states(global_model), states(local_model)
     ala = fedala.ALA(global_model, num_clients=1, p=1, eta=0.0, s=100, batch_size=4)  # eta=0: W stays as set
     ala.weights.fill_(w)
-    ala.start_phase[0] = False
+    ala.initial_stage[0] = False
     x, y = tiny_xy()
     ala.initialise(0, global_model, local_model, x, y, torch.Generator().manual_seed(0))
     new = local_model.state_dict()
@@ -91,7 +91,7 @@ def test_one_ala_step_is_clipped_eq7_and_matches_autograd_through_w():
     torch.manual_seed(2)
     ala.weights[1] = torch.rand(ala.weights.shape[1])
     w0 = [w.clone() for w in ala.client_weights(1)]
-    ala.start_phase[1] = False
+    ala.initial_stage[1] = False
     ala.initialise(1, global_model, local_model, x, y, torch.Generator().manual_seed(0))
 
     # independently: autograd of L(Theta_hat(W)) w.r.t. W itself, train-mode BN with the global buffers
@@ -144,7 +144,7 @@ def test_p_touches_only_the_top_p_layers(p, touched):
     glob, old = states(global_model), states(local_model)
     ala = fedala.ALA(global_model, num_clients=1, p=p, eta=0.0, s=100, batch_size=4)
     ala.weights.zero_()  # W = 0: top layers keep the local model, all else is overwritten
-    ala.start_phase[0] = False
+    ala.initial_stage[0] = False
     x, y = tiny_xy()
     ala.initialise(0, global_model, local_model, x, y, torch.Generator().manual_seed(0))
     for key, value in local_model.state_dict().items():
@@ -188,9 +188,9 @@ def test_round1_skips_ala_round2_trains_to_convergence_then_one_epoch(threshold,
     global_model, worker, ala, local_models = setup(data, args)
     clients = [0, 1, 2]
     _, epochs, _ = fedala_round(global_model, worker, local_models, ala, data, clients, args, 1)
-    assert epochs == 0 and ala.start_phase == [True] * 3 and torch.equal(ala.weights, torch.ones_like(ala.weights))
+    assert epochs == 0 and ala.initial_stage == [True] * 3 and torch.equal(ala.weights, torch.ones_like(ala.weights))
     _, epochs, _ = fedala_round(global_model, worker, local_models, ala, data, clients, args, 2)
-    assert ala.start_phase == [False] * 3
+    assert ala.initial_stage == [False] * 3
     for losses in ala.init_losses:
         settled = [np.std(losses[e - 3:e]) < threshold for e in range(3, len(losses) + 1)]
         if stop == "cap":
@@ -244,7 +244,7 @@ def test_ala_trains_on_exactly_its_subset():
     seen = []
     local_model.fc1.register_forward_hook(lambda m, inp, out: seen.extend(inp[0][:, 0].long().tolist()))
     ala = fedala.ALA(global_model, num_clients=1, s=60, batch_size=4)
-    ala.start_phase[0] = False
+    ala.initial_stage[0] = False
     ala.initialise(0, global_model, local_model, x, y, torch.Generator().manual_seed(7))
     subset = ala.subset(25, torch.Generator().manual_seed(7))
     assert len(seen) == 15 and sorted(seen) == sorted(subset.tolist())
@@ -404,3 +404,19 @@ def test_clients_in_parallel_give_the_same_rounds_as_one_at_a_time():
     assert torch.equal(g1, g3) and torch.equal(l1, l3) and torch.equal(w1, w3) and i1 == i3 and e1 == e3
     assert all(torch.equal(a, b) for a, b in zip(r1, r3))
     assert not torch.equal(w1, torch.ones_like(w1)) and not torch.equal(l1[0], l1[2])  # ALA and training happened
+
+
+def test_ala_state_round_trips_and_reads_the_older_start_phase_key():
+    """ALA's checkpoint state holds W, the initial-stage flags and their losses; a checkpoint written
+    before the flags were named initial_stage (key start_phase, the official ALA.py's name) still loads."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    ala = fedala.ALA(model, 3)
+    ala.weights[1] = 0.5
+    ala.initial_stage[2], ala.init_losses[2] = False, [0.3, 0.2]
+    fresh = fedala.ALA(model, 3)
+    fresh.load_state_dict(ala.state_dict())
+    assert torch.equal(fresh.weights, ala.weights) and fresh.initial_stage == [True, True, False]
+    older = {**ala.state_dict(), "start_phase": [False, True, True]}
+    del older["initial_stage"]
+    fresh.load_state_dict(older)
+    assert fresh.initial_stage == [False, True, True] and fresh.init_losses[2] == [0.3, 0.2]

@@ -416,8 +416,8 @@ def test_user_npz_runs(tmp_path):
 def test_nan_loss_stops_naming_round_and_client_keeping_metrics(tmp_path, monkeypatch, capsys):
     real = common.local_train
 
-    def diverging(model, data, idx, args, seed, epochs=None):
-        loss = real(model, data, idx, args, seed, epochs)
+    def diverging(model, data, idx, args, seed):
+        loss = real(model, data, idx, args, seed)
         return loss * float("nan") if diverging.round == 3 else loss
 
     def sample(rng, n, ratio):  # records the round for the patched trainer
@@ -441,3 +441,20 @@ def test_huge_lr_stops_cleanly(tmp_path):
     r = run_script("fedavg.py", "--dataset", "synthetic", "--rounds", "3", "--lr", "1e6", "--out", tmp_path)
     assert r.returncode == 1
     assert "loss became" in r.stderr and "on client" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_pool_train_stacks_the_returned_models_in_the_clients_order_and_transposes_the_rest():
+    """ClientPool.train: the trained models (first return value) as rows in the order of ``clients``
+    whatever order the threads finish in, and each further return value as a list over the clients;
+    the rows are a new tensor each call (nothing aliases a previous round's)."""
+    models = [torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)]  # rows of 3: the weight's 2 and the bias
+    pool = common.ClientPool(models, [1, 5, 3, 2])  # sizes: client 1 starts first
+
+    def update(model, client):
+        return torch.full((3,), float(client)), client * 10, f"c{client}"
+
+    rows, tens, names = pool.train(update, [0, 2, 3, 1])
+    assert torch.equal(rows, torch.tensor([[0.] * 3, [2.] * 3, [3.] * 3, [1.] * 3]))
+    assert tens == [0, 20, 30, 10] and names == ["c0", "c2", "c3", "c1"]
+    again, *_ = pool.train(update, [1])
+    assert again.data_ptr() != rows.data_ptr() and torch.equal(rows[3], torch.ones(3))

@@ -95,3 +95,38 @@ def test_the_checks_see_imports_inside_functions(tmp_path):
     source = tmp_path / "x.py"
     source.write_text("def f():\n    import common\n    from tools import compare\n")
     assert imports(str(source), {"common", "tools.compare", "fedavg"}) == {"common", "tools.compare"}
+
+
+def common_functions():
+    """{name: (first line, last line, names it calls)} of common.py's top-level functions."""
+    tree = ast.parse(open(os.path.join(ROOT, "common.py")).read())
+    return {node.name: (node.lineno, node.end_lineno,
+                        {n.func.id for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)})
+            for node in tree.body if isinstance(node, ast.FunctionDef)}
+
+
+def test_one_fedala_round_reads_in_the_lines_of_common_py_that_docs_layout_names():
+    """docs/layout.md names a range of common.py ("lines A-B") that holds what a FedALA round calls of
+    common.py to train and aggregate (fedala.client_update's calls and the loop's sampling and
+    aggregation), with everything those call in common.py (but to_device, which moves a tensor), within
+    about 60 lines: a reader follows one round through fedala.py and that range alone."""
+    import re
+    first, last = map(int, re.search(r"common\.py lines (\d+)-(\d+)", open(os.path.join(ROOT, "docs",
+                                                                                       "layout.md")).read()).groups())
+    functions = common_functions()
+    fedala = ast.parse(open(os.path.join(ROOT, "fedala.py")).read())
+    update = next(n for n in fedala.body if isinstance(n, ast.FunctionDef) and n.name == "client_update")
+    needed = {n.attr for n in ast.walk(update) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+              and n.value.id == "common" and n.attr in functions} - {"evaluate"}  # evaluation: not training
+    needed |= {"sample_clients", "weighted_average"}
+    assert {"load_flat_state", "local_train", "flatten_state", "client_seed"} <= needed  # what the test reads
+    todo = set(needed)
+    while todo:  # and what they call in common.py
+        name = todo.pop()
+        calls = functions[name][2] & set(functions) - needed - {"to_device"}
+        needed |= calls
+        todo |= calls
+    outside = {name: functions[name][:2] for name in needed if not first <= functions[name][0] <= functions[name][1]
+               <= last}
+    assert not outside, f"docs/layout.md's common.py lines {first}-{last} miss {outside}"
+    assert last - first + 1 <= 70

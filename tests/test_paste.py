@@ -175,7 +175,7 @@ def test_fedala_s_ala_pastes_into_the_loop(tmp_path):
         load(global_model, weighted_mean(local_models, [len(data.train_idx[c]) for c in clients]))
         losses.append(sum(round_losses) / 3)
     assert torch.equal(local_models, state["local_models"])
-    assert torch.equal(ala.weights, state["ala"]["weights"]) and ala.start_phase == state["ala"]["start_phase"]
+    assert torch.equal(ala.weights, state["ala"]["weights"]) and ala.initial_stage == state["ala"]["initial_stage"]
     same_losses(losses, logged)
 
 
@@ -193,8 +193,8 @@ def test_pfedla_s_hypernetworks_and_layerwise_aggregation_paste_into_the_loop(tm
     for round_ in (1, 2):
         alpha = hypernetworks(torch.tensor(clients))  # glue: Alg. 1 l. 5, Alg. 2 l. 6-7
         theta_bar = pieces["aggregate_layerwise"](alpha, client_models, sizes)
-        keep = pieces["retained_layers"](alpha.detach(), clients, 1)  # a plain list of ids
-        received = pieces["with_retained_layers"](theta_bar.detach(), client_models, clients, sizes, keep)
+        is_retained = pieces["retained_layers"](alpha.detach(), clients, 1)  # a plain list of ids
+        received = pieces["with_retained_layers"](theta_bar.detach(), client_models, clients, sizes, is_retained)
         trained, round_losses = [], []
         for i, c in enumerate(clients):
             load(worker, received[i])

@@ -400,3 +400,22 @@ def test_heurpfedla_step_trains_the_retained_layers_heads_with_the_full_aggregat
     for p_new, p_old, g in zip(hn.parameters(), before.parameters(), grads):
         torch.testing.assert_close(p_new.detach(), p_old.detach() - args.hn_lr * g, rtol=1e-5, atol=1e-6)
     assert torch.equal(client_models, trained)  # theta_i := received + Delta theta_i, the trained model
+
+
+def test_hypernetworks_draw_their_initialisation_from_the_given_generator():
+    """LayerHypernetworks(generator=g) draws only from g (the same g seed gives the same weights whatever
+    the global RNG did); without one it draws from torch's global RNG, as before the argument existed."""
+    def weights(**kw):
+        return [p.detach().clone() for p in pfedla.LayerHypernetworks(3, 2, 4, 5, **kw).parameters()]
+
+    torch.manual_seed(1)
+    a = weights(generator=torch.Generator().manual_seed(7))
+    torch.manual_seed(2)
+    b = weights(generator=torch.Generator().manual_seed(7))
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    torch.manual_seed(1)
+    c, after = weights(), torch.rand(1)
+    torch.manual_seed(1)
+    assert not all(torch.equal(x, y) for x, y in zip(a, c))
+    g = torch.Generator().manual_seed(1)  # the global RNG seeded 1 draws as a generator seeded 1
+    assert all(torch.equal(x, y) for x, y in zip(c, weights(generator=g))) and not torch.equal(after, torch.rand(1))

@@ -97,7 +97,9 @@ def test_functions_citing_an_equation_need_neither_common_nor_args(name):
 def test_main_shows_its_loop_over_clients_and_the_client_and_server_steps_are_functions(name):
     main = inspect.getsource(SCRIPTS[name].main)
     assert "for round_ in range(start, args.rounds + 1):" in main
-    assert "pool.map(lambda model, client:" in main and "client_update(" in main
+    assert "pool.train(lambda model, client:" in main and "client_update(" in main
+    update = SCRIPTS[name].client_update if hasattr(SCRIPTS[name], "client_update") else common.client_update
+    assert "out=" not in main and "out" not in inspect.signature(update).parameters
     names = {node.name for node in module_functions(SCRIPTS[name])}
     assert "client_update" in names or name in ("fedavg", "fedpake")  # FedAvg's (and FedPake's): common.client_update
     assert "server_update" in names or name == "fedala"  # FedALA's server step is FedAvg's average

@@ -77,14 +77,13 @@ def average_risk(errors, priors):
     return (priors @ errors.to(priors.dtype)).mean()
 
 
-def client_update(model, global_state, data, client, present, args, round_, risk=None, out=None):
+def client_update(model, global_state, data, client, present, args, round_, risk=None):
     """fedacd.client_update, or with --fedavg FedAvg's local update on the same minibatches (its score V_m
     only with --log-kl); with ``risk = (class_test_idx, priors)`` also the trained model's average risk
-    (Table 3). Returns (the trained model, flat, written into ``out`` if given; mean loss; V_m; KL; risk),
+    (Table 3). Returns (the trained model, flat; mean loss; V_m; KL; risk),
     None for what was not computed."""
     if not args.fedavg:
-        trained, loss, score, kl = fedacd.client_update(model, global_state, data, client, present, args, round_,
-                                                        out=out)
+        trained, loss, score, kl = fedacd.client_update(model, global_state, data, client, present, args, round_)
     else:
         common.load_flat_state(model, global_state)
         idx, device = data.train_idx[client], data.x.device
@@ -96,7 +95,7 @@ def client_update(model, global_state, data, client, present, args, round_, risk
             P = fedacd.probability_matrix(model, ((data.x[b], data.y[b]) for b in idx.split(1024)), data.num_classes)
             classes = common.to_device(present[client].nonzero().flatten(), device)
             score, kl = fedacd.aggregation_score(P, classes, args.tau, reduction=args.score_kl)
-        trained = common.flatten_state(model, out=out)
+        trained = common.flatten_state(model)
     local_risk = average_risk(per_class_errors(model, data, risk[0]), risk[1]) if risk is not None else None
     return trained, loss, score, kl, local_risk
 
@@ -113,8 +112,6 @@ def main(argv=None):
     global_model = build().to(device)
     pool = common.ClientPool.build(args, build, device, data)
     model_bytes = common.state_bytes(global_model)
-    client_stack = torch.empty(common.clients_per_round(args), common.flatten_state(global_model).numel(),
-                               device=device)  # the models the round's clients send back, one row each
     counts = torch.as_tensor(data.train_counts, dtype=torch.float64, device=device)
     present = torch.as_tensor(data.train_counts > 0)  # on the host: see fedacd.client_update
     priors = counts / counts.sum(1, keepdim=True)  # pi^n of the average risk
@@ -133,16 +130,14 @@ def main(argv=None):
         evaluate = run.should_eval(round_)
         risk = (class_test_idx, priors) if evaluate and args.log_risk else None  # Table 3's diagnostic
         global_state = common.flatten_state(global_model)
-        row = dict(zip(clients, client_stack))  # where each client's model lands: no copies per client
-        updates = pool.map(lambda model, client: client_update(model, global_state, data, client, present, args,
-                                                               round_, risk, out=row[client]), clients)
-        losses = [common.check_finite(u[1], round_, client) for client, u in zip(clients, updates)]
-        _, _, scores, kls, risks = zip(*updates)
+        client_states, losses, scores, kls, risks = pool.train(lambda model, client: client_update(
+            model, global_state, data, client, present, args, round_, risk), clients)
+        losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         if args.fedavg:
             num_samples = [len(data.train_idx[client]) for client in clients]
-            new_global = common.weighted_average(common.as_rows(client_stack[:len(clients)]), num_samples)
+            new_global = common.weighted_average(common.as_rows(client_states), num_samples)
         else:
-            new_global = fedacd.server_update(client_stack[:len(clients)], scores, args.uniform_agg)
+            new_global = fedacd.server_update(client_states, scores, args.uniform_agg)
         common.load_flat_state(global_model, new_global)
         score_bytes = 0 if args.fedavg else 8  # FedAvg's server does not need the score V_m
         run.add_bytes(down=model_bytes * len(clients), up=(model_bytes + score_bytes) * len(clients))

@@ -69,8 +69,6 @@ def main(argv=None):
         common.check_client_models(global_model, args.num_clients)
     pool = common.ClientPool.build(args, build, device, data)
     model_bytes = common.state_bytes(global_model)
-    client_stack = torch.empty(common.clients_per_round(args), common.flatten_state(global_model).numel(),
-                               device=device)  # the models the round's clients send back, one row each
     run = run_folder.Run(algo, args, data, device, script=PROGRAM,
                          headline_metric="test_acc_mean" if args.local_training else fedavg.HEADLINE_METRIC,
                          headline=HEADLINE_LOCAL if args.local_training else fedavg.HEADLINE)
@@ -83,23 +81,23 @@ def main(argv=None):
 
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
-        if args.local_training:  # no server: each client goes on from its own model, which is also where it lands
-            start_state = row = state["local_models"]
+        # no server under --local-training: each client goes on from its own model
+        start_state = state["local_models"] if args.local_training else dict.fromkeys(
+            clients, common.flatten_state(global_model))
+        client_states, losses = pool.train(lambda model, client: common.client_update(
+            model, start_state[client], data, client, args, round_), clients)
+        losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
+        if args.local_training:
+            state["local_models"][clients] = client_states
         else:
-            start_state = dict.fromkeys(clients, common.flatten_state(global_model))
-            row = dict(zip(clients, client_stack))
-        updates = pool.map(lambda model, client: common.client_update(model, start_state[client], data, client, args,
-                                                                      round_, out=row[client]), clients)
-        losses = [common.check_finite(loss, round_, client) for client, (_, loss) in zip(clients, updates)]
-        if not args.local_training:
             num_samples = [len(data.train_idx[client]) for client in clients]
-            common.load_flat_state(global_model, fedavg.server_update(client_stack[:len(clients)], num_samples))
+            common.load_flat_state(global_model, fedavg.server_update(client_states, num_samples))
             run.add_bytes(down=model_bytes * len(clients), up=model_bytes * len(clients))
         if run.should_eval(round_):
             evaluated = (evaluate_local(state["local_models"], range(args.num_clients), pool.models[0], data)
                          if args.local_training else common.evaluate_global(global_model, data))
-            if args.eval_local_models:  # client_stack still holds the round's trained models
-                evaluated.update(evaluate_local(client_stack[:len(clients)], clients, pool.models[0], data,
+            if args.eval_local_models:
+                evaluated.update(evaluate_local(client_states, clients, pool.models[0], data,
                                                 prefix="local_model"))
             run.log(round_, {**evaluated, "train_loss": sum(losses) / len(losses)})
         run.checkpoint(round_, state, rng)

@@ -1,11 +1,10 @@
-"""The data path, top to bottom: a --dataset name or .npz file becomes the clients' tensors.
-torchvision's MNIST family and CIFAR (``load_vision``), the datasets torchvision lacks
-(Tiny-ImageNet-200 and AG News, named in ``LOADERS``; FedProx's Synthetic(alpha, beta), generated
-per client), a user's .npz file (``load_npz``), a PFLlib dataset folder whose clients are taken as they are
-(``load_pfllib_folder``, its pickles read without running them), the checks every loaded dataset passes
-(``check_arrays``), ``load_arrays`` over all of them, the conversion to tensors (``to_tensor``),
-the partition over clients (data_partition.py) and ``load_federated_data``, which does it all
-for a script's ``args``. The scripts reach it through common.py. It imports data_partition and
+"""The data path, top to bottom: a --dataset name or .npz file becomes the clients' tensors. torchvision's
+MNIST family and CIFAR (``load_vision``), the datasets torchvision lacks (Tiny-ImageNet-200 and AG News, named in
+``LOADERS``; FedProx's Synthetic(alpha, beta), generated per client), a user's .npz file (``load_npz``), a PFLlib
+dataset folder whose clients are taken as they are (``load_pfllib_folder``, its pickles read without running
+them), the checks every loaded dataset passes (``check_arrays``), ``load_arrays`` over all of them, the conversion
+to tensors (``to_tensor``), the partition over clients (data_partition.py) and ``load_federated_data``, which does
+it all for a script's ``args``. The scripts reach it through common.py, and it imports data_partition and
 run_folder (its errors) only (docs/layout.md).
 """
 import collections
@@ -87,12 +86,10 @@ def _read_up_to(stream, n):
 
 
 def read_idx(stream, what, expected=None):
-    """The array in an idx stream (LeCun's format: two zero bytes, type 0x08 for unsigned bytes, the
-    number of dimensions, each dimension as a big-endian int32, the data). No more than the header
-    declares is read (a .gz that inflates beyond it is refused after one byte more, never inflated
-    whole) and nothing beyond it is allocated; a header other than ``expected`` (a known dataset's
-    dimensions) is refused before any data is read. The data must match the header exactly, so a cut
-    file is refused rather than read short."""
+    """The array in an idx stream (LeCun's format: two zero bytes, type 0x08 for unsigned bytes, the number of
+    dimensions, each dimension as a big-endian int32, the data). A header other than ``expected`` (a known
+    dataset's dimensions) is refused before any data is read; no more than the header declares is read or allocated
+    (a .gz that inflates beyond it is refused after one byte more), and a cut file is refused, not read short."""
     head = _read_up_to(stream, 4)
     if len(head) < 4 or head[:3] != b"\0\0\x08" or not 1 <= head[3] <= 4:
         raise ValueError(f"{what} is not an idx file of unsigned bytes")
@@ -118,10 +115,9 @@ def read_idx(stream, what, expected=None):
 
 
 def find_idx(name, data_dir):
-    """Where the four idx files of ``name`` are: (the folder, [(the file's path, a function opening it
-    as a stream)] for each), or (None, None). Looked for in data_dir/<torchvision's folder> (MNIST/raw, ...)
-    and in data_dir itself, each file plain or gzipped; EMNIST's also inside its gzip.zip. Nothing is
-    unpacked on disk, and the streams inflate as they are read."""
+    """Where the four idx files of ``name`` are: (the folder, [(the file's path, a function opening it as a stream)]
+    for each), or (None, None). Looked for in data_dir/<torchvision's folder> (MNIST/raw, ...) and in data_dir, each
+    plain or gzipped; EMNIST's also inside its gzip.zip. Nothing is unpacked on disk: the streams inflate as read."""
     import gzip
     import zipfile
     for folder in (os.path.join(data_dir, VISION[name][2]), data_dir):
@@ -147,7 +143,6 @@ def read_cifar(name, folder):
     """CIFAR's pickled batches in ``folder`` as torchvision reads them (each a dict with 'data', uint8
     (N, 3072), and 'labels', CIFAR-100's 'fine_labels'): (x_train, y_train, x_test, y_test) as (N, 3, 32, 32)
     uint8 and int64, and for each array the [(file, samples)] it came from."""
-    import pickle
     import torchvision
     cls = getattr(torchvision.datasets, VISION[name][0])
     arrays, sources = [], []
@@ -175,11 +170,11 @@ CIFAR_MAX_BYTES = 60000 * 4096  # the unpacked files of either CIFAR: 60,000 ima
 
 
 def unpack_cifar(name, data_dir):
-    """CIFAR's tar.gz, if it lies in data_dir (or, as an older message of ours said, inside the folder it
-    unpacks to), unpacked into data_dir/cifar-10-batches-py (cifar-100-python) when that folder lacks
-    its files. Each file is written whole and renamed into place, so runs that start together do not
-    read half a file; a folder made for an archive that fails to unpack is removed again. Only the files
-    torchvision reads are unpacked, and only if the sizes their tar headers declare are a CIFAR's."""
+    """CIFAR's tar.gz, if it lies in data_dir (or, as an older message of ours said, inside the folder it unpacks
+    to), unpacked into data_dir/cifar-10-batches-py (cifar-100-python) when that folder lacks its files. Only the
+    files torchvision reads are unpacked, only if the sizes their tar headers declare are a CIFAR's; each is renamed
+    into place whole (runs that start together read no half file); a folder made for an archive that fails is
+    removed."""
     import tarfile
     import torchvision
     cls = getattr(torchvision.datasets, VISION[name][0])
@@ -226,47 +221,47 @@ def removed_on_failure(folder):
         raise
 
 
-def _torchvision(name, data_dir, train, download):
-    """torchvision's dataset ``name`` (downloaded if ``download``). CIFAR's extracted files need only
-    exist (the md5 of the archive is checked when it is downloaded); its class names are not read."""
+def _fetch(folder, download, missing, put):
+    """Run ``download`` into ``folder``, network reads timing out after 20 s; if it fails (offline, refused, a bad
+    checksum: all the same to the user), the folders it made are removed and one line says what to put where."""
+    timeout = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(20)
+    try:
+        with removed_on_failure(folder):
+            download()
+    except Exception as e:  # noqa: BLE001  every failure gets the same advice
+        raise UserError(f"{missing} and could not be downloaded ({e.__class__.__name__}); put {put}")
+    finally:
+        socket.setdefaulttimeout(timeout)
+
+
+def _torchvision_download(name, data_dir):
+    """torchvision's download of ``name`` into data_dir (_fetch). CIFAR's extracted files need only exist (the md5
+    of the archive is checked when it is downloaded); its class names are not read."""
     import torchvision
-    base = getattr(torchvision.datasets, VISION[name][0])
-    if name.startswith("cifar"):
-        class Cifar(base):
+    cls = getattr(torchvision.datasets, VISION[name][0])
+    folder = os.path.join(data_dir, VISION[name][2])
+    if name.startswith("cifar"):  # torchvision unpacks the archive from data_dir
+        where, what = data_dir, f"{cls.filename} from {cls.url} in {data_dir} (it is unpacked into {folder})"
+
+        class Cifar(cls):
             def _check_integrity(self):
                 return all(os.path.isfile(os.path.join(self.root, self.base_folder, f))
                            for f, _ in self.train_list + self.test_list)
 
             def _load_meta(self):
                 self.classes = []
-        base = Cifar
-    return base(data_dir, train=train, download=download, **VISION[name][1])
+        cls = Cifar
+    elif name == "emnist":
+        where, what = folder, (f"{EMNIST_ZIP} from {cls.url} (or the files {', '.join(IDX_FILES[name])}, "
+                               f"gzipped or not, from inside it) in {folder}")
+    else:
+        where, what = folder, f"{', '.join(f + '.gz' for f in IDX_FILES[name])} from {cls.mirrors[0]} in {folder}"
 
-
-def _torchvision_download(name, data_dir):
-    """torchvision's download of ``name`` into data_dir; offline, one line that says what to put where,
-    and the folders the attempt made are removed again."""
-    import torchvision
-    cls = getattr(torchvision.datasets, VISION[name][0])
-    folder = os.path.join(data_dir, VISION[name][2])
-    timeout = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(20)
-    try:
-        with removed_on_failure(folder):
-            for train in (True, False):
-                _torchvision(name, data_dir, train, download=True)
-    except Exception as e:  # noqa: BLE001  offline, refused, bad checksum: all the same to the user
-        if name.startswith("cifar"):  # torchvision unpacks the archive from data_dir
-            where, what = data_dir, f"{cls.filename} from {cls.url} in {data_dir} (it is unpacked into {folder})"
-        elif name == "emnist":
-            where, what = folder, (f"{EMNIST_ZIP} from {cls.url} (or the files {', '.join(IDX_FILES[name])}, "
-                                   f"gzipped or not, from inside it) in {folder}")
-        else:
-            where, what = folder, f"{', '.join(f + '.gz' for f in IDX_FILES[name])} from {cls.mirrors[0]} in {folder}"
-        raise UserError(f"{name} is not in {where} and could not be downloaded ({e.__class__.__name__}); put {what}"
-                        f"{OFFLINE_SOURCES.get(name, '')}")
-    finally:
-        socket.setdefaulttimeout(timeout)
+    def download():
+        for train in (True, False):
+            cls(data_dir, train=train, download=True, **VISION[name][1])
+    _fetch(folder, download, f"{name} is not in {where}", what + OFFLINE_SOURCES.get(name, ""))
 
 
 class ContentError(UserError):
@@ -296,10 +291,9 @@ def _same_as_other(name, arrays):
 
 
 def check_known_content(name, arrays, sources):
-    """Refuse files of a known dataset (KNOWN_CONTENT) whose decoded content is not the publisher's: a label
-    outside its classes (naming the file and the sample), other sizes, other counts per class, another
-    fingerprint, in that order; one line naming the file. ``sources``: for each of the four arrays, the
-    [(file, samples)] it was read from. Runs after decoding and before anything is written."""
+    """Refuse the decoded arrays of a known dataset (KNOWN_CONTENT) unless they are the publisher's: a label outside
+    its classes (naming the file and the sample), other sizes, counts per class or fingerprint, in that order; one
+    line naming the file. ``sources``: for each of the four arrays, the [(file, samples)] it was read from."""
     known = KNOWN_CONTENT.get(name)
     if known is None:
         return
@@ -336,10 +330,9 @@ def check_known_content(name, arrays, sources):
 
 
 def load_vision(name, data_dir):
-    """(x_train, y_train, x_test, y_test) of MNIST, FashionMNIST, EMNIST (digits), CIFAR-10 or
-    CIFAR-100 as uint8 (N, C, H, W) images and int64 labels. The publishers' files are read where
-    they lie (find_idx, unpack_cifar); if they are not there, torchvision.datasets downloads them
-    (md5-checked) into data_dir. What is read is checked against the dataset's known content
+    """(x_train, y_train, x_test, y_test) of MNIST, FashionMNIST, EMNIST (digits), CIFAR-10 or CIFAR-100 as uint8
+    (N, C, H, W) images and int64 labels. The publishers' files are read where they lie (find_idx, unpack_cifar),
+    else torchvision downloads them (md5-checked) into data_dir. What is read is checked against the known content
     (check_known_content), not the archives' checksums, so a copy from elsewhere (Debian's) loads too."""
     import torchvision
     folder = os.path.join(data_dir, VISION[name][2])
@@ -398,58 +391,39 @@ AGNEWS_MIN_COUNT = 1  # a training word is in the vocabulary if seen this often;
 PAD_ID, UNK_ID = 0, 1  # id 0 pads (a zero embedding); UNK_ID: unknown words under --agnews-vocab train
 
 
-def _fetch(what, folder, expected, download):
-    """Run a download into ``folder``; if it fails (offline, refused, bad checksum), say what to put where
-    (and remove the folders the attempt made)."""
-    timeout = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(20)
-    try:
-        with removed_on_failure(folder):
-            download()
-    except Exception as e:  # noqa: BLE001  every failure gets the same advice
-        raise UserError(f"{what} not found and could not be downloaded ({e.__class__.__name__}); put {expected} in "
-                        f"{folder}")
-    finally:
-        socket.setdefaulttimeout(timeout)
-
-
 class ChecksumError(Exception):
     """A downloaded file does not have the published md5."""
 
 
+def _write_whole(path, write, prefix):
+    """``write(f)`` to a temporary file in the folder of ``path``, renamed to ``path`` once it succeeded: no
+    half-written file is left behind."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=prefix)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private to this user
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 def _download(url, path, md5=None):
-    """Download ``url`` to ``path`` through a temporary file (no half-written file is left
-    behind), checking ``md5`` when given. Network reads time out after 20 s."""
+    """Download ``url`` to ``path`` (_write_whole), checking ``md5`` when given. Network reads time out after 20 s."""
     import hashlib
     import urllib.request
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".download-")
-    digest = hashlib.md5()
-    try:
-        with os.fdopen(fd, "wb") as f, urllib.request.urlopen(url, timeout=20) as response:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+
+    def write(f):
+        digest = hashlib.md5()
+        with urllib.request.urlopen(url, timeout=20) as response:
             for chunk in iter(lambda: response.read(1 << 20), b""):
                 f.write(chunk)
                 digest.update(chunk)
         if md5 and digest.hexdigest() != md5:
             raise ChecksumError(f"md5 of {url} is {digest.hexdigest()}, expected {md5}")
-        os.chmod(tmp, 0o644)  # mkstemp makes it private to this user
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def _save_npz_atomic(path, **arrays):
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-", suffix=".npz")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)  # uncompressed: loads in about a second
-        os.chmod(tmp, 0o644)  # mkstemp makes it private to this user
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    _write_whole(path, write, ".download-")
 
 
 def _extract_tiny(archive, data_dir):
@@ -486,13 +460,10 @@ def _read_rgb64(path):
 
 
 def _decode_tiny(root):
-    """The extracted tiny-imagenet-200/ folder as (x_train, y_train, x_val, y_val, wnids).
-
-    Label of a class = its line number in wnids.txt. Train: train/<wnid>/images/*.JPEG.
-    Val: the label of val/images/<file> is the wnid on that file's line of
-    val/val_annotations.txt (file, wnid, x0, y0, x1, y1; tab-separated), never file order.
-    The unlabelled test/ folder is not used.
-    """
+    """The extracted tiny-imagenet-200/ folder as (x_train, y_train, x_val, y_val, wnids). A class's label is its
+    line number in wnids.txt. Train: train/<wnid>/images/*.JPEG. Val: the label of val/images/<file> is the wnid on
+    that file's line of val/val_annotations.txt (file, wnid, x0, y0, x1, y1; tab-separated), never file order.
+    The unlabelled test/ folder is not used."""
     def incomplete(path):
         return UserError(f"{path} is missing: {root} is incomplete; delete it (keep the zip) to re-extract")
 
@@ -542,12 +513,10 @@ def _decode_tiny(root):
 
 
 def load_tinyimagenet(data_dir):
-    """Tiny-ImageNet-200 (Le & Yang 2015): 100k train and 10k val images, 3x64x64 uint8, 200 classes.
-
-    Order of preference: the cache ``<data_dir>/tiny-imagenet-200-uint8.npz``; the extracted
-    folder ``<data_dir>/tiny-imagenet-200/``; ``<data_dir>/tiny-imagenet-200.zip``
-    (extracted); a download of that zip from cs231n.stanford.edu (md5 checked). The val set is
-    the test set (its labels come from val_annotations.txt)."""
+    """Tiny-ImageNet-200 (Le & Yang 2015): 100k train and 10k val images, 3x64x64 uint8, 200 classes; the val set
+    is the test set (labelled by val_annotations.txt). Read from, in order of preference: the cache
+    <data_dir>/tiny-imagenet-200-uint8.npz; the extracted folder <data_dir>/tiny-imagenet-200/;
+    <data_dir>/tiny-imagenet-200.zip (extracted); a download of that zip from cs231n.stanford.edu (md5 checked)."""
     cache = os.path.join(data_dir, TINY_CACHE)
     if os.path.exists(cache):
         try:
@@ -562,13 +531,13 @@ def load_tinyimagenet(data_dir):
     if not os.path.isdir(root):
         archive = os.path.join(data_dir, "tiny-imagenet-200.zip")
         if not os.path.exists(archive):
-            _fetch("tinyimagenet", data_dir, f"tiny-imagenet-200.zip from {TINY_URL} (or its extracted folder "
-                   "tiny-imagenet-200/)",
-                   lambda: _download(TINY_URL, archive, TINY_MD5))
+            _fetch(data_dir, lambda: _download(TINY_URL, archive, TINY_MD5), "tinyimagenet not found",
+                   f"tiny-imagenet-200.zip from {TINY_URL} (or its extracted folder tiny-imagenet-200/) in {data_dir}")
         _extract_tiny(archive, data_dir)
     x_train, y_train, x_test, y_test, wnids = _decode_tiny(root)
     try:
-        _save_npz_atomic(cache, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test, wnids=wnids)
+        arrays = dict(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test, wnids=wnids)
+        _write_whole(cache, lambda f: np.savez(f, **arrays), ".tmp-")  # uncompressed: loads in about a second
     except OSError as e:  # a read-only or full data dir: train anyway, decode again next time
         print(f"tinyimagenet: could not write the cache {cache} ({e.__class__.__name__}: {e})", file=sys.stderr)
     return x_train, y_train, x_test, y_test
@@ -592,8 +561,7 @@ def build_vocab(token_lists, min_count=AGNEWS_MIN_COUNT, first_id=UNK_ID + 1):
     """word -> id for words seen at least ``min_count`` times, most frequent first (ties in
     alphabetical order, as torchtext's build_vocab_from_iterator); ids start at ``first_id``
     (after PAD_ID and UNK_ID; 1 for the authors' vocabulary, whose only special, id 0, pads)."""
-    from collections import Counter
-    counts = Counter(t for tokens in token_lists for t in tokens)
+    counts = collections.Counter(t for tokens in token_lists for t in tokens)
     words = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
     return {w: i for i, w in enumerate(words, start=first_id)}
 
@@ -635,8 +603,8 @@ def load_agnews(data_dir, vocabulary="authors"):
     paths = [os.path.join(folder, name) for name in ("train.csv", "test.csv")]
     for path in paths:
         if not os.path.exists(path):
-            _fetch("agnews", folder, f"train.csv and test.csv (the AG News CSVs at {AGNEWS_URL})",
-                   lambda: _download(AGNEWS_URL + os.path.basename(path), path))
+            _fetch(folder, lambda: _download(AGNEWS_URL + os.path.basename(path), path), "agnews not found",
+                   f"train.csv and test.csv (the AG News CSVs at {AGNEWS_URL}) in {folder}")
     (train_texts, y_train), (test_texts, y_test) = (_read_agnews_csv(p) for p in paths)
     train_tokens = [basic_english_tokens(t) for t in train_texts]
     test_tokens = [basic_english_tokens(t) for t in test_texts]
@@ -650,10 +618,7 @@ def load_agnews(data_dir, vocabulary="authors"):
 
 LOADERS = {"tinyimagenet": load_tinyimagenet, "agnews": load_agnews}
 
-
 SYNTHETIC_ALPHA, SYNTHETIC_BETA, SYNTHETIC_DIM, SYNTHETIC_CLASSES = 1.0, 1.0, 60, 10
-
-
 SYNTHETIC_HELP = "synthetic (= synthetic(1,1)), synthetic(ALPHA,BETA) with numbers >= 0, or synthetic(iid)"
 
 
@@ -678,15 +643,12 @@ def synthetic_setting(name):
 
 
 def synthetic_clients(num_clients, rng, alpha=SYNTHETIC_ALPHA, beta=SYNTHETIC_BETA, iid=False):
-    """FedProx Synthetic(alpha, beta) (Li et al. 2020, Sec. 5.1), one (x, y) per client.
-
-    u_k ~ N(0, alpha), B_k ~ N(0, beta); W_k, b_k ~ N(u_k, 1); v_k ~ N(B_k, 1);
-    x ~ N(v_k, Sigma), Sigma_jj = j^-1.2; y = argmax softmax(W_k x + b_k). alpha controls how
-    much the local models differ, beta how much the local inputs differ. Synthetic IID
-    (``iid``): one W, b ~ N(0, 1) for all clients and x ~ N(0, Sigma) everywhere.
-    Sample counts: lognormal(4, 2) + 50 as in the FedProx generator, capped at 1000
-    so that the quick start stays fast.
-    """
+    """FedProx Synthetic(alpha, beta) (Li et al. 2020, Sec. 5.1), one (x, y) per client: u_k ~ N(0, alpha),
+    B_k ~ N(0, beta); W_k, b_k ~ N(u_k, 1); v_k ~ N(B_k, 1); x ~ N(v_k, Sigma), Sigma_jj = j^-1.2;
+    y = argmax softmax(W_k x + b_k). alpha controls how much the local models differ, beta how much the local
+    inputs differ. Synthetic IID (``iid``): one W, b ~ N(0, 1) for all clients and x ~ N(0, Sigma) everywhere.
+    Sample counts: lognormal(4, 2) + 50 as in the FedProx generator, capped at 1000 so that the quick start stays
+    fast."""
     d, c = SYNTHETIC_DIM, SYNTHETIC_CLASSES
     sizes = np.minimum(rng.lognormal(4, 2, num_clients).astype(int) + 50, 1000)
     sigma = np.arange(1, d + 1) ** -1.2
@@ -940,14 +902,9 @@ def pfllib_partition(config):
     """How PFLlib's generator made a folder's clients, as its config.json says (partition 'pat' or 'dir', alpha,
     balance, ...): the settings a run on the folder used in place of our partition flags. Only plain values
     are kept, each string cut to 40 characters."""
-    kept = {}
-    for key in PFLLIB_PARTITION_KEYS:
-        value = config.get(key)
-        if isinstance(value, (bool, int, float)) or value is None:
-            kept[key] = value
-        elif isinstance(value, str):
-            kept[key] = value[:40]
-    return kept
+    settings = {key: config.get(key) for key in PFLLIB_PARTITION_KEYS}
+    return {key: value[:40] if isinstance(value, str) else value for key, value in settings.items()
+            if value is None or isinstance(value, (bool, int, float, str))}
 
 
 def pfllib_client_files(folder, num_clients):
@@ -1175,10 +1132,9 @@ def _check_pfllib_client(path, x, y, num_classes, like):
 
 
 def _check_pfllib_statistic(folder, config, labels):
-    """PFLlib's config.json lists each client's [label, count] pairs over its train and test data ("Size of
-    samples for labels in clients"); where it does, they must be the files' counts exactly: each pair two
-    integers (6.9 is no count, true no label), each label once, every label the files hold and no other (a
-    file from another split or another client is refused)."""
+    """PFLlib's config.json lists each client's [label, count] pairs over its train and test data ("Size of samples
+    for labels in clients"); where it does, they must be the files' counts exactly: each pair two integers (6.9 is
+    no count, true no label), each label once, every label the files hold and no other."""
     statistic = config.get("Size of samples for labels in clients")
     if statistic is None:
         return
@@ -1186,13 +1142,14 @@ def _check_pfllib_statistic(folder, config, labels):
     if not isinstance(statistic, list) or len(statistic) != len(labels):
         raise UserError(f"{quoted(path)}: 'Size of samples for labels in clients' must list {len(labels)} clients")
     for client, (pairs, y) in enumerate(zip(statistic, labels)):
-        said = _statistic_pairs(pairs)
-        if said is not None and len(said) > config["num_classes"]:
-            raise UserError(f"{quoted(path)} lists {len(said)} labels of client {client}; its num_classes is "
-                            f"{config['num_classes']}")
-        if said is None:
+        if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 and all(type(v) is int for v in p)
+                                                  for p in pairs):  # type(): no float, no bool
             raise UserError(f"{quoted(path)}: 'Size of samples for labels in clients' of client {client} is not a "
                             "list of [label, count] pairs of integers")
+        said = [(label, count) for label, count in pairs]
+        if len(said) > config["num_classes"]:
+            raise UserError(f"{quoted(path)} lists {len(said)} labels of client {client}; its num_classes is "
+                            f"{config['num_classes']}")
         times = collections.Counter(label for label, _ in said)  # linear: a client may list 10^6 pairs
         twice = sorted(label for label, n in times.items() if n > 1)
         if twice:
@@ -1205,22 +1162,11 @@ def _check_pfllib_statistic(folder, config, labels):
                             f"{first_few(sorted(found.items()), 4)}")
 
 
-def _statistic_pairs(pairs):
-    """One client's [[label, count], ...] of config.json as [(label, count)], or None unless every pair is two
-    integers (not floats, not booleans)."""
-    exact = lambda v: type(v) is int
-    if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 and all(map(exact, p))
-                                              for p in pairs):
-        return None
-    return [(label, count) for label, count in pairs]
-
-
 def load_pfllib_folder(folder, num_clients=None):
-    """A PFLlib dataset folder as (x, y, train, test, num_classes): client i's train and test samples are
-    exactly those of train/<i>.npz and test/<i>.npz (no re-split), ``train[i]`` and ``test[i]`` their indices
-    into x and y (the training samples of all clients first); the classes are config.json's num_classes.
-    ``num_clients``: what the run expects (a --resume), refused when config.json says otherwise. Every
-    file's declared size is checked against memory before any is inflated."""
+    """A PFLlib dataset folder as (x, y, train, test, num_classes): client i's train and test samples are exactly
+    those of train/<i>.npz and test/<i>.npz (no re-split), ``train[i]`` and ``test[i]`` their indices into x and y
+    (all clients' training samples first); the classes are config.json's num_classes. ``num_clients``: what the run
+    expects (a --resume), refused if config.json differs. All declared sizes are checked against memory first."""
     config = read_pfllib_config(folder)
     n = config["num_clients"]
     if num_clients is not None and num_clients != n:  # a run resumed on a folder changed since
@@ -1277,11 +1223,10 @@ def load_arrays(name, data_dir, agnews_vocab="authors"):
 
 
 def to_tensor(x, reference=None, tokens=False):
-    """Integer images (uint8, uint16, int32, ...) -> float32 normalised per channel with the mean
-    and std of ``reference``, so their range does not matter; float data as it is; integer
-    vectors as int64 token ids if ``tokens``, else as float32 numbers. Statistics are accumulated
-    in chunks and the conversion is in place, so the peak memory is one float32 copy of ``x``
-    (Tiny-ImageNet: 5.4 GB rather than four times that), made channels-last (the data's layout)."""
+    """Integer images (uint8, uint16, int32, ...) -> float32 normalised per channel with the mean and std of
+    ``reference``, so their range does not matter; float data as it is; integer vectors as int64 token ids if
+    ``tokens``, else as float32 numbers. Statistics are accumulated in chunks and the conversion is in place: the
+    peak memory is one channels-last float32 copy of ``x`` (Tiny-ImageNet: 5.4 GB rather than four times that)."""
     if x.dtype.kind in "ui" and x.ndim == 4:
         ref = torch.from_numpy(reference if reference is not None else x)
         total = torch.zeros(2, ref.shape[1], dtype=torch.float64)
@@ -1385,7 +1330,7 @@ def load_federated_data(args, device):
         starts = np.cumsum([0] + [len(c[1]) for c in clients])
         client_idx = [np.arange(starts[k], starts[k + 1]) for k in range(args.num_clients)]
         train, test = dp.train_test_split(client_idx, rng, args.train_ratio)
-        num_classes = SYNTHETIC_CLASSES
+        x, num_classes = to_tensor(x), SYNTHETIC_CLASSES
         # no official test set: under 'global' the union of the clients' test data stands in for it
         global_test = np.concatenate(test) if args.test_split == "global" else None
     elif folder:  # PFLlib's clients as they are: client i's train and test data are its two files
@@ -1418,8 +1363,6 @@ def load_federated_data(args, device):
         # integer vectors are token ids only when asked for (--model fasttext) or for AG News; else numbers
         tokens = xtr.dtype.kind in "ui" and xtr.ndim == 2 and (args.model == "fasttext" or args.dataset == "agnews")
         x = to_tensor(x, reference=xtr, tokens=tokens)
-    if synthetic:
-        x = to_tensor(x)
     if min(len(t) for t in train) == 0:
         raise UserError("a client received no training data; use fewer --num-clients or another partition")
     untested = [k for k, t in enumerate(test) if not len(t)]

@@ -73,27 +73,15 @@ def content_sha256(array):
     return hashlib.sha256(np.ascontiguousarray(array, dtype=np.uint8).data).hexdigest()
 
 
-def _read_up_to(stream, n):
-    """At most ``n`` bytes of ``stream``, fewer only at its end."""
-    parts, got = [], 0
-    while got < n:
-        part = stream.read(n - got)
-        if not part:
-            break
-        parts.append(part)
-        got += len(part)
-    return b"".join(parts)
-
-
 def read_idx(stream, what, expected=None):
     """The array in an idx stream (LeCun's format: two zero bytes, type 0x08 for unsigned bytes, the number of
     dimensions, each dimension as a big-endian int32, the data). A header other than ``expected`` (a known
     dataset's dimensions) is refused before any data is read; no more than the header declares is read or allocated
     (a .gz that inflates beyond it is refused after one byte more), and a cut file is refused, not read short."""
-    head = _read_up_to(stream, 4)
+    head = stream.read(4)  # buffered streams (files, gzip, zip members) return fewer bytes only at their end
     if len(head) < 4 or head[:3] != b"\0\0\x08" or not 1 <= head[3] <= 4:
         raise ValueError(f"{what} is not an idx file of unsigned bytes")
-    sizes = _read_up_to(stream, 4 * head[3])
+    sizes = stream.read(4 * head[3])
     if len(sizes) < 4 * head[3]:
         raise ValueError(f"{what} ends inside its header")
     dims = tuple(int(d) for d in np.frombuffer(sizes, ">u4"))
@@ -845,16 +833,12 @@ def _config_int(text):
 
 
 def _config_float(text):
-    """A number with a fraction or exponent of config.json: finite, or refused (1e999 parses as inf)."""
+    """A number with a fraction or exponent of config.json: finite, or refused (1e999 parses as inf); also
+    NaN, Infinity and -Infinity, which Python's json reads and JSON does not have."""
     value = float(text)
     if not math.isfinite(value):
         raise _ConfigNumber(shortened(text, 24))
     return value
-
-
-def _config_constant(text):
-    """NaN, Infinity and -Infinity, which Python's json reads and JSON does not have: refused."""
-    raise _ConfigNumber(text)
 
 
 def read_pfllib_config(folder):
@@ -872,7 +856,7 @@ def read_pfllib_config(folder):
             raise UserError(f"{quoted(path)} is {human_bytes(os.path.getsize(path))}; a PFLlib config.json is a "
                             f"few KB (at most {human_bytes(PFLLIB_CONFIG_MAX_BYTES)} is read)")
         with open(path, encoding="utf-8") as f:
-            config = json.load(f, parse_int=_config_int, parse_float=_config_float, parse_constant=_config_constant)
+            config = json.load(f, parse_int=_config_int, parse_float=_config_float, parse_constant=_config_float)
     except _ConfigNumber as e:
         raise UserError(f"{quoted(path)} holds the number {e}; PFLlib's config.json holds finite numbers and "
                         f"integers of at most {len(str(PFLLIB_MAX_CONFIG_INT))} digits")

@@ -158,11 +158,10 @@ CIFAR_MAX_BYTES = 60000 * 4096  # the unpacked files of either CIFAR: 60,000 ima
 
 
 def unpack_cifar(name, data_dir):
-    """CIFAR's tar.gz, if it lies in data_dir (or, as an older message of ours said, inside the folder it unpacks
-    to), unpacked into data_dir/cifar-10-batches-py (cifar-100-python) when that folder lacks its files. Only the
-    files torchvision reads are unpacked, only if the sizes their tar headers declare are a CIFAR's; each is renamed
-    into place whole (runs that start together read no half file); a folder made for an archive that fails is
-    removed."""
+    """CIFAR's tar.gz in data_dir (or in the folder it unpacks to, as an older message of ours said), unpacked into
+    data_dir/cifar-10-batches-py (cifar-100-python) when that folder lacks its files: only the files torchvision
+    reads, only if their tar headers declare a CIFAR's sizes, each renamed into place whole (runs that start
+    together read no half file); a folder made for an archive that fails to unpack is removed again."""
     import tarfile
     import torchvision
     cls = getattr(torchvision.datasets, VISION[name][0])
@@ -256,13 +255,6 @@ class ContentError(UserError):
     """A publisher's file whose content is not the dataset's (check_known_content)."""
 
 
-def _where(parts):
-    """The file(s) an array came from, for one line."""
-    if len(parts) == 1:
-        return parts[0][0]
-    return f"{os.path.dirname(parts[0][0])} ({', '.join(os.path.basename(p) for p, _ in parts)})"
-
-
 def _same_as_other(name, arrays):
     """' (these are X's: --dataset x)' when the arrays are the content of another known dataset."""
     for other, known in KNOWN_CONTENT.items():
@@ -287,8 +279,11 @@ def check_known_content(name, arrays, sources):
         return
     title, classes = known["title"], known["classes"]
 
-    def refuse(i, why):
-        raise ContentError(f"{_where(sources[i])} is not {title}'s {ARRAYS[i]}: {why}{_same_as_other(name, arrays)}")
+    def refuse(i, why):  # naming the file(s) the array came from
+        files = [path for path, _ in sources[i]]
+        names = ", ".join(map(os.path.basename, files))
+        where = files[0] if len(files) == 1 else f"{os.path.dirname(files[0])} ({names})"
+        raise ContentError(f"{where} is not {title}'s {ARRAYS[i]}: {why}{_same_as_other(name, arrays)}")
 
     for i in (1, 3):
         outside = np.flatnonzero((arrays[i] < 0) | (arrays[i] >= classes))
@@ -384,8 +379,7 @@ class ChecksumError(Exception):
 
 
 def _write_whole(path, write, prefix):
-    """``write(f)`` to a temporary file in the folder of ``path``, renamed to ``path`` once it succeeded: no
-    half-written file is left behind."""
+    """``write(f)`` to a temporary file beside ``path``, renamed to ``path`` once it succeeded: never half a file."""
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=prefix)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -415,8 +409,7 @@ def _download(url, path, md5=None):
 
 
 def _extract_tiny(archive, data_dir):
-    """Unzip ``tiny-imagenet-200.zip`` into ``data_dir`` via a temporary folder, so that a
-    half-extracted folder is never mistaken for the dataset."""
+    """Unzip tiny-imagenet-200.zip into ``data_dir`` via a temporary folder: no half-extracted folder is taken."""
     import shutil
     import zipfile
     tmp = tempfile.mkdtemp(dir=data_dir, prefix=".extract-")
@@ -581,12 +574,10 @@ def _read_agnews_csv(path):
 
 
 def load_agnews(data_dir, vocabulary="authors"):
-    """AG News (Zhang et al. 2015): 120k train and 7.6k test news texts, 4 classes, as
-    (N, 200) int64 token ids. ``vocabulary="authors"``: built from the train and test texts
-    together, words from id 1, id 0 the "<unk>" that also pads (TsingZ0/PFLlib
-    dataset/generate_agnews.py @ 45e310d; no word is unknown then); ``"train"`` (ours): from the
-    training texts only, a test word not in it becomes UNK_ID.
-    Files: ``<data_dir>/ag_news_csv/{train,test}.csv``."""
+    """AG News (Zhang et al. 2015) from <data_dir>/ag_news_csv/{train,test}.csv: 120k train and 7.6k test news
+    texts, 4 classes, as (N, 200) int64 token ids. ``vocabulary="authors"``: built from the train and test texts
+    together, words from id 1, id 0 the "<unk>" that also pads (TsingZ0/PFLlib dataset/generate_agnews.py @ 45e310d;
+    no word is unknown then); ``"train"`` (ours): from the training texts only, a test word not in it is UNK_ID."""
     folder = os.path.join(data_dir, "ag_news_csv")
     paths = [os.path.join(folder, name) for name in ("train.csv", "test.csv")]
     for path in paths:
@@ -611,9 +602,8 @@ SYNTHETIC_HELP = "synthetic (= synthetic(1,1)), synthetic(ALPHA,BETA) with numbe
 
 
 def synthetic_setting(name):
-    """The FedProx family behind a dataset name: (alpha, beta, iid) for ``synthetic``,
-    ``synthetic(ALPHA,BETA)`` or ``synthetic(iid)``; None for any other name. A malformed
-    ``synthetic(...)`` raises UserError."""
+    """The FedProx family behind a dataset name: (alpha, beta, iid) for ``synthetic``, ``synthetic(ALPHA,BETA)`` or
+    ``synthetic(iid)``; None for any other name. A malformed ``synthetic(...)`` raises UserError."""
     if name == "synthetic":
         return SYNTHETIC_ALPHA, SYNTHETIC_BETA, False
     if not name.startswith("synthetic("):
@@ -708,9 +698,8 @@ def npz_declared_bytes(d):
 # ----------------------------------------------------------------------------- .npz files; checks of every dataset
 
 def load_npz(path):
-    """(x, y, x_test, y_test) of a user's .npz (docs/datasets.md): images (N, H, W) become
-    (N, 1, H, W) and NHWC becomes NCHW; without x_test and y_test the test set is empty. Other
-    arrays in the file are not read."""
+    """(x, y, x_test, y_test) of a user's .npz (docs/datasets.md): images (N, H, W) become (N, 1, H, W) and NHWC
+    becomes NCHW; without x_test and y_test the test set is empty. Other arrays in the file are not read."""
     arrays = {}
     try:
         with np.load(path, allow_pickle=False) as d:  # no pickles: nothing in the file can run code
@@ -755,9 +744,8 @@ def first_few(values, most=10):
 
 
 def check_arrays(name, xtr, ytr, xte, yte, npz=False):
-    """Refuse data no run can use, before anything is written: one line that says what is wrong.
-    In a user's ``npz`` every test label must also be a training label (a named dataset's classes
-    are its publisher's)."""
+    """Refuse data no run can use, before anything is written: one line that says what is wrong. In a user's
+    ``npz`` every test label must also be a training label (a named dataset's classes are its publisher's)."""
     max_classes = max(ytr.size + yte.size, 1000)  # a label of 10^9 would ask for 10^9-wide class-count tables
     for x, y, what in ((xtr, ytr, "x, y"), (xte, yte, "x_test, y_test")):
         if y.ndim != 1 or x.ndim not in (2, 4) or len(x) != len(y) or 0 in x.shape[1:]:
@@ -884,8 +872,7 @@ PFLLIB_PARTITION_KEYS = ("partition", "alpha", "balance", "non_iid", "num_client
 
 def pfllib_partition(config):
     """How PFLlib's generator made a folder's clients, as its config.json says (partition 'pat' or 'dir', alpha,
-    balance, ...): the settings a run on the folder used in place of our partition flags. Only plain values
-    are kept, each string cut to 40 characters."""
+    balance, ...), in place of our partition flags: plain values only, each string cut to 40 characters."""
     settings = {key: config.get(key) for key in PFLLIB_PARTITION_KEYS}
     return {key: value[:40] if isinstance(value, str) else value for key, value in settings.items()
             if value is None or isinstance(value, (bool, int, float, str))}
@@ -1085,8 +1072,8 @@ def read_pfllib_npz(path):
 
 
 def _check_pfllib_client(path, x, y, num_classes, like):
-    """One line naming ``path`` unless its (x, y) are samples with as many integer labels in
-    0..num_classes-1, finite and bounded, of the shape and dtype of ``like`` (the first client's x)."""
+    """One line naming ``path`` unless its (x, y) are samples with as many integer labels in 0..num_classes-1,
+    finite and bounded, of the shape and dtype of ``like`` (the first client's x)."""
     if x.ndim == 3:  # (N, H, W): one channel, as .npz files
         x = x[:, None]
     if y.ndim != 1 or x.ndim not in (2, 4) or len(x) != len(y) or 0 in x.shape[1:]:
@@ -1142,8 +1129,7 @@ def _check_pfllib_statistic(folder, config, labels):
         found = dict(zip(*(v.tolist() for v in np.unique(y, return_counts=True))))
         if dict(said) != found:
             raise UserError(f"{quoted(path)} counts client {client}'s labels as {first_few(sorted(said), 4)}, "
-                            f"but train/{client}.npz and test/{client}.npz hold "
-                            f"{first_few(sorted(found.items()), 4)}")
+                            f"but train/{client}.npz and test/{client}.npz hold {first_few(sorted(found.items()), 4)}")
 
 
 def load_pfllib_folder(folder, num_clients=None):
@@ -1180,8 +1166,8 @@ def load_pfllib_folder(folder, num_clients=None):
 # ----------------------------------------------------------------------------- every dataset, as tensors on clients
 
 def load_arrays(name, data_dir, agnews_vocab="authors"):
-    """(x_train, y_train, x_test, y_test) as numpy arrays for a named dataset or an .npz file,
-    checked (``check_arrays``); labels int64. ``agnews_vocab``: see ``load_agnews``."""
+    """(x_train, y_train, x_test, y_test), checked (``check_arrays``), labels int64, of a named dataset or an .npz
+    file. ``agnews_vocab``: see ``load_agnews``."""
     if (name in VISION or name in LOADERS) and not data_dir.strip():  # '' would be the current folder
         raise UserError("--data-dir must name the folder the datasets are read from (. for the current one)")
     if (name in VISION or name in LOADERS) and os.path.exists(data_dir) and not os.path.isdir(data_dir):
@@ -1250,16 +1236,9 @@ class FedData:
         return np.array([len(i) for i in self.train_idx])
 
 
-def default_classes_per_client(partition, num_classes):
-    if partition == "pat":
-        return {100: 10, 200: 20}.get(num_classes, 2)
-    if partition == "pfedla1":
-        return 12 if num_classes >= 100 else 4
-    return 6 if num_classes >= 100 else 2  # pfedla2: dominant classes
-
-
 def partition(labels, args, rng, num_classes, min_size):
-    cpc = args.classes_per_client or default_classes_per_client(args.partition, num_classes)
+    defaults = {"pat": {100: 10, 200: 20}.get(num_classes, 2), "pfedla1": 12 if num_classes >= 100 else 4}
+    cpc = args.classes_per_client or defaults.get(args.partition, 6 if num_classes >= 100 else 2)  # pfedla2: dominant
     if args.partition in ("pat", "pfedla1") and cpc > num_classes:
         raise UserError(f"--classes-per-client {cpc} is more than the {num_classes} classes of {args.dataset}")
     if args.partition == "iid":
@@ -1299,9 +1278,8 @@ def check_dataset_exists(name, resume=None):
 
 
 def load_federated_data(args, device):
-    """Load the dataset, partition it over clients (docs/datasets.md: partitions and the two
-    evaluation protocols) and move it to ``device`` once (common.load_federated_data calls this
-    after set_determinism, before any GPU work)."""
+    """Load the dataset, partition it over clients (docs/datasets.md: partitions, the two evaluation protocols) and
+    move it to ``device`` once (common.load_federated_data: after set_determinism, before any GPU work)."""
     rng = np.random.default_rng([args.seed, 0])  # data and partition: independent of training randomness
     synthetic = synthetic_setting(args.dataset)
     folder = not synthetic and is_pfllib_folder(args.dataset)

@@ -1,10 +1,9 @@
-"""How a run ends and what it leaves: the errors every file raises (``UserError``,
-``DivergedError``, ``FileFault``) and ``run_main``, which turns how a script ends into its exit
-status and one line; ``atomic_write``; and the run folder of every script,
-``--out/<algo>-<dataset>-s<seed>-<time>/`` with config.json, partition.json, metrics.csv,
-summary.json and checkpoint.pt, its lock, Ctrl-C (SIGTERM, SIGHUP) at the end of a round, and
-``--resume``. Bookkeeping around the training loop; nothing here is an algorithm. It imports no
-other module of ours but data_partition (docs/layout.md).
+"""How a run ends and what it leaves: the errors every file raises (``UserError``, ``DivergedError``,
+``FileFault``) and ``run_main``, which turns how a script ends into its exit status and one line; ``atomic_write``;
+and the run folder of every script, ``--out/<algo>-<dataset>-s<seed>-<time>/`` with config.json, partition.json,
+metrics.csv, summary.json and checkpoint.pt, its lock, Ctrl-C (SIGTERM, SIGHUP) at the end of a round, and
+``--resume``. Bookkeeping around the training loop; nothing here is an algorithm. It imports no other module of ours
+but data_partition (docs/layout.md).
 """
 import argparse
 import atexit
@@ -661,8 +660,7 @@ def _lock(folder):
                                        "if no run is using the folder")
             pid, host = lock_owner(text)
             if pid is None:
-                raise UserError(f"{path} does not name a process (pid {host}); delete it if no run is using "
-                                f"{folder}")
+                raise UserError(f"{path} does not name a process (pid {host}); delete it if no run is using {folder}")
             alive = process_alive(pid)
             if alive or host != socket.gethostname():
                 raise UserError(f"{folder} is in use by process {pid} on {host}; wait for it to end "
@@ -690,15 +688,6 @@ def _lock(folder):
 def _short(path, width=80):
     """A path for a one-line message, a very long one (beyond the system's limit) abbreviated."""
     return path if len(path) <= width else f"{path[:40]}...{path[-30:]}"
-
-
-def _missing_folders(path):
-    """The folders that os.makedirs(path) would create, deepest first."""
-    missing = []
-    while path and not os.path.lexists(path):
-        missing.append(path)
-        path = os.path.dirname(path)
-    return missing
 
 
 def _remove_empty_folders(folders):
@@ -912,7 +901,10 @@ class Run:
         name = run_folder_dataset_name(self.args.dataset)
         base = os.path.join(self.args.out, f"{self.algo}-{name}-s{self.args.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
         _check_path_fits(self.args.out, base)
-        self._made = _missing_folders(os.path.dirname(base))
+        self._made, parent = [], os.path.dirname(base)
+        while parent and not os.path.lexists(parent):  # the folders os.makedirs will create, deepest first
+            self._made.append(parent)
+            parent = os.path.dirname(parent)
         path, n = base, 1
         while True:
             try:
@@ -925,8 +917,7 @@ class Run:
             except OSError as e:
                 _remove_empty_folders(self._made)
                 if e.errno in (errno.ENOTDIR, errno.ENAMETOOLONG):  # the --out given cannot hold a folder
-                    raise UserError(f"cannot create a run folder under --out {_short(self.args.out)} "
-                                           f"({e.strerror})")
+                    raise UserError(f"cannot create a run folder under --out {_short(self.args.out)} ({e.strerror})")
                 raise FileFault(path, e, verb="create") from None
         self.dir, self.created = path, True
         self.lock = _lock(path)
@@ -1149,8 +1140,6 @@ class Run:
                 else:
                     raise ValueError(f"entry {k} does not fit this run")
             rows, (down, up), elapsed, round_ = list(blob["rows"]), blob["bytes"], float(blob["elapsed"]), blob["round"]
-            if not (isinstance(round_, int) and round_ >= 1 and all(isinstance(r, dict) for r in rows)):
-                raise ValueError("bad round or metrics")
             rng.bit_generator.state = blob["rng"]
             torch.set_rng_state(blob["torch_rng"].cpu())  # older checkpoints' "cuda_rng" is not read (_save_checkpoint)
         except Exception as e:  # noqa: BLE001  anything wrong with the file is the same answer

@@ -427,19 +427,6 @@ def _extract_tiny(archive, data_dir):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _read_rgb64(path):
-    """One image file as a 3x64x64 uint8 array (grayscale and CMYK JPEGs converted to RGB)."""
-    from PIL import Image
-    try:
-        with Image.open(path) as image:
-            pixels = np.asarray(image.convert("RGB"))
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path} is not a readable image ({e.__class__.__name__}); replace it or re-extract the zip")
-    if pixels.shape != (64, 64, 3):
-        raise UserError(f"{path} is {pixels.shape[1]}x{pixels.shape[0]}, but Tiny-ImageNet images are 64x64")
-    return pixels.transpose(2, 0, 1)
-
-
 def _decode_tiny(root):
     """The extracted tiny-imagenet-200/ folder as (x_train, y_train, x_val, y_val, wnids). A class's label is its
     line number in wnids.txt. Train: train/<wnid>/images/*.JPEG. Val: the label of val/images/<file> is the wnid on
@@ -483,10 +470,19 @@ def _decode_tiny(root):
     print(f"tinyimagenet: decoding {len(train_files)} train and {len(val_files)} val images once "
           f"(about 0.3 ms each) into {TINY_CACHE}", flush=True)
 
-    def decode(files):
+    def decode(files):  # grayscale and CMYK JPEGs converted to RGB
+        from PIL import Image
         x = np.empty((len(files), 3, 64, 64), dtype=np.uint8)
         for i, path in enumerate(files):
-            x[i] = _read_rgb64(path)
+            try:
+                with Image.open(path) as image:
+                    pixels = np.asarray(image.convert("RGB"))
+            except (OSError, ValueError) as e:
+                raise UserError(f"{path} is not a readable image ({e.__class__.__name__}); replace it or "
+                                "re-extract the zip")
+            if pixels.shape != (64, 64, 3):
+                raise UserError(f"{path} is {pixels.shape[1]}x{pixels.shape[0]}, but Tiny-ImageNet images are 64x64")
+            x[i] = pixels.transpose(2, 0, 1)
         return x
 
     return (decode(train_files), np.array(train_labels, dtype=np.int64),
@@ -682,19 +678,6 @@ def check_fits(what, nbytes, device="cpu"):
                         f"free {where}")
 
 
-def npz_declared_bytes(d):
-    """The bytes the arrays x, y, x_test, y_test of an open .npz declare in their headers, read without
-    loading them (a header may declare terabytes that the file does not hold)."""
-    total = 0
-    for key in (k for k in ("x", "y", "x_test", "y_test") if k in d.files):
-        with d.zip.open(f"{key}.npy") as f:
-            version = np.lib.format.read_magic(f)
-            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            shape, _, dtype = read(f, max_header_size=100000)
-        total += math.prod(shape) * dtype.itemsize
-    return total
-
-
 # ----------------------------------------------------------------------------- .npz files; checks of every dataset
 
 def load_npz(path):
@@ -703,8 +686,16 @@ def load_npz(path):
     arrays = {}
     try:
         with np.load(path, allow_pickle=False) as d:  # no pickles: nothing in the file can run code
-            check_fits(f"{quoted(path)}: its arrays", npz_declared_bytes(d))  # before any is read
-            for key in (k for k in ("x", "y", "x_test", "y_test") if k in d.files):
+            keys, declared = [k for k in ("x", "y", "x_test", "y_test") if k in d.files], 0
+            for key in keys:  # the bytes the headers declare, read before any array (they may declare terabytes)
+                with d.zip.open(f"{key}.npy") as f:
+                    version = np.lib.format.read_magic(f)
+                    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                        np.lib.format.read_array_header_2_0
+                    shape, _, dtype = read(f, max_header_size=100000)
+                declared += math.prod(shape) * dtype.itemsize
+            check_fits(f"{quoted(path)}: its arrays", declared)
+            for key in keys:
                 try:
                     arrays[key] = d[key]
                 except ValueError as e:
@@ -791,7 +782,9 @@ PFLLIB_MAX_CLIENTS = 100000
 PFLLIB_MAX_CLASSES = 100000
 PFLLIB_CONFIG_MAX_BYTES = 64 * 2 ** 20
 PFLLIB_RESPLIT_FLAGS = ("train_ratio", "test_split")  # with common.PARTITION_FLAGS: refused for a folder
-# PFLlib's pickle of {'x': array, 'y': array} takes about 160 opcodes; more are work no PFLlib file asks for
+# PFLlib's pickle of {'x': array, 'y': array} takes about 160 opcodes; more are work no PFLlib file asks for. They
+# are counted before any is run (pickletools only decodes them), so that the unpickler's work and memory stay within
+# a small multiple of the payload, whose size was checked: millions of harmless opcodes would each build an object.
 PFLLIB_MAX_PICKLE_OPS = 4096
 _PICKLE_RECONSTRUCT = {("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "_reconstruct")}
 # bool, integers, floats; O: the 0-d object array around the dict
@@ -1020,23 +1013,13 @@ def pfllib_declared_bytes(path):
         raise _unreadable(path, e)
 
 
-def _check_pickle_work(payload):
-    """Refuse a pickle of more than PFLLIB_MAX_PICKLE_OPS opcodes, counted without running any (pickletools
-    only decodes them), so that the unpickler's work and memory stay within a small multiple of the payload,
-    whose size was checked against memory: millions of harmless opcodes would each build a Python object."""
-    import pickletools
-    for count, _ in enumerate(pickletools.genops(payload), 1):
-        if count > PFLLIB_MAX_PICKLE_OPS:
-            raise _Refused(f"its pickle holds more than {PFLLIB_MAX_PICKLE_OPS} opcodes; PFLlib's dict of two "
-                           "arrays takes about 160, so it is not PFLlib's file (nothing of it was run)")
-
-
 def read_pfllib_npz(path):
     """(x, y) of one PFLlib client file, without running anything it carries: the zip must hold data.npy
     alone, whose .npy header must declare a 0-d object array; at most the uncompressed size its zip header
     declares is inflated (checked against memory by the caller), and its CRC is checked; the pickle is read
     by _PfllibUnpickler; the result must be a dict of exactly 'x' and 'y', numeric arrays."""
     import io
+    import pickletools
     import zipfile
     check_regular(path, doing="--dataset")
     try:
@@ -1053,7 +1036,10 @@ def read_pfllib_npz(path):
             payload = bytearray()
             for chunk in iter(lambda: f.read(1 << 20), b""):  # read(): one inflate of up to 2 GB, whatever the
                 payload += chunk  # header declares; read(n) inflates n at a time, up to the declared size and CRC
-        _check_pickle_work(payload)
+        for count, _ in enumerate(pickletools.genops(payload), 1):
+            if count > PFLLIB_MAX_PICKLE_OPS:
+                raise _Refused(f"its pickle holds more than {PFLLIB_MAX_PICKLE_OPS} opcodes; PFLlib's dict of two "
+                               "arrays takes about 160, so it is not PFLlib's file (nothing of it was run)")
         holder = _PfllibUnpickler(io.BytesIO(payload)).load()
     except Exception as e:  # noqa: BLE001  not a zip, a bad CRC, a cut file, a malformed pickle or header
         raise _unreadable(path, e)
@@ -1151,19 +1137,21 @@ def load_pfllib_folder(folder, num_clients=None):
             x, y = _check_pfllib_client(path, *read_pfllib_npz(path), config["num_classes"], like)
             like = x if like is None else like
             parts[part].append((x, y))
-    clients = parts["train"] + parts["test"]
-    sizes = [len(y) for _, y in clients]
-    x = np.concatenate([x for x, _ in clients])
-    y = np.concatenate([y for _, y in clients])
-    starts = np.cumsum([0] + sizes)
-    ranges = [np.arange(starts[k], starts[k + 1]) for k in range(2 * n)]
+    x, y, ranges = _stacked(parts["train"] + parts["test"])
     _check_pfllib_statistic(folder, config, [np.concatenate([y[ranges[k]], y[ranges[n + k]]]) for k in range(n)])
-    n_train = starts[n]
+    n_train = sum(len(r) for r in ranges[:n])
     check_arrays(folder, x[:n_train], y[:n_train], x[n_train:], y[n_train:])
     return x, y, ranges[:n], ranges[n:], config["num_classes"]
 
 
 # ----------------------------------------------------------------------------- every dataset, as tensors on clients
+
+def _stacked(clients):
+    """The [(x, y)] of each client as one x and one y, and each client's indices into them."""
+    starts = np.cumsum([0] + [len(y) for _, y in clients])
+    return (np.concatenate([x for x, _ in clients]), np.concatenate([y for _, y in clients]),
+            [np.arange(starts[k], starts[k + 1]) for k in range(len(clients))])
+
 
 def load_arrays(name, data_dir, agnews_vocab="authors"):
     """(x_train, y_train, x_test, y_test), checked (``check_arrays``), labels int64, of a named dataset or an .npz
@@ -1286,11 +1274,7 @@ def load_federated_data(args, device):
     if not synthetic:
         check_dataset_exists(args.dataset, args.resume)
     if synthetic:
-        clients = synthetic_clients(args.num_clients, rng, *synthetic)
-        x = np.concatenate([c[0] for c in clients])
-        y = np.concatenate([c[1] for c in clients])
-        starts = np.cumsum([0] + [len(c[1]) for c in clients])
-        client_idx = [np.arange(starts[k], starts[k + 1]) for k in range(args.num_clients)]
+        x, y, client_idx = _stacked(synthetic_clients(args.num_clients, rng, *synthetic))
         train, test = dp.train_test_split(client_idx, rng, args.train_ratio)
         x, num_classes = to_tensor(x), SYNTHETIC_CLASSES
         # no official test set: under 'global' the union of the clients' test data stands in for it

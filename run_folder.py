@@ -878,22 +878,18 @@ class Run:
             self._check_data()
         else:
             self._new_dir()
+            threads = getattr(args, "threads", UNRECORDED)  # the command as run, with the thread count it took, so
+            command = sys.argv if threads is UNRECORDED else with_threads(sys.argv, threads)  # that it repeats the run
             self._write("config.json", _json({
                 "algorithm": algo, "script": self.script,
                 "args": {**recorded_args(args, self._records_as()), "resume": None, "stop_after": None},
-                "command": self._command(), **where_it_runs(device),
+                "command": command, **where_it_runs(device),
                 "num_classes": data.num_classes, "input_shape": list(data.x.shape[1:]),
                 "data_sha256": self.data_sha256,
                 **({"dataset_folder": data.info["folder"]} if isinstance(data.info.get("folder"), dict) else {}),
                 **(extra_config or {})}))
         self._write_partition()
         self._t_last, self._last_round = time.perf_counter(), 0
-
-    def _command(self):
-        """config.json's command: how the program was started, with the thread count it took (with_threads),
-        so that it repeats the run as it stands, whatever the environment's thread count."""
-        threads = getattr(self.args, "threads", UNRECORDED)
-        return sys.argv if threads is UNRECORDED else with_threads(sys.argv, threads)
 
     def _new_dir(self):
         """Create and lock a new run folder under --out; what it makes (with --out and its missing parents) is

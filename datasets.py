@@ -330,10 +330,8 @@ def load_vision(name, data_dir):
                 found, files = find_idx(name, data_dir)
             folder = found or folder
             arrays, sources = [], []
-            for i, (path, opener) in enumerate(files):
-                expected = None
-                if known:  # images (N, H, W), labels (N,)
-                    expected = (known["sizes"][i // 2], *known["shape"][1:])[:3 if i % 2 == 0 else 1]
+            for i, (path, opener) in enumerate(files):  # a known dataset's images are (N, H, W), labels (N,)
+                expected = (known["sizes"][i // 2], *known["shape"][1:])[:3 if i % 2 == 0 else 1] if known else None
                 try:
                     with opener() as stream:
                         arrays.append(read_idx(stream, IDX_FILES[name][i], expected))
@@ -410,28 +408,25 @@ def _download(url, path, md5=None):
 
 def _extract_tiny(archive, data_dir):
     """Unzip tiny-imagenet-200.zip into ``data_dir`` via a temporary folder: no half-extracted folder is taken."""
-    import shutil
     import zipfile
-    tmp = tempfile.mkdtemp(dir=data_dir, prefix=".extract-")
-    try:
-        with zipfile.ZipFile(archive) as z:
-            if not {"tiny-imagenet-200/wnids.txt", "tiny-imagenet-200/val/val_annotations.txt"} <= set(z.namelist()):
-                raise ValueError("it has no tiny-imagenet-200/wnids.txt and val/val_annotations.txt")
-            z.extractall(tmp)  # checks every member's CRC
-        if not os.path.isdir(os.path.join(data_dir, "tiny-imagenet-200")):  # else another run extracted it meanwhile
-            os.replace(os.path.join(tmp, "tiny-imagenet-200"), os.path.join(data_dir, "tiny-imagenet-200"))
-    except (zipfile.BadZipFile, ValueError, EOFError, OSError) as e:
-        raise UserError(f"{archive} is corrupt, truncated or not the Tiny-ImageNet archive ({e}); "
-                        "delete it and run again to re-download")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with tempfile.TemporaryDirectory(dir=data_dir, prefix=".extract-", ignore_cleanup_errors=True) as tmp:
+        try:
+            with zipfile.ZipFile(archive) as z:
+                if not {"tiny-imagenet-200/wnids.txt", "tiny-imagenet-200/val/val_annotations.txt"} <= \
+                        set(z.namelist()):
+                    raise ValueError("it has no tiny-imagenet-200/wnids.txt and val/val_annotations.txt")
+                z.extractall(tmp)  # checks every member's CRC
+            if not os.path.isdir(os.path.join(data_dir, "tiny-imagenet-200")):  # else another run extracted it
+                os.replace(os.path.join(tmp, "tiny-imagenet-200"), os.path.join(data_dir, "tiny-imagenet-200"))
+        except (zipfile.BadZipFile, ValueError, EOFError, OSError) as e:
+            raise UserError(f"{archive} is corrupt, truncated or not the Tiny-ImageNet archive ({e}); "
+                            "delete it and run again to re-download")
 
 
 def _decode_tiny(root):
-    """The extracted tiny-imagenet-200/ folder as (x_train, y_train, x_val, y_val, wnids). A class's label is its
-    line number in wnids.txt. Train: train/<wnid>/images/*.JPEG. Val: the label of val/images/<file> is the wnid on
-    that file's line of val/val_annotations.txt (file, wnid, x0, y0, x1, y1; tab-separated), never file order.
-    The unlabelled test/ folder is not used."""
+    """The extracted tiny-imagenet-200/ folder as (x_train, y_train, x_val, y_val, wnids). A class's label is its line
+    in wnids.txt. Train: train/<wnid>/images/*.JPEG. Val: val/images/<file>, labelled by the wnid on its line of
+    val/val_annotations.txt (file, wnid, box; tab-separated), never by file order. test/ is unlabelled: not used."""
     def incomplete(path):
         return UserError(f"{path} is missing: {root} is incomplete; delete it (keep the zip) to re-extract")
 
@@ -619,10 +614,9 @@ def synthetic_setting(name):
 def synthetic_clients(num_clients, rng, alpha=SYNTHETIC_ALPHA, beta=SYNTHETIC_BETA, iid=False):
     """FedProx Synthetic(alpha, beta) (Li et al. 2020, Sec. 5.1), one (x, y) per client: u_k ~ N(0, alpha),
     B_k ~ N(0, beta); W_k, b_k ~ N(u_k, 1); v_k ~ N(B_k, 1); x ~ N(v_k, Sigma), Sigma_jj = j^-1.2;
-    y = argmax softmax(W_k x + b_k). alpha controls how much the local models differ, beta how much the local
-    inputs differ. Synthetic IID (``iid``): one W, b ~ N(0, 1) for all clients and x ~ N(0, Sigma) everywhere.
-    Sample counts: lognormal(4, 2) + 50 as in the FedProx generator, capped at 1000 so that the quick start stays
-    fast."""
+    y = argmax softmax(W_k x + b_k): alpha sets how much the local models differ, beta the local inputs.
+    Synthetic IID (``iid``): one W, b ~ N(0, 1) for all clients and x ~ N(0, Sigma) everywhere. Sample counts:
+    lognormal(4, 2) + 50 as in the FedProx generator, capped at 1000 so that the quick start stays fast."""
     d, c = SYNTHETIC_DIM, SYNTHETIC_CLASSES
     sizes = np.minimum(rng.lognormal(4, 2, num_clients).astype(int) + 50, 1000)
     sigma = np.arange(1, d + 1) ** -1.2
@@ -954,9 +948,8 @@ def _dtype(spec, align=False, copy=True):
 
 
 class _PfllibUnpickler(pickle.Unpickler):
-    """An unpickler that knows three names, numpy's ``_reconstruct``, ``ndarray`` and ``dtype``, each as the
-    stand-in above; any other global (os.system, builtins.eval, subprocess.Popen, numpy.load, ...) is refused
-    before it is looked up, so nothing in the file is called but these."""
+    """An unpickler that knows three names, numpy's ``_reconstruct``, ``ndarray`` and ``dtype``, each as its stand-in
+    above; any other global (os.system, builtins.eval, ...) is refused before it is looked up."""
 
     def find_class(self, module, name):
         if (module, name) in _PICKLE_RECONSTRUCT:
@@ -1014,10 +1007,9 @@ def pfllib_declared_bytes(path):
 
 
 def read_pfllib_npz(path):
-    """(x, y) of one PFLlib client file, without running anything it carries: the zip must hold data.npy
-    alone, whose .npy header must declare a 0-d object array; at most the uncompressed size its zip header
-    declares is inflated (checked against memory by the caller), and its CRC is checked; the pickle is read
-    by _PfllibUnpickler; the result must be a dict of exactly 'x' and 'y', numeric arrays."""
+    """(x, y) of one PFLlib client file, running nothing it carries: the zip must hold data.npy alone, its .npy header
+    a 0-d object array; at most the size the zip header declares is inflated (the caller checked it against memory),
+    CRC checked; _PfllibUnpickler reads a dict of exactly 'x' and 'y', numeric arrays."""
     import io
     import pickletools
     import zipfile

@@ -208,9 +208,8 @@ def recorded_args(args, script):
 
 
 def todays_command(command):
-    """A command as config.json keeps it (the program, then its flags), as it runs today: a script given a flag
-    that moved to tools/ (MOVED) is that program, the flags the same (fedavg.py --local-training ... is
-    tools/fedavg_variants.py --local-training ...)."""
+    """A command as config.json keeps it (program, flags) as it runs today: a script given a flag that moved to tools/
+    (MOVED) is that program (fedavg.py --local-training ... is tools/fedavg_variants.py --local-training ...)."""
     folder, name = os.path.split(command[0])
     for program, (moved_from, flags) in MOVED.items():
         if name == f"{moved_from}.py" and any(f"--{f.replace('_', '-')}" in command[1:] for f in flags):
@@ -275,11 +274,10 @@ os.umask(_UMASK)
 
 
 def atomic_write(path, content):
-    """Write ``content`` (str, bytes, or a function that writes to a binary file, such as a figure's ``savefig``)
-    to ``path`` through a temporary file in the same folder and a rename: a reader never sees half a file, and a
-    failed write (a full disk, a read-only folder) leaves the previous file and no temporary file. Every tool and
-    run writes its files through here. A failure is an OSError naming ``path``, not the temporary file. The file
-    gets the user's umask (mkstemp alone would make it private)."""
+    """Write ``content`` (str, bytes, or a function writing to a binary file, such as ``savefig``) to ``path`` via a
+    temporary file in its folder and a rename: no reader sees half a file, and a failed write (full disk, read-only
+    folder) leaves the previous file and no temporary one. Every tool and run writes through here. A failure is an
+    OSError naming ``path``; the file gets the user's umask (mkstemp's alone is private)."""
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-")
@@ -446,9 +444,8 @@ def check_launches(record, path, doing="cannot read"):
 
 
 def check_checkpoint(blob, path, eval_every=1, doing="cannot resume"):
-    """checkpoint.pt against CHECKPOINT_SCHEMA, and its metric rows consistent with its round: rows of plain
-    values, rounds strictly increasing in [1, round], and every round that --eval-every evaluates up to the
-    checkpoint's round present (a checkpoint of round 2 without rows is refused)."""
+    """checkpoint.pt against CHECKPOINT_SCHEMA, its metric rows consistent with its round: plain values, rounds
+    strictly increasing in [1, round], and every round --eval-every evaluates up to it present."""
     check_fields(blob, CHECKPOINT_SCHEMA, path, doing=doing)
     round_, seen = blob["round"], []
     for i, row in enumerate(blob["rows"]):
@@ -546,9 +543,8 @@ def resumed_args(parser, argv):
 
 
 def invalid_saved_value(parser, argv, message):
-    """The line for a flag check (common.parse_args) that failed after ``--resume``: a value given on the command
-    line keeps the check's message; one read from the run's config.json (hand-edited or damaged) is named as that
-    file's, not as a flag the user never gave."""
+    """The line for a flag check (common.parse_args) that failed after ``--resume``: a value given on the command line
+    keeps the check's message; one read from the run's config.json is named as that file's (edited or damaged)."""
     given = _given_flags(parser, argv)
     flag, _, rest = message.partition(" ")
     action = next((a for a in parser._actions if flag in a.option_strings), None)
@@ -573,11 +569,6 @@ def _fits(action, value):
     if action.type is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     return isinstance(value, str) if action.type in (None, str) else True
-
-
-def _fmt_time(s):
-    s = int(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 def lock_owner(text):
@@ -639,9 +630,8 @@ def quoted(name):
 
 
 def _lock(folder):
-    """Create the run folder's lock file: one process per run folder. A lock whose process is gone (killed,
-    crashed; a zombie counts as gone) is stale and taken over; one that cannot be written (disk full) is removed
-    again and raises FileFault."""
+    """Create the run folder's lock file: one process per run folder. A stale lock (its process gone: killed, crashed,
+    a zombie) is taken over; one that cannot be written (disk full) is removed and raises FileFault."""
     path = os.path.join(folder, ".lock")
     for _ in range(3):
         try:
@@ -661,16 +651,14 @@ def _lock(folder):
             pid, host = lock_owner(text)
             if pid is None:
                 raise UserError(f"{path} does not name a process (pid {host}); delete it if no run is using {folder}")
-            alive = process_alive(pid)
-            if alive or host != socket.gethostname():
+            if host != socket.gethostname() or process_alive(pid):
                 raise UserError(f"{folder} is in use by process {pid} on {host}; wait for it to end "
                                 f"(or delete {path} if that process is gone)")
             try:
                 os.remove(path)
-            except FileNotFoundError:
-                pass
             except OSError as e:
-                raise FileFault(path, e, verb="remove the stale lock") from None
+                if not isinstance(e, FileNotFoundError):  # removed this instant: try again
+                    raise FileFault(path, e, verb="remove the stale lock") from None
             continue
         except OSError as e:
             raise FileFault(path, e, verb="create") from None
@@ -761,9 +749,8 @@ def where_it_runs(device):
 
 
 def continued_elsewhere(config, round_, device):
-    """``config`` with a ``continued_on`` entry for a resume after ``round_`` where what decides the arithmetic
-    (where_it_runs) differs from where the run ran last (the newest entry, else config's own record); None when
-    nothing changed. A run started on a GPU and continued on a CPU says so."""
+    """``config`` with a ``continued_on`` entry for a resume after ``round_`` where where_it_runs differs from where
+    the run ran last (the newest entry, else config's own record); None when nothing changed."""
     here = where_it_runs(device)
     last = config["continued_on"][-1] if config.get("continued_on") else config
     if all(last.get(k, v) == v for k, v in here.items()):  # a field the record lacks is unknown, not a change
@@ -942,8 +929,7 @@ class Run:
             raise FileFault(path, e, self._kept()) from None
 
     def _checkpoint_there(self):
-        """Whether the checkpoint this run wrote is still in its folder (the folder may have been moved or
-        deleted under the running job): a line says it is kept only then."""
+        """Whether this run's checkpoint is still there (its folder may have been moved or deleted under the job)."""
         return bool(self.checkpoint_round) and os.path.isfile(os.path.join(self.dir, "checkpoint.pt"))
 
     def _checkpoint_gone(self):
@@ -964,9 +950,8 @@ class Run:
         return "; nothing was kept"
 
     def _check_data(self):
-        """With --resume: refuse data other than the run started with (an .npz overwritten since, another
-        --data-dir), which would silently compute something else. A config.json from before the fingerprint
-        (2026-11) has none: resume() records it."""
+        """With --resume: refuse data other than the run started with (an .npz overwritten since, another --data-dir).
+        A config.json from before the fingerprint (2026-11) has none: resume() records it."""
         saved = read_config(os.path.join(self.dir, "config.json")).get("data_sha256")
         if saved is not None and saved != self.data_sha256:
             d = self.args.dataset
@@ -1026,14 +1011,15 @@ class Run:
             row["device_mb"] = round(torch.cuda.memory_allocated(self.device) / 2 ** 20, 1)
         self.rows.append(row)
         self._write_metrics()
-        eta = per_round * (self.args.rounds - round_)
+        eta = int(per_round * (self.args.rounds - round_))
+        eta = f"{eta // 3600}h{eta % 3600 // 60:02d}m" if eta >= 3600 else f"{eta // 60}m{eta % 60:02d}s"
         extra = f" (client mean {metrics['test_acc_mean']:.2f} ± {metrics['test_acc_std']:.2f})" \
             if "test_acc_mean" in metrics else ""
         loss = f" | train loss {metrics['train_loss']:.4f}" if "train_loss" in metrics else ""
         if "global_acc" in metrics:  # --test-split global: the uniform test set
             extra += f" | global test acc {metrics['global_acc']:.2f}%"
         print(f"[{self.algo}] round {round_}/{self.args.rounds} | test acc {metrics.get('test_acc', float('nan')):.2f}%"
-              f"{extra}{loss} | {per_round:.3f} s/round | ETA {_fmt_time(eta)}", flush=True)
+              f"{extra}{loss} | {per_round:.3f} s/round | ETA {eta}", flush=True)
 
     def _write_metrics(self):
         keys = list(dict.fromkeys(k for r in self.rows for k in r))
@@ -1048,9 +1034,8 @@ class Run:
         return self.interrupted or (self.args.stop_after is not None and round_ >= self.args.stop_after)
 
     def checkpoint(self, round_, state, rng):
-        """Every ``--checkpoint-every`` rounds, at the last round and before a requested stop: the algorithm
-        ``state`` (modules and objects by their state_dict, tensors as they are), every RNG state and the metrics
-        so far, as tensors and plain containers."""
+        """Every ``--checkpoint-every`` rounds, at the last round and before a requested stop: the algorithm ``state``
+        (modules and objects by state_dict, tensors as they are), every RNG state and the metrics so far."""
         self._latest = (round_, state, rng)  # for stop(), should a signal come after this call
         if round_ % self.args.checkpoint_every == 0 or round_ == self.args.rounds or self.interrupted:
             self._save_checkpoint(round_, state, rng)
@@ -1209,9 +1194,9 @@ class Run:
         return f"{what} before the first round; nothing was kept"
 
     def close(self, failed=False, diverged=False):
-        """Release the folder: a new run that failed before writing any result leaves nothing behind (nor the
-        --out folders it made); one that stopped with results keeps them (a diverged one says so in summary.json).
-        Never raises: it runs on the way out of every failure."""
+        """Release the folder: a new run that failed before any result leaves nothing behind (nor the --out folders it
+        made); one with results keeps them (a diverged one says so in summary.json). Never raises: it runs on every
+        way out."""
         if self not in OPEN_RUNS:
             return
         OPEN_RUNS.remove(self)
@@ -1230,8 +1215,6 @@ class Run:
         if self.lock:
             with contextlib.suppress(OSError):  # a folder made read-only: the lock names a process that has
                 os.remove(self.lock)            # ended, and the next run on the folder takes it over
-
-
 
 
 @atexit.register

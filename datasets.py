@@ -1,11 +1,10 @@
-"""The data path, top to bottom: a --dataset name or .npz file becomes the clients' tensors.
-torchvision's MNIST family and CIFAR (``load_vision``), the datasets torchvision lacks
-(Tiny-ImageNet-200 and AG News, named in ``LOADERS``; FedProx's Synthetic(alpha, beta), generated
-per client), a user's .npz file (``load_npz``), a PFLlib dataset folder whose clients are taken as they are
-(``load_pfllib_folder``, its pickles read without running them), the checks every loaded dataset passes
-(``check_arrays``), ``load_arrays`` over all of them, the conversion to tensors (``to_tensor``),
-the partition over clients (data_partition.py) and ``load_federated_data``, which does it all
-for a script's ``args``. The scripts reach it through common.py. It imports data_partition and
+"""The data path, top to bottom: a --dataset name or .npz file becomes the clients' tensors. torchvision's
+MNIST family and CIFAR (``load_vision``), the datasets torchvision lacks (Tiny-ImageNet-200 and AG News, named in
+``LOADERS``; FedProx's Synthetic(alpha, beta), generated per client), a user's .npz file (``load_npz``), a PFLlib
+dataset folder whose clients are taken as they are (``load_pfllib_folder``, its pickles read without running
+them), the checks every loaded dataset passes (``check_arrays``), ``load_arrays`` over all of them, the conversion
+to tensors (``to_tensor``), the partition over clients (data_partition.py) and ``load_federated_data``, which does
+it all for a script's ``args``. The scripts reach it through common.py, and it imports data_partition and
 run_folder (its errors) only (docs/layout.md).
 """
 import collections
@@ -74,29 +73,15 @@ def content_sha256(array):
     return hashlib.sha256(np.ascontiguousarray(array, dtype=np.uint8).data).hexdigest()
 
 
-def _read_up_to(stream, n):
-    """At most ``n`` bytes of ``stream``, fewer only at its end."""
-    parts, got = [], 0
-    while got < n:
-        part = stream.read(n - got)
-        if not part:
-            break
-        parts.append(part)
-        got += len(part)
-    return b"".join(parts)
-
-
 def read_idx(stream, what, expected=None):
-    """The array in an idx stream (LeCun's format: two zero bytes, type 0x08 for unsigned bytes, the
-    number of dimensions, each dimension as a big-endian int32, the data). No more than the header
-    declares is read (a .gz that inflates beyond it is refused after one byte more, never inflated
-    whole) and nothing beyond it is allocated; a header other than ``expected`` (a known dataset's
-    dimensions) is refused before any data is read. The data must match the header exactly, so a cut
-    file is refused rather than read short."""
-    head = _read_up_to(stream, 4)
+    """The array in an idx stream (LeCun's format: two zero bytes, type 0x08 for unsigned bytes, the number of
+    dimensions, each dimension as a big-endian int32, the data). A header other than ``expected`` (a known
+    dataset's dimensions) is refused before any data is read; no more than the header declares is read or allocated
+    (a .gz that inflates beyond it is refused after one byte more), and a cut file is refused, not read short."""
+    head = stream.read(4)  # buffered streams (files, gzip, zip members) return fewer bytes only at their end
     if len(head) < 4 or head[:3] != b"\0\0\x08" or not 1 <= head[3] <= 4:
         raise ValueError(f"{what} is not an idx file of unsigned bytes")
-    sizes = _read_up_to(stream, 4 * head[3])
+    sizes = stream.read(4 * head[3])
     if len(sizes) < 4 * head[3]:
         raise ValueError(f"{what} ends inside its header")
     dims = tuple(int(d) for d in np.frombuffer(sizes, ">u4"))
@@ -118,10 +103,9 @@ def read_idx(stream, what, expected=None):
 
 
 def find_idx(name, data_dir):
-    """Where the four idx files of ``name`` are: (the folder, [(the file's path, a function opening it
-    as a stream)] for each), or (None, None). Looked for in data_dir/<torchvision's folder> (MNIST/raw, ...)
-    and in data_dir itself, each file plain or gzipped; EMNIST's also inside its gzip.zip. Nothing is
-    unpacked on disk, and the streams inflate as they are read."""
+    """Where the four idx files of ``name`` are: (the folder, [(the file's path, a function opening it as a stream)]
+    for each), or (None, None). Looked for in data_dir/<torchvision's folder> (MNIST/raw, ...) and in data_dir, each
+    plain or gzipped; EMNIST's also inside its gzip.zip. Nothing is unpacked on disk: the streams inflate as read."""
     import gzip
     import zipfile
     for folder in (os.path.join(data_dir, VISION[name][2]), data_dir):
@@ -147,7 +131,6 @@ def read_cifar(name, folder):
     """CIFAR's pickled batches in ``folder`` as torchvision reads them (each a dict with 'data', uint8
     (N, 3072), and 'labels', CIFAR-100's 'fine_labels'): (x_train, y_train, x_test, y_test) as (N, 3, 32, 32)
     uint8 and int64, and for each array the [(file, samples)] it came from."""
-    import pickle
     import torchvision
     cls = getattr(torchvision.datasets, VISION[name][0])
     arrays, sources = [], []
@@ -175,11 +158,10 @@ CIFAR_MAX_BYTES = 60000 * 4096  # the unpacked files of either CIFAR: 60,000 ima
 
 
 def unpack_cifar(name, data_dir):
-    """CIFAR's tar.gz, if it lies in data_dir (or, as an older message of ours said, inside the folder it
-    unpacks to), unpacked into data_dir/cifar-10-batches-py (cifar-100-python) when that folder lacks
-    its files. Each file is written whole and renamed into place, so runs that start together do not
-    read half a file; a folder made for an archive that fails to unpack is removed again. Only the files
-    torchvision reads are unpacked, and only if the sizes their tar headers declare are a CIFAR's."""
+    """CIFAR's tar.gz in data_dir (or in the folder it unpacks to, as an older message of ours said), unpacked into
+    data_dir/cifar-10-batches-py (cifar-100-python) when that folder lacks its files: only the files torchvision
+    reads, only if their tar headers declare a CIFAR's sizes, each renamed into place whole (runs that start
+    together read no half file); a folder made for an archive that fails to unpack is removed again."""
     import tarfile
     import torchvision
     cls = getattr(torchvision.datasets, VISION[name][0])
@@ -226,58 +208,51 @@ def removed_on_failure(folder):
         raise
 
 
-def _torchvision(name, data_dir, train, download):
-    """torchvision's dataset ``name`` (downloaded if ``download``). CIFAR's extracted files need only
-    exist (the md5 of the archive is checked when it is downloaded); its class names are not read."""
+def _fetch(folder, download, missing, put):
+    """Run ``download`` into ``folder``, network reads timing out after 20 s; if it fails (offline, refused, a bad
+    checksum: all the same to the user), the folders it made are removed and one line says what to put where."""
+    timeout = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(20)
+    try:
+        with removed_on_failure(folder):
+            download()
+    except Exception as e:  # noqa: BLE001  every failure gets the same advice
+        raise UserError(f"{missing} and could not be downloaded ({e.__class__.__name__}); put {put}")
+    finally:
+        socket.setdefaulttimeout(timeout)
+
+
+def _torchvision_download(name, data_dir):
+    """torchvision's download of ``name`` into data_dir (_fetch). CIFAR's extracted files need only exist (the md5
+    of the archive is checked when it is downloaded); its class names are not read."""
     import torchvision
-    base = getattr(torchvision.datasets, VISION[name][0])
-    if name.startswith("cifar"):
-        class Cifar(base):
+    cls = getattr(torchvision.datasets, VISION[name][0])
+    folder = os.path.join(data_dir, VISION[name][2])
+    if name.startswith("cifar"):  # torchvision unpacks the archive from data_dir
+        where, what = data_dir, f"{cls.filename} from {cls.url} in {data_dir} (it is unpacked into {folder})"
+
+        class Cifar(cls):
             def _check_integrity(self):
                 return all(os.path.isfile(os.path.join(self.root, self.base_folder, f))
                            for f, _ in self.train_list + self.test_list)
 
             def _load_meta(self):
                 self.classes = []
-        base = Cifar
-    return base(data_dir, train=train, download=download, **VISION[name][1])
+        cls = Cifar
+    elif name == "emnist":
+        where, what = folder, (f"{EMNIST_ZIP} from {cls.url} (or the files {', '.join(IDX_FILES[name])}, "
+                               f"gzipped or not, from inside it) in {folder}")
+    else:
+        where, what = folder, f"{', '.join(f + '.gz' for f in IDX_FILES[name])} from {cls.mirrors[0]} in {folder}"
 
-
-def _torchvision_download(name, data_dir):
-    """torchvision's download of ``name`` into data_dir; offline, one line that says what to put where,
-    and the folders the attempt made are removed again."""
-    import torchvision
-    cls = getattr(torchvision.datasets, VISION[name][0])
-    folder = os.path.join(data_dir, VISION[name][2])
-    timeout = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(20)
-    try:
-        with removed_on_failure(folder):
-            for train in (True, False):
-                _torchvision(name, data_dir, train, download=True)
-    except Exception as e:  # noqa: BLE001  offline, refused, bad checksum: all the same to the user
-        if name.startswith("cifar"):  # torchvision unpacks the archive from data_dir
-            where, what = data_dir, f"{cls.filename} from {cls.url} in {data_dir} (it is unpacked into {folder})"
-        elif name == "emnist":
-            where, what = folder, (f"{EMNIST_ZIP} from {cls.url} (or the files {', '.join(IDX_FILES[name])}, "
-                                   f"gzipped or not, from inside it) in {folder}")
-        else:
-            where, what = folder, f"{', '.join(f + '.gz' for f in IDX_FILES[name])} from {cls.mirrors[0]} in {folder}"
-        raise UserError(f"{name} is not in {where} and could not be downloaded ({e.__class__.__name__}); put {what}"
-                        f"{OFFLINE_SOURCES.get(name, '')}")
-    finally:
-        socket.setdefaulttimeout(timeout)
+    def download():
+        for train in (True, False):
+            cls(data_dir, train=train, download=True, **VISION[name][1])
+    _fetch(folder, download, f"{name} is not in {where}", what + OFFLINE_SOURCES.get(name, ""))
 
 
 class ContentError(UserError):
     """A publisher's file whose content is not the dataset's (check_known_content)."""
-
-
-def _where(parts):
-    """The file(s) an array came from, for one line."""
-    if len(parts) == 1:
-        return parts[0][0]
-    return f"{os.path.dirname(parts[0][0])} ({', '.join(os.path.basename(p) for p, _ in parts)})"
 
 
 def _same_as_other(name, arrays):
@@ -296,17 +271,19 @@ def _same_as_other(name, arrays):
 
 
 def check_known_content(name, arrays, sources):
-    """Refuse files of a known dataset (KNOWN_CONTENT) whose decoded content is not the publisher's: a label
-    outside its classes (naming the file and the sample), other sizes, other counts per class, another
-    fingerprint, in that order; one line naming the file. ``sources``: for each of the four arrays, the
-    [(file, samples)] it was read from. Runs after decoding and before anything is written."""
+    """Refuse the decoded arrays of a known dataset (KNOWN_CONTENT) unless they are the publisher's: a label outside
+    its classes (naming the file and the sample), other sizes, counts per class or fingerprint, in that order; one
+    line naming the file. ``sources``: for each of the four arrays, the [(file, samples)] it was read from."""
     known = KNOWN_CONTENT.get(name)
     if known is None:
         return
     title, classes = known["title"], known["classes"]
 
-    def refuse(i, why):
-        raise ContentError(f"{_where(sources[i])} is not {title}'s {ARRAYS[i]}: {why}{_same_as_other(name, arrays)}")
+    def refuse(i, why):  # naming the file(s) the array came from
+        files = [path for path, _ in sources[i]]
+        names = ", ".join(map(os.path.basename, files))
+        where = files[0] if len(files) == 1 else f"{os.path.dirname(files[0])} ({names})"
+        raise ContentError(f"{where} is not {title}'s {ARRAYS[i]}: {why}{_same_as_other(name, arrays)}")
 
     for i in (1, 3):
         outside = np.flatnonzero((arrays[i] < 0) | (arrays[i] >= classes))
@@ -336,10 +313,9 @@ def check_known_content(name, arrays, sources):
 
 
 def load_vision(name, data_dir):
-    """(x_train, y_train, x_test, y_test) of MNIST, FashionMNIST, EMNIST (digits), CIFAR-10 or
-    CIFAR-100 as uint8 (N, C, H, W) images and int64 labels. The publishers' files are read where
-    they lie (find_idx, unpack_cifar); if they are not there, torchvision.datasets downloads them
-    (md5-checked) into data_dir. What is read is checked against the dataset's known content
+    """(x_train, y_train, x_test, y_test) of MNIST, FashionMNIST, EMNIST (digits), CIFAR-10 or CIFAR-100 as uint8
+    (N, C, H, W) images and int64 labels. The publishers' files are read where they lie (find_idx, unpack_cifar),
+    else torchvision downloads them (md5-checked) into data_dir. What is read is checked against the known content
     (check_known_content), not the archives' checksums, so a copy from elsewhere (Debian's) loads too."""
     import torchvision
     folder = os.path.join(data_dir, VISION[name][2])
@@ -354,10 +330,8 @@ def load_vision(name, data_dir):
                 found, files = find_idx(name, data_dir)
             folder = found or folder
             arrays, sources = [], []
-            for i, (path, opener) in enumerate(files):
-                expected = None
-                if known:  # images (N, H, W), labels (N,)
-                    expected = (known["sizes"][i // 2], *known["shape"][1:])[:3 if i % 2 == 0 else 1]
+            for i, (path, opener) in enumerate(files):  # a known dataset's images are (N, H, W), labels (N,)
+                expected = (known["sizes"][i // 2], *known["shape"][1:])[:3 if i % 2 == 0 else 1] if known else None
                 try:
                     with opener() as stream:
                         arrays.append(read_idx(stream, IDX_FILES[name][i], expected))
@@ -398,101 +372,61 @@ AGNEWS_MIN_COUNT = 1  # a training word is in the vocabulary if seen this often;
 PAD_ID, UNK_ID = 0, 1  # id 0 pads (a zero embedding); UNK_ID: unknown words under --agnews-vocab train
 
 
-def _fetch(what, folder, expected, download):
-    """Run a download into ``folder``; if it fails (offline, refused, bad checksum), say what to put where
-    (and remove the folders the attempt made)."""
-    timeout = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(20)
-    try:
-        with removed_on_failure(folder):
-            download()
-    except Exception as e:  # noqa: BLE001  every failure gets the same advice
-        raise UserError(f"{what} not found and could not be downloaded ({e.__class__.__name__}); put {expected} in "
-                        f"{folder}")
-    finally:
-        socket.setdefaulttimeout(timeout)
-
-
 class ChecksumError(Exception):
     """A downloaded file does not have the published md5."""
 
 
+def _write_whole(path, write, prefix):
+    """``write(f)`` to a temporary file beside ``path``, renamed to ``path`` once it succeeded: never half a file."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=prefix)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private to this user
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 def _download(url, path, md5=None):
-    """Download ``url`` to ``path`` through a temporary file (no half-written file is left
-    behind), checking ``md5`` when given. Network reads time out after 20 s."""
+    """Download ``url`` to ``path`` (_write_whole), checking ``md5`` when given. Network reads time out after 20 s."""
     import hashlib
     import urllib.request
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".download-")
-    digest = hashlib.md5()
-    try:
-        with os.fdopen(fd, "wb") as f, urllib.request.urlopen(url, timeout=20) as response:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+
+    def write(f):
+        digest = hashlib.md5()
+        with urllib.request.urlopen(url, timeout=20) as response:
             for chunk in iter(lambda: response.read(1 << 20), b""):
                 f.write(chunk)
                 digest.update(chunk)
         if md5 and digest.hexdigest() != md5:
             raise ChecksumError(f"md5 of {url} is {digest.hexdigest()}, expected {md5}")
-        os.chmod(tmp, 0o644)  # mkstemp makes it private to this user
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def _save_npz_atomic(path, **arrays):
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-", suffix=".npz")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)  # uncompressed: loads in about a second
-        os.chmod(tmp, 0o644)  # mkstemp makes it private to this user
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    _write_whole(path, write, ".download-")
 
 
 def _extract_tiny(archive, data_dir):
-    """Unzip ``tiny-imagenet-200.zip`` into ``data_dir`` via a temporary folder, so that a
-    half-extracted folder is never mistaken for the dataset."""
-    import shutil
+    """Unzip tiny-imagenet-200.zip into ``data_dir`` via a temporary folder: no half-extracted folder is taken."""
     import zipfile
-    tmp = tempfile.mkdtemp(dir=data_dir, prefix=".extract-")
-    try:
-        with zipfile.ZipFile(archive) as z:
-            if not {"tiny-imagenet-200/wnids.txt", "tiny-imagenet-200/val/val_annotations.txt"} <= set(z.namelist()):
-                raise ValueError("it has no tiny-imagenet-200/wnids.txt and val/val_annotations.txt")
-            z.extractall(tmp)  # checks every member's CRC
-        if not os.path.isdir(os.path.join(data_dir, "tiny-imagenet-200")):  # else another run extracted it meanwhile
-            os.replace(os.path.join(tmp, "tiny-imagenet-200"), os.path.join(data_dir, "tiny-imagenet-200"))
-    except (zipfile.BadZipFile, ValueError, EOFError, OSError) as e:
-        raise UserError(f"{archive} is corrupt, truncated or not the Tiny-ImageNet archive ({e}); "
-                        "delete it and run again to re-download")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _read_rgb64(path):
-    """One image file as a 3x64x64 uint8 array (grayscale and CMYK JPEGs converted to RGB)."""
-    from PIL import Image
-    try:
-        with Image.open(path) as image:
-            pixels = np.asarray(image.convert("RGB"))
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path} is not a readable image ({e.__class__.__name__}); replace it or re-extract the zip")
-    if pixels.shape != (64, 64, 3):
-        raise UserError(f"{path} is {pixels.shape[1]}x{pixels.shape[0]}, but Tiny-ImageNet images are 64x64")
-    return pixels.transpose(2, 0, 1)
+    with tempfile.TemporaryDirectory(dir=data_dir, prefix=".extract-", ignore_cleanup_errors=True) as tmp:
+        try:
+            with zipfile.ZipFile(archive) as z:
+                if not {"tiny-imagenet-200/wnids.txt", "tiny-imagenet-200/val/val_annotations.txt"} <= \
+                        set(z.namelist()):
+                    raise ValueError("it has no tiny-imagenet-200/wnids.txt and val/val_annotations.txt")
+                z.extractall(tmp)  # checks every member's CRC
+            if not os.path.isdir(os.path.join(data_dir, "tiny-imagenet-200")):  # else another run extracted it
+                os.replace(os.path.join(tmp, "tiny-imagenet-200"), os.path.join(data_dir, "tiny-imagenet-200"))
+        except (zipfile.BadZipFile, ValueError, EOFError, OSError) as e:
+            raise UserError(f"{archive} is corrupt, truncated or not the Tiny-ImageNet archive ({e}); "
+                            "delete it and run again to re-download")
 
 
 def _decode_tiny(root):
-    """The extracted tiny-imagenet-200/ folder as (x_train, y_train, x_val, y_val, wnids).
-
-    Label of a class = its line number in wnids.txt. Train: train/<wnid>/images/*.JPEG.
-    Val: the label of val/images/<file> is the wnid on that file's line of
-    val/val_annotations.txt (file, wnid, x0, y0, x1, y1; tab-separated), never file order.
-    The unlabelled test/ folder is not used.
-    """
+    """The extracted tiny-imagenet-200/ folder as (x_train, y_train, x_val, y_val, wnids). A class's label is its line
+    in wnids.txt. Train: train/<wnid>/images/*.JPEG. Val: val/images/<file>, labelled by the wnid on its line of
+    val/val_annotations.txt (file, wnid, box; tab-separated), never by file order. test/ is unlabelled: not used."""
     def incomplete(path):
         return UserError(f"{path} is missing: {root} is incomplete; delete it (keep the zip) to re-extract")
 
@@ -531,10 +465,19 @@ def _decode_tiny(root):
     print(f"tinyimagenet: decoding {len(train_files)} train and {len(val_files)} val images once "
           f"(about 0.3 ms each) into {TINY_CACHE}", flush=True)
 
-    def decode(files):
+    def decode(files):  # grayscale and CMYK JPEGs converted to RGB
+        from PIL import Image
         x = np.empty((len(files), 3, 64, 64), dtype=np.uint8)
         for i, path in enumerate(files):
-            x[i] = _read_rgb64(path)
+            try:
+                with Image.open(path) as image:
+                    pixels = np.asarray(image.convert("RGB"))
+            except (OSError, ValueError) as e:
+                raise UserError(f"{path} is not a readable image ({e.__class__.__name__}); replace it or "
+                                "re-extract the zip")
+            if pixels.shape != (64, 64, 3):
+                raise UserError(f"{path} is {pixels.shape[1]}x{pixels.shape[0]}, but Tiny-ImageNet images are 64x64")
+            x[i] = pixels.transpose(2, 0, 1)
         return x
 
     return (decode(train_files), np.array(train_labels, dtype=np.int64),
@@ -542,12 +485,10 @@ def _decode_tiny(root):
 
 
 def load_tinyimagenet(data_dir):
-    """Tiny-ImageNet-200 (Le & Yang 2015): 100k train and 10k val images, 3x64x64 uint8, 200 classes.
-
-    Order of preference: the cache ``<data_dir>/tiny-imagenet-200-uint8.npz``; the extracted
-    folder ``<data_dir>/tiny-imagenet-200/``; ``<data_dir>/tiny-imagenet-200.zip``
-    (extracted); a download of that zip from cs231n.stanford.edu (md5 checked). The val set is
-    the test set (its labels come from val_annotations.txt)."""
+    """Tiny-ImageNet-200 (Le & Yang 2015): 100k train and 10k val images, 3x64x64 uint8, 200 classes; the val set
+    is the test set (labelled by val_annotations.txt). Read from, in order of preference: the cache
+    <data_dir>/tiny-imagenet-200-uint8.npz; the extracted folder <data_dir>/tiny-imagenet-200/;
+    <data_dir>/tiny-imagenet-200.zip (extracted); a download of that zip from cs231n.stanford.edu (md5 checked)."""
     cache = os.path.join(data_dir, TINY_CACHE)
     if os.path.exists(cache):
         try:
@@ -562,13 +503,13 @@ def load_tinyimagenet(data_dir):
     if not os.path.isdir(root):
         archive = os.path.join(data_dir, "tiny-imagenet-200.zip")
         if not os.path.exists(archive):
-            _fetch("tinyimagenet", data_dir, f"tiny-imagenet-200.zip from {TINY_URL} (or its extracted folder "
-                   "tiny-imagenet-200/)",
-                   lambda: _download(TINY_URL, archive, TINY_MD5))
+            _fetch(data_dir, lambda: _download(TINY_URL, archive, TINY_MD5), "tinyimagenet not found",
+                   f"tiny-imagenet-200.zip from {TINY_URL} (or its extracted folder tiny-imagenet-200/) in {data_dir}")
         _extract_tiny(archive, data_dir)
     x_train, y_train, x_test, y_test, wnids = _decode_tiny(root)
     try:
-        _save_npz_atomic(cache, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test, wnids=wnids)
+        arrays = dict(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test, wnids=wnids)
+        _write_whole(cache, lambda f: np.savez(f, **arrays), ".tmp-")  # uncompressed: loads in about a second
     except OSError as e:  # a read-only or full data dir: train anyway, decode again next time
         print(f"tinyimagenet: could not write the cache {cache} ({e.__class__.__name__}: {e})", file=sys.stderr)
     return x_train, y_train, x_test, y_test
@@ -592,8 +533,7 @@ def build_vocab(token_lists, min_count=AGNEWS_MIN_COUNT, first_id=UNK_ID + 1):
     """word -> id for words seen at least ``min_count`` times, most frequent first (ties in
     alphabetical order, as torchtext's build_vocab_from_iterator); ids start at ``first_id``
     (after PAD_ID and UNK_ID; 1 for the authors' vocabulary, whose only special, id 0, pads)."""
-    from collections import Counter
-    counts = Counter(t for tokens in token_lists for t in tokens)
+    counts = collections.Counter(t for tokens in token_lists for t in tokens)
     words = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
     return {w: i for i, w in enumerate(words, start=first_id)}
 
@@ -625,18 +565,16 @@ def _read_agnews_csv(path):
 
 
 def load_agnews(data_dir, vocabulary="authors"):
-    """AG News (Zhang et al. 2015): 120k train and 7.6k test news texts, 4 classes, as
-    (N, 200) int64 token ids. ``vocabulary="authors"``: built from the train and test texts
-    together, words from id 1, id 0 the "<unk>" that also pads (TsingZ0/PFLlib
-    dataset/generate_agnews.py @ 45e310d; no word is unknown then); ``"train"`` (ours): from the
-    training texts only, a test word not in it becomes UNK_ID.
-    Files: ``<data_dir>/ag_news_csv/{train,test}.csv``."""
+    """AG News (Zhang et al. 2015) from <data_dir>/ag_news_csv/{train,test}.csv: 120k train and 7.6k test news
+    texts, 4 classes, as (N, 200) int64 token ids. ``vocabulary="authors"``: built from the train and test texts
+    together, words from id 1, id 0 the "<unk>" that also pads (TsingZ0/PFLlib dataset/generate_agnews.py @ 45e310d;
+    no word is unknown then); ``"train"`` (ours): from the training texts only, a test word not in it is UNK_ID."""
     folder = os.path.join(data_dir, "ag_news_csv")
     paths = [os.path.join(folder, name) for name in ("train.csv", "test.csv")]
     for path in paths:
         if not os.path.exists(path):
-            _fetch("agnews", folder, f"train.csv and test.csv (the AG News CSVs at {AGNEWS_URL})",
-                   lambda: _download(AGNEWS_URL + os.path.basename(path), path))
+            _fetch(folder, lambda: _download(AGNEWS_URL + os.path.basename(path), path), "agnews not found",
+                   f"train.csv and test.csv (the AG News CSVs at {AGNEWS_URL}) in {folder}")
     (train_texts, y_train), (test_texts, y_test) = (_read_agnews_csv(p) for p in paths)
     train_tokens = [basic_english_tokens(t) for t in train_texts]
     test_tokens = [basic_english_tokens(t) for t in test_texts]
@@ -650,17 +588,13 @@ def load_agnews(data_dir, vocabulary="authors"):
 
 LOADERS = {"tinyimagenet": load_tinyimagenet, "agnews": load_agnews}
 
-
 SYNTHETIC_ALPHA, SYNTHETIC_BETA, SYNTHETIC_DIM, SYNTHETIC_CLASSES = 1.0, 1.0, 60, 10
-
-
 SYNTHETIC_HELP = "synthetic (= synthetic(1,1)), synthetic(ALPHA,BETA) with numbers >= 0, or synthetic(iid)"
 
 
 def synthetic_setting(name):
-    """The FedProx family behind a dataset name: (alpha, beta, iid) for ``synthetic``,
-    ``synthetic(ALPHA,BETA)`` or ``synthetic(iid)``; None for any other name. A malformed
-    ``synthetic(...)`` raises UserError."""
+    """The FedProx family behind a dataset name: (alpha, beta, iid) for ``synthetic``, ``synthetic(ALPHA,BETA)`` or
+    ``synthetic(iid)``; None for any other name. A malformed ``synthetic(...)`` raises UserError."""
     if name == "synthetic":
         return SYNTHETIC_ALPHA, SYNTHETIC_BETA, False
     if not name.startswith("synthetic("):
@@ -678,15 +612,11 @@ def synthetic_setting(name):
 
 
 def synthetic_clients(num_clients, rng, alpha=SYNTHETIC_ALPHA, beta=SYNTHETIC_BETA, iid=False):
-    """FedProx Synthetic(alpha, beta) (Li et al. 2020, Sec. 5.1), one (x, y) per client.
-
-    u_k ~ N(0, alpha), B_k ~ N(0, beta); W_k, b_k ~ N(u_k, 1); v_k ~ N(B_k, 1);
-    x ~ N(v_k, Sigma), Sigma_jj = j^-1.2; y = argmax softmax(W_k x + b_k). alpha controls how
-    much the local models differ, beta how much the local inputs differ. Synthetic IID
-    (``iid``): one W, b ~ N(0, 1) for all clients and x ~ N(0, Sigma) everywhere.
-    Sample counts: lognormal(4, 2) + 50 as in the FedProx generator, capped at 1000
-    so that the quick start stays fast.
-    """
+    """FedProx Synthetic(alpha, beta) (Li et al. 2020, Sec. 5.1), one (x, y) per client: u_k ~ N(0, alpha),
+    B_k ~ N(0, beta); W_k, b_k ~ N(u_k, 1); v_k ~ N(B_k, 1); x ~ N(v_k, Sigma), Sigma_jj = j^-1.2;
+    y = argmax softmax(W_k x + b_k): alpha sets how much the local models differ, beta the local inputs.
+    Synthetic IID (``iid``): one W, b ~ N(0, 1) for all clients and x ~ N(0, Sigma) everywhere. Sample counts:
+    lognormal(4, 2) + 50 as in the FedProx generator, capped at 1000 so that the quick start stays fast."""
     d, c = SYNTHETIC_DIM, SYNTHETIC_CLASSES
     sizes = np.minimum(rng.lognormal(4, 2, num_clients).astype(int) + 50, 1000)
     sigma = np.arange(1, d + 1) ** -1.2
@@ -742,30 +672,24 @@ def check_fits(what, nbytes, device="cpu"):
                         f"free {where}")
 
 
-def npz_declared_bytes(d):
-    """The bytes the arrays x, y, x_test, y_test of an open .npz declare in their headers, read without
-    loading them (a header may declare terabytes that the file does not hold)."""
-    total = 0
-    for key in (k for k in ("x", "y", "x_test", "y_test") if k in d.files):
-        with d.zip.open(f"{key}.npy") as f:
-            version = np.lib.format.read_magic(f)
-            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            shape, _, dtype = read(f, max_header_size=100000)
-        total += math.prod(shape) * dtype.itemsize
-    return total
-
-
 # ----------------------------------------------------------------------------- .npz files; checks of every dataset
 
 def load_npz(path):
-    """(x, y, x_test, y_test) of a user's .npz (docs/datasets.md): images (N, H, W) become
-    (N, 1, H, W) and NHWC becomes NCHW; without x_test and y_test the test set is empty. Other
-    arrays in the file are not read."""
+    """(x, y, x_test, y_test) of a user's .npz (docs/datasets.md): images (N, H, W) become (N, 1, H, W) and NHWC
+    becomes NCHW; without x_test and y_test the test set is empty. Other arrays in the file are not read."""
     arrays = {}
     try:
         with np.load(path, allow_pickle=False) as d:  # no pickles: nothing in the file can run code
-            check_fits(f"{quoted(path)}: its arrays", npz_declared_bytes(d))  # before any is read
-            for key in (k for k in ("x", "y", "x_test", "y_test") if k in d.files):
+            keys, declared = [k for k in ("x", "y", "x_test", "y_test") if k in d.files], 0
+            for key in keys:  # the bytes the headers declare, read before any array (they may declare terabytes)
+                with d.zip.open(f"{key}.npy") as f:
+                    version = np.lib.format.read_magic(f)
+                    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                        np.lib.format.read_array_header_2_0
+                    shape, _, dtype = read(f, max_header_size=100000)
+                declared += math.prod(shape) * dtype.itemsize
+            check_fits(f"{quoted(path)}: its arrays", declared)
+            for key in keys:
                 try:
                     arrays[key] = d[key]
                 except ValueError as e:
@@ -805,9 +729,8 @@ def first_few(values, most=10):
 
 
 def check_arrays(name, xtr, ytr, xte, yte, npz=False):
-    """Refuse data no run can use, before anything is written: one line that says what is wrong.
-    In a user's ``npz`` every test label must also be a training label (a named dataset's classes
-    are its publisher's)."""
+    """Refuse data no run can use, before anything is written: one line that says what is wrong. In a user's
+    ``npz`` every test label must also be a training label (a named dataset's classes are its publisher's)."""
     max_classes = max(ytr.size + yte.size, 1000)  # a label of 10^9 would ask for 10^9-wide class-count tables
     for x, y, what in ((xtr, ytr, "x, y"), (xte, yte, "x_test, y_test")):
         if y.ndim != 1 or x.ndim not in (2, 4) or len(x) != len(y) or 0 in x.shape[1:]:
@@ -853,7 +776,9 @@ PFLLIB_MAX_CLIENTS = 100000
 PFLLIB_MAX_CLASSES = 100000
 PFLLIB_CONFIG_MAX_BYTES = 64 * 2 ** 20
 PFLLIB_RESPLIT_FLAGS = ("train_ratio", "test_split")  # with common.PARTITION_FLAGS: refused for a folder
-# PFLlib's pickle of {'x': array, 'y': array} takes about 160 opcodes; more are work no PFLlib file asks for
+# PFLlib's pickle of {'x': array, 'y': array} takes about 160 opcodes; more are work no PFLlib file asks for. They
+# are counted before any is run (pickletools only decodes them), so that the unpickler's work and memory stay within
+# a small multiple of the payload, whose size was checked: millions of harmless opcodes would each build an object.
 PFLLIB_MAX_PICKLE_OPS = 4096
 _PICKLE_RECONSTRUCT = {("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "_reconstruct")}
 # bool, integers, floats; O: the 0-d object array around the dict
@@ -883,16 +808,12 @@ def _config_int(text):
 
 
 def _config_float(text):
-    """A number with a fraction or exponent of config.json: finite, or refused (1e999 parses as inf)."""
+    """A number with a fraction or exponent of config.json: finite, or refused (1e999 parses as inf); also
+    NaN, Infinity and -Infinity, which Python's json reads and JSON does not have."""
     value = float(text)
     if not math.isfinite(value):
         raise _ConfigNumber(shortened(text, 24))
     return value
-
-
-def _config_constant(text):
-    """NaN, Infinity and -Infinity, which Python's json reads and JSON does not have: refused."""
-    raise _ConfigNumber(text)
 
 
 def read_pfllib_config(folder):
@@ -910,7 +831,7 @@ def read_pfllib_config(folder):
             raise UserError(f"{quoted(path)} is {human_bytes(os.path.getsize(path))}; a PFLlib config.json is a "
                             f"few KB (at most {human_bytes(PFLLIB_CONFIG_MAX_BYTES)} is read)")
         with open(path, encoding="utf-8") as f:
-            config = json.load(f, parse_int=_config_int, parse_float=_config_float, parse_constant=_config_constant)
+            config = json.load(f, parse_int=_config_int, parse_float=_config_float, parse_constant=_config_float)
     except _ConfigNumber as e:
         raise UserError(f"{quoted(path)} holds the number {e}; PFLlib's config.json holds finite numbers and "
                         f"integers of at most {len(str(PFLLIB_MAX_CONFIG_INT))} digits")
@@ -938,16 +859,10 @@ PFLLIB_PARTITION_KEYS = ("partition", "alpha", "balance", "non_iid", "num_client
 
 def pfllib_partition(config):
     """How PFLlib's generator made a folder's clients, as its config.json says (partition 'pat' or 'dir', alpha,
-    balance, ...): the settings a run on the folder used in place of our partition flags. Only plain values
-    are kept, each string cut to 40 characters."""
-    kept = {}
-    for key in PFLLIB_PARTITION_KEYS:
-        value = config.get(key)
-        if isinstance(value, (bool, int, float)) or value is None:
-            kept[key] = value
-        elif isinstance(value, str):
-            kept[key] = value[:40]
-    return kept
+    balance, ...), in place of our partition flags: plain values only, each string cut to 40 characters."""
+    settings = {key: config.get(key) for key in PFLLIB_PARTITION_KEYS}
+    return {key: value[:40] if isinstance(value, str) else value for key, value in settings.items()
+            if value is None or isinstance(value, (bool, int, float, str))}
 
 
 def pfllib_client_files(folder, num_clients):
@@ -1033,9 +948,8 @@ def _dtype(spec, align=False, copy=True):
 
 
 class _PfllibUnpickler(pickle.Unpickler):
-    """An unpickler that knows three names, numpy's ``_reconstruct``, ``ndarray`` and ``dtype``, each as the
-    stand-in above; any other global (os.system, builtins.eval, subprocess.Popen, numpy.load, ...) is refused
-    before it is looked up, so nothing in the file is called but these."""
+    """An unpickler that knows three names, numpy's ``_reconstruct``, ``ndarray`` and ``dtype``, each as its stand-in
+    above; any other global (os.system, builtins.eval, ...) is refused before it is looked up."""
 
     def find_class(self, module, name):
         if (module, name) in _PICKLE_RECONSTRUCT:
@@ -1092,23 +1006,12 @@ def pfllib_declared_bytes(path):
         raise _unreadable(path, e)
 
 
-def _check_pickle_work(payload):
-    """Refuse a pickle of more than PFLLIB_MAX_PICKLE_OPS opcodes, counted without running any (pickletools
-    only decodes them), so that the unpickler's work and memory stay within a small multiple of the payload,
-    whose size was checked against memory: millions of harmless opcodes would each build a Python object."""
-    import pickletools
-    for count, _ in enumerate(pickletools.genops(payload), 1):
-        if count > PFLLIB_MAX_PICKLE_OPS:
-            raise _Refused(f"its pickle holds more than {PFLLIB_MAX_PICKLE_OPS} opcodes; PFLlib's dict of two "
-                           "arrays takes about 160, so it is not PFLlib's file (nothing of it was run)")
-
-
 def read_pfllib_npz(path):
-    """(x, y) of one PFLlib client file, without running anything it carries: the zip must hold data.npy
-    alone, whose .npy header must declare a 0-d object array; at most the uncompressed size its zip header
-    declares is inflated (checked against memory by the caller), and its CRC is checked; the pickle is read
-    by _PfllibUnpickler; the result must be a dict of exactly 'x' and 'y', numeric arrays."""
+    """(x, y) of one PFLlib client file, running nothing it carries: the zip must hold data.npy alone, its .npy header
+    a 0-d object array; at most the size the zip header declares is inflated (the caller checked it against memory),
+    CRC checked; _PfllibUnpickler reads a dict of exactly 'x' and 'y', numeric arrays."""
     import io
+    import pickletools
     import zipfile
     check_regular(path, doing="--dataset")
     try:
@@ -1125,7 +1028,10 @@ def read_pfllib_npz(path):
             payload = bytearray()
             for chunk in iter(lambda: f.read(1 << 20), b""):  # read(): one inflate of up to 2 GB, whatever the
                 payload += chunk  # header declares; read(n) inflates n at a time, up to the declared size and CRC
-        _check_pickle_work(payload)
+        for count, _ in enumerate(pickletools.genops(payload), 1):
+            if count > PFLLIB_MAX_PICKLE_OPS:
+                raise _Refused(f"its pickle holds more than {PFLLIB_MAX_PICKLE_OPS} opcodes; PFLlib's dict of two "
+                               "arrays takes about 160, so it is not PFLlib's file (nothing of it was run)")
         holder = _PfllibUnpickler(io.BytesIO(payload)).load()
     except Exception as e:  # noqa: BLE001  not a zip, a bad CRC, a cut file, a malformed pickle or header
         raise _unreadable(path, e)
@@ -1144,8 +1050,8 @@ def read_pfllib_npz(path):
 
 
 def _check_pfllib_client(path, x, y, num_classes, like):
-    """One line naming ``path`` unless its (x, y) are samples with as many integer labels in
-    0..num_classes-1, finite and bounded, of the shape and dtype of ``like`` (the first client's x)."""
+    """One line naming ``path`` unless its (x, y) are samples with as many integer labels in 0..num_classes-1,
+    finite and bounded, of the shape and dtype of ``like`` (the first client's x)."""
     if x.ndim == 3:  # (N, H, W): one channel, as .npz files
         x = x[:, None]
     if y.ndim != 1 or x.ndim not in (2, 4) or len(x) != len(y) or 0 in x.shape[1:]:
@@ -1175,10 +1081,9 @@ def _check_pfllib_client(path, x, y, num_classes, like):
 
 
 def _check_pfllib_statistic(folder, config, labels):
-    """PFLlib's config.json lists each client's [label, count] pairs over its train and test data ("Size of
-    samples for labels in clients"); where it does, they must be the files' counts exactly: each pair two
-    integers (6.9 is no count, true no label), each label once, every label the files hold and no other (a
-    file from another split or another client is refused)."""
+    """PFLlib's config.json lists each client's [label, count] pairs over its train and test data ("Size of samples
+    for labels in clients"); where it does, they must be the files' counts exactly: each pair two integers (6.9 is
+    no count, true no label), each label once, every label the files hold and no other."""
     statistic = config.get("Size of samples for labels in clients")
     if statistic is None:
         return
@@ -1186,13 +1091,14 @@ def _check_pfllib_statistic(folder, config, labels):
     if not isinstance(statistic, list) or len(statistic) != len(labels):
         raise UserError(f"{quoted(path)}: 'Size of samples for labels in clients' must list {len(labels)} clients")
     for client, (pairs, y) in enumerate(zip(statistic, labels)):
-        said = _statistic_pairs(pairs)
-        if said is not None and len(said) > config["num_classes"]:
-            raise UserError(f"{quoted(path)} lists {len(said)} labels of client {client}; its num_classes is "
-                            f"{config['num_classes']}")
-        if said is None:
+        if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 and all(type(v) is int for v in p)
+                                                  for p in pairs):  # type(): no float, no bool
             raise UserError(f"{quoted(path)}: 'Size of samples for labels in clients' of client {client} is not a "
                             "list of [label, count] pairs of integers")
+        said = [(label, count) for label, count in pairs]
+        if len(said) > config["num_classes"]:
+            raise UserError(f"{quoted(path)} lists {len(said)} labels of client {client}; its num_classes is "
+                            f"{config['num_classes']}")
         times = collections.Counter(label for label, _ in said)  # linear: a client may list 10^6 pairs
         twice = sorted(label for label, n in times.items() if n > 1)
         if twice:
@@ -1201,26 +1107,14 @@ def _check_pfllib_statistic(folder, config, labels):
         found = dict(zip(*(v.tolist() for v in np.unique(y, return_counts=True))))
         if dict(said) != found:
             raise UserError(f"{quoted(path)} counts client {client}'s labels as {first_few(sorted(said), 4)}, "
-                            f"but train/{client}.npz and test/{client}.npz hold "
-                            f"{first_few(sorted(found.items()), 4)}")
-
-
-def _statistic_pairs(pairs):
-    """One client's [[label, count], ...] of config.json as [(label, count)], or None unless every pair is two
-    integers (not floats, not booleans)."""
-    exact = lambda v: type(v) is int
-    if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 and all(map(exact, p))
-                                              for p in pairs):
-        return None
-    return [(label, count) for label, count in pairs]
+                            f"but train/{client}.npz and test/{client}.npz hold {first_few(sorted(found.items()), 4)}")
 
 
 def load_pfllib_folder(folder, num_clients=None):
-    """A PFLlib dataset folder as (x, y, train, test, num_classes): client i's train and test samples are
-    exactly those of train/<i>.npz and test/<i>.npz (no re-split), ``train[i]`` and ``test[i]`` their indices
-    into x and y (the training samples of all clients first); the classes are config.json's num_classes.
-    ``num_clients``: what the run expects (a --resume), refused when config.json says otherwise. Every
-    file's declared size is checked against memory before any is inflated."""
+    """A PFLlib dataset folder as (x, y, train, test, num_classes): client i's train and test samples are exactly
+    those of train/<i>.npz and test/<i>.npz (no re-split), ``train[i]`` and ``test[i]`` their indices into x and y
+    (all clients' training samples first); the classes are config.json's num_classes. ``num_clients``: what the run
+    expects (a --resume), refused if config.json differs. All declared sizes are checked against memory first."""
     config = read_pfllib_config(folder)
     n = config["num_clients"]
     if num_clients is not None and num_clients != n:  # a run resumed on a folder changed since
@@ -1235,23 +1129,25 @@ def load_pfllib_folder(folder, num_clients=None):
             x, y = _check_pfllib_client(path, *read_pfllib_npz(path), config["num_classes"], like)
             like = x if like is None else like
             parts[part].append((x, y))
-    clients = parts["train"] + parts["test"]
-    sizes = [len(y) for _, y in clients]
-    x = np.concatenate([x for x, _ in clients])
-    y = np.concatenate([y for _, y in clients])
-    starts = np.cumsum([0] + sizes)
-    ranges = [np.arange(starts[k], starts[k + 1]) for k in range(2 * n)]
+    x, y, ranges = _stacked(parts["train"] + parts["test"])
     _check_pfllib_statistic(folder, config, [np.concatenate([y[ranges[k]], y[ranges[n + k]]]) for k in range(n)])
-    n_train = starts[n]
+    n_train = sum(len(r) for r in ranges[:n])
     check_arrays(folder, x[:n_train], y[:n_train], x[n_train:], y[n_train:])
     return x, y, ranges[:n], ranges[n:], config["num_classes"]
 
 
 # ----------------------------------------------------------------------------- every dataset, as tensors on clients
 
+def _stacked(clients):
+    """The [(x, y)] of each client as one x and one y, and each client's indices into them."""
+    starts = np.cumsum([0] + [len(y) for _, y in clients])
+    return (np.concatenate([x for x, _ in clients]), np.concatenate([y for _, y in clients]),
+            [np.arange(starts[k], starts[k + 1]) for k in range(len(clients))])
+
+
 def load_arrays(name, data_dir, agnews_vocab="authors"):
-    """(x_train, y_train, x_test, y_test) as numpy arrays for a named dataset or an .npz file,
-    checked (``check_arrays``); labels int64. ``agnews_vocab``: see ``load_agnews``."""
+    """(x_train, y_train, x_test, y_test), checked (``check_arrays``), labels int64, of a named dataset or an .npz
+    file. ``agnews_vocab``: see ``load_agnews``."""
     if (name in VISION or name in LOADERS) and not data_dir.strip():  # '' would be the current folder
         raise UserError("--data-dir must name the folder the datasets are read from (. for the current one)")
     if (name in VISION or name in LOADERS) and os.path.exists(data_dir) and not os.path.isdir(data_dir):
@@ -1277,11 +1173,10 @@ def load_arrays(name, data_dir, agnews_vocab="authors"):
 
 
 def to_tensor(x, reference=None, tokens=False):
-    """Integer images (uint8, uint16, int32, ...) -> float32 normalised per channel with the mean
-    and std of ``reference``, so their range does not matter; float data as it is; integer
-    vectors as int64 token ids if ``tokens``, else as float32 numbers. Statistics are accumulated
-    in chunks and the conversion is in place, so the peak memory is one float32 copy of ``x``
-    (Tiny-ImageNet: 5.4 GB rather than four times that), made channels-last (the data's layout)."""
+    """Integer images (uint8, uint16, int32, ...) -> float32 normalised per channel with the mean and std of
+    ``reference``, so their range does not matter; float data as it is; integer vectors as int64 token ids if
+    ``tokens``, else as float32 numbers. Statistics are accumulated in chunks and the conversion is in place: the
+    peak memory is one channels-last float32 copy of ``x`` (Tiny-ImageNet: 5.4 GB rather than four times that)."""
     if x.dtype.kind in "ui" and x.ndim == 4:
         ref = torch.from_numpy(reference if reference is not None else x)
         total = torch.zeros(2, ref.shape[1], dtype=torch.float64)
@@ -1321,16 +1216,9 @@ class FedData:
         return np.array([len(i) for i in self.train_idx])
 
 
-def default_classes_per_client(partition, num_classes):
-    if partition == "pat":
-        return {100: 10, 200: 20}.get(num_classes, 2)
-    if partition == "pfedla1":
-        return 12 if num_classes >= 100 else 4
-    return 6 if num_classes >= 100 else 2  # pfedla2: dominant classes
-
-
 def partition(labels, args, rng, num_classes, min_size):
-    cpc = args.classes_per_client or default_classes_per_client(args.partition, num_classes)
+    defaults = {"pat": {100: 10, 200: 20}.get(num_classes, 2), "pfedla1": 12 if num_classes >= 100 else 4}
+    cpc = args.classes_per_client or defaults.get(args.partition, 6 if num_classes >= 100 else 2)  # pfedla2: dominant
     if args.partition in ("pat", "pfedla1") and cpc > num_classes:
         raise UserError(f"--classes-per-client {cpc} is more than the {num_classes} classes of {args.dataset}")
     if args.partition == "iid":
@@ -1370,22 +1258,17 @@ def check_dataset_exists(name, resume=None):
 
 
 def load_federated_data(args, device):
-    """Load the dataset, partition it over clients (docs/datasets.md: partitions and the two
-    evaluation protocols) and move it to ``device`` once (common.load_federated_data calls this
-    after set_determinism, before any GPU work)."""
+    """Load the dataset, partition it over clients (docs/datasets.md: partitions, the two evaluation protocols) and
+    move it to ``device`` once (common.load_federated_data: after set_determinism, before any GPU work)."""
     rng = np.random.default_rng([args.seed, 0])  # data and partition: independent of training randomness
     synthetic = synthetic_setting(args.dataset)
     folder = not synthetic and is_pfllib_folder(args.dataset)
     if not synthetic:
         check_dataset_exists(args.dataset, args.resume)
     if synthetic:
-        clients = synthetic_clients(args.num_clients, rng, *synthetic)
-        x = np.concatenate([c[0] for c in clients])
-        y = np.concatenate([c[1] for c in clients])
-        starts = np.cumsum([0] + [len(c[1]) for c in clients])
-        client_idx = [np.arange(starts[k], starts[k + 1]) for k in range(args.num_clients)]
+        x, y, client_idx = _stacked(synthetic_clients(args.num_clients, rng, *synthetic))
         train, test = dp.train_test_split(client_idx, rng, args.train_ratio)
-        num_classes = SYNTHETIC_CLASSES
+        x, num_classes = to_tensor(x), SYNTHETIC_CLASSES
         # no official test set: under 'global' the union of the clients' test data stands in for it
         global_test = np.concatenate(test) if args.test_split == "global" else None
     elif folder:  # PFLlib's clients as they are: client i's train and test data are its two files
@@ -1418,8 +1301,6 @@ def load_federated_data(args, device):
         # integer vectors are token ids only when asked for (--model fasttext) or for AG News; else numbers
         tokens = xtr.dtype.kind in "ui" and xtr.ndim == 2 and (args.model == "fasttext" or args.dataset == "agnews")
         x = to_tensor(x, reference=xtr, tokens=tokens)
-    if synthetic:
-        x = to_tensor(x)
     if min(len(t) for t in train) == 0:
         raise UserError("a client received no training data; use fewer --num-clients or another partition")
     untested = [k for k, t in enumerate(test) if not len(t)]

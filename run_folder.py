@@ -1,10 +1,9 @@
-"""How a run ends and what it leaves: the errors every file raises (``UserError``,
-``DivergedError``, ``FileFault``) and ``run_main``, which turns how a script ends into its exit
-status and one line; ``atomic_write``; and the run folder of every script,
-``--out/<algo>-<dataset>-s<seed>-<time>/`` with config.json, partition.json, metrics.csv,
-summary.json and checkpoint.pt, its lock, Ctrl-C (SIGTERM, SIGHUP) at the end of a round, and
-``--resume``. Bookkeeping around the training loop; nothing here is an algorithm. It imports no
-other module of ours but data_partition (docs/layout.md).
+"""How a run ends and what it leaves: the errors every file raises (``UserError``, ``DivergedError``,
+``FileFault``) and ``run_main``, which turns how a script ends into its exit status and one line; ``atomic_write``;
+and the run folder of every script, ``--out/<algo>-<dataset>-s<seed>-<time>/`` with config.json, partition.json,
+metrics.csv, summary.json and checkpoint.pt, its lock, Ctrl-C (SIGTERM, SIGHUP) at the end of a round, and
+``--resume``. Bookkeeping around the training loop; nothing here is an algorithm. It imports no other module of ours
+but data_partition (docs/layout.md).
 """
 import argparse
 import atexit
@@ -53,12 +52,8 @@ def current_host_mb():
         return 0.0
 
 
-# the largest pid Linux gives (/proc/sys/kernel/pid_max is at most 2^22)
-PID_MAX = 2 ** 22
-
-
-# open run folders (Run), released by run_main on the way out
-OPEN_RUNS = []
+PID_MAX = 2 ** 22  # the largest pid Linux gives (/proc/sys/kernel/pid_max is at most 2^22)
+OPEN_RUNS = []  # open run folders (Run), released by run_main on the way out
 
 # Ctrl-C, SIGTERM (what Slurm and Kubernetes send some time before they kill a job) and SIGHUP (the
 # terminal closed) stop a run alike. The exit status is 128 + the signal's number, the shell's
@@ -77,9 +72,8 @@ def stopped_by(signum):
 
 
 class Stopped(KeyboardInterrupt):
-    """A signal that stops the run at once, wherever it is: a second signal, or one that comes
-    before the run folder exists. A KeyboardInterrupt, so that what cleans up after Ctrl-C (the
-    client threads, the temporary file of a write) cleans up after SIGTERM too."""
+    """A signal that stops the run at once (a second one, or one before the run folder exists): a KeyboardInterrupt,
+    so that what cleans up after Ctrl-C (the client threads, a write's temporary file) cleans up after SIGTERM too."""
 
     def __init__(self, signum):
         super().__init__(_signal_name(signum))
@@ -91,9 +85,8 @@ def _stop_at_once(signum, frame):
 
 
 def handle_stop_signals(handler):
-    """Make ``handler`` handle Ctrl-C, SIGTERM and SIGHUP; returns the handlers it replaced. A SIGTERM
-    or SIGHUP ignored already (nohup) stays ignored. Outside the main thread (Flower's server)
-    Python allows no handler, and nothing changes."""
+    """Make ``handler`` handle Ctrl-C, SIGTERM and SIGHUP; returns the handlers it replaced. A SIGTERM or SIGHUP
+    ignored already (nohup) stays ignored; outside the main thread (Flower's server) Python allows no handler."""
     previous = {}
     for signum in STOP_SIGNALS:
         current = signal.getsignal(signum)
@@ -108,8 +101,8 @@ def handle_stop_signals(handler):
 
 
 def restore_signals(previous, ignore=False):
-    """Put back the handlers that ``handle_stop_signals`` replaced, or ignore the signals (leaving
-    after one: a further one must not turn the exit into a traceback)."""
+    """Put back the handlers that ``handle_stop_signals`` replaced, or ignore the signals (leaving after one: a
+    further one must not turn the exit into a traceback)."""
     for signum, handler in previous.items():
         if ignore or getattr(handler, "while_starting", False):  # startup.py's handler: the script is ending
             handler = signal.SIG_IGN
@@ -137,10 +130,9 @@ def _say(line):
 
 
 def run_main(main, argv=None):
-    """Run a script's ``main``. Bad input: one line and exit status 2; divergence, or a file that
-    cannot be written (disk full, permissions): one line and status 1; Ctrl-C, SIGTERM, SIGHUP:
-    130, 143, 129 (``main`` returns that status when it stops at the end of a round; a signal
-    before the run folder exists, or a second one, stops at once)."""
+    """Run a script's ``main``. Bad input: one line, exit status 2; divergence or a file that cannot be written
+    (disk full, permissions): one line, 1; Ctrl-C, SIGTERM, SIGHUP: 130, 143, 129 (``main`` returns it when it stops
+    at the end of a round; a signal before the run folder exists, or a second one, stops at once)."""
     code, returned, diverged = 0, False, False
     previous = handle_stop_signals(_stop_at_once)  # until a Run takes them over: nothing is written yet
     try:
@@ -184,10 +176,9 @@ MAY_CHANGE_LINE = ("only --rounds (to extend the run), --device, --parallel-clie
 
 
 def moved_dataset(saved, given):
-    """Whether --dataset ``given`` on --resume may name the new place of the run's dataset ``saved``: ``given``
-    is a PFLlib folder (a folder with config.json) or, for a run on an .npz file, an .npz file. That it holds
-    the same data is checked by the run's fingerprint (Run._check_data) before anything is written, so a
-    named dataset's run given a folder is refused there, as data that changed."""
+    """Whether --dataset ``given`` on --resume may name the new place of the run's dataset ``saved``: a PFLlib
+    folder (with config.json) or, for a run on an .npz file, an .npz file. Run._check_data compares the data's
+    fingerprint before anything is written (a named dataset's run given a folder is refused there)."""
     if not isinstance(given, str) or given == saved or str(saved).startswith("synthetic"):
         return False
     if str(saved).lower().endswith(".npz"):
@@ -217,9 +208,8 @@ def recorded_args(args, script):
 
 
 def todays_command(command):
-    """A command as config.json keeps it (the program, then its flags), as it runs today: a script given a flag
-    that moved to tools/ (MOVED) is that program, the flags the same (fedavg.py --local-training ... is
-    tools/fedavg_variants.py --local-training ...)."""
+    """A command as config.json keeps it (program, flags) as it runs today: a script given a flag that moved to tools/
+    (MOVED) is that program (fedavg.py --local-training ... is tools/fedavg_variants.py --local-training ...)."""
     folder, name = os.path.split(command[0])
     for program, (moved_from, flags) in MOVED.items():
         if name == f"{moved_from}.py" and any(f"--{f.replace('_', '-')}" in command[1:] for f in flags):
@@ -243,9 +233,9 @@ MAX_THREADS = 1024  # --threads: more is a typing error, not a machine
 
 
 def with_threads(command, threads):
-    """``command`` (a script's argv) with its thread count as the last ``--threads`` (argparse takes the
-    last): a ``--threads auto`` dropped and ``--threads N`` appended unless the command ends its --threads
-    with N already. So the command, run as it stands, takes the thread count the run took."""
+    """``command`` (a script's argv) with its thread count as the last ``--threads`` (argparse takes the last), so
+    that it takes the thread count the run took: a ``--threads auto`` dropped and ``--threads N`` appended unless
+    the command ends its --threads with N already."""
     command, out, i = [str(t) for t in command], [], 0
     given = None
     while i < len(command):
@@ -284,12 +274,10 @@ os.umask(_UMASK)
 
 
 def atomic_write(path, content):
-    """Write ``content`` (str, bytes, or a function that writes to a binary file, such as a
-    figure's ``savefig``) to ``path`` through a temporary file in the same folder and a rename: a
-    reader never sees half a file, and a write that fails (a full disk, a read-only folder) leaves
-    the previous file as it was and no temporary file behind. Every tool and run writes its files
-    through here. A failure is an OSError that names ``path``, not the temporary file. The file
-    gets the user's umask (mkstemp alone would make it private)."""
+    """Write ``content`` (str, bytes, or a function writing to a binary file, such as ``savefig``) to ``path`` via a
+    temporary file in its folder and a rename: no reader sees half a file, and a failed write (full disk, read-only
+    folder) leaves the previous file and no temporary one. Every tool and run writes through here. A failure is an
+    OSError naming ``path``; the file gets the user's umask (mkstemp's alone is private)."""
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-")
@@ -311,18 +299,12 @@ def atomic_write(path, content):
                 os.remove(tmp)
 
 
-# the files of a run folder, each written whole by atomic_write
-RUN_FILES = ("config.json", "partition.json", "metrics.csv", "summary.json", "checkpoint.pt")
-
-
-def _file_kind(mode):
-    return ("a folder" if stat.S_ISDIR(mode) else "a named pipe" if stat.S_ISFIFO(mode) else
-            "a socket" if stat.S_ISSOCK(mode) else "a device")
+RUN_FILES = ("config.json", "partition.json", "metrics.csv", "summary.json", "checkpoint.pt")  # by atomic_write
 
 
 def check_regular(path, doing="cannot resume"):
-    """Refuse ``path`` unless it is a regular file or absent: a named pipe in its place would block a
-    read forever, a device would be read without end. Returns whether the file exists."""
+    """Refuse ``path`` unless it is a regular file or absent: a named pipe in its place would block a read
+    forever, a device would be read without end. Returns whether the file exists."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -330,20 +312,13 @@ def check_regular(path, doing="cannot resume"):
     except OSError:  # unreadable: the read that follows says why
         return True
     if not stat.S_ISREG(mode):
-        raise UserError(f"{doing}: {quoted(path)} is {_file_kind(mode)}, not a regular file; move it away")
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a named pipe" if stat.S_ISFIFO(mode) else
+                "a socket" if stat.S_ISSOCK(mode) else "a device")
+        raise UserError(f"{doing}: {quoted(path)} is {kind}, not a regular file; move it away")
     return True
 
 
 RUN_JSON_MAX_BYTES = 64 * 2 ** 20  # a run's config.json or summary.json is a few KB; more is not read
-
-
-def _read_json(path):
-    check_regular(path)
-    with open(path) as f:
-        text = f.read(RUN_JSON_MAX_BYTES + 1)
-    if len(text) > RUN_JSON_MAX_BYTES:
-        raise ValueError(f"{path} is larger than {RUN_JSON_MAX_BYTES // 2 ** 20} MB")
-    return json.loads(text)
 
 
 # ----------------------------------------------------------------------------- what --resume and --report read
@@ -352,16 +327,13 @@ def _read_json(path):
 # line naming the file and the field; nothing is changed.
 
 def _is_int(lo=None, hi=None):
-    def test(v):
-        return isinstance(v, int) and not isinstance(v, bool) and (lo is None or v >= lo) and (hi is None or v <= hi)
-    return test
+    return lambda v: (isinstance(v, int) and not isinstance(v, bool) and (lo is None or v >= lo)
+                      and (hi is None or v <= hi))
 
 
-def _is_number(lo=None, hi=None, above=None):
-    def test(v):
-        return (isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
-                and (lo is None or v >= lo) and (hi is None or v <= hi) and (above is None or v > above))
-    return test
+def _is_number(lo=None):
+    return lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+                      and (lo is None or v >= lo))
 
 
 def _is_str(v):
@@ -472,9 +444,8 @@ def check_launches(record, path, doing="cannot read"):
 
 
 def check_checkpoint(blob, path, eval_every=1, doing="cannot resume"):
-    """checkpoint.pt against CHECKPOINT_SCHEMA, and its metric rows consistent with its round: rows of
-    plain values, rounds strictly increasing in [1, round], and every round that --eval-every evaluates
-    up to the checkpoint's round present (a checkpoint of round 2 without rows is refused)."""
+    """checkpoint.pt against CHECKPOINT_SCHEMA, its metric rows consistent with its round: plain values, rounds
+    strictly increasing in [1, round], and every round --eval-every evaluates up to it present."""
     check_fields(blob, CHECKPOINT_SCHEMA, path, doing=doing)
     round_, seen = blob["round"], []
     for i, row in enumerate(blob["rows"]):
@@ -524,12 +495,9 @@ def resumed_args(parser, argv):
         check_regular(os.path.join(folder, name))
     config = read_config(path)
     saved, script = {**ADDED_FLAGS, **config["args"]}, config.get("script")
-    if script is None:  # older run folders: the algorithm names the script
-        script = {"heurpfedla": "pfedla"}.get(config.get("algorithm"), config.get("algorithm"))
-    if not isinstance(script, str):
-        raise UserError(f"cannot resume: {path} names no script or algorithm")
-    if script == "flower_app":  # its checkpoint is the script's: flower/app.py or the script continues it
-        script = {"heurpfedla": "pfedla"}.get(config.get("algorithm"), config.get("algorithm"))
+    # older run folders name no script, and flower/app.py's checkpoint is the script's: the algorithm names it
+    if script in (None, "flower_app"):  # (check_config: the algorithm is a name, the script one if given)
+        script = {"heurpfedla": "pfedla"}.get(config["algorithm"], config["algorithm"])
     script = program_of(script, saved)
     if f"{script}.py" != parser.prog and MOVED.get(parser.prog.removesuffix(".py"), (None,))[0] != script:
         raise UserError(f"cannot resume: {folder} is a run of {script}.py, not {parser.prog}; "
@@ -564,8 +532,10 @@ def resumed_args(parser, argv):
     if "dataset" in given and movable and moved_dataset(saved["dataset"], given["dataset"]):
         args.dataset = given["dataset"]  # the data's new place; Run checks the fingerprint
     args.resume, args.stop_after = folder, given.get("stop_after")
-    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
-        summary = _read_json(os.path.join(folder, "summary.json"))
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):  # a summary.json that cannot say
+        with open(os.path.join(folder, "summary.json")) as f:  # (checked a regular file above, with RUN_FILES)
+            text = f.read(RUN_JSON_MAX_BYTES + 1)
+        summary = json.loads(text) if len(text) <= RUN_JSON_MAX_BYTES else {}
         if summary.get("status") == "finished" and summary.get("rounds_done") == args.rounds:
             raise UserError(f"cannot resume: {folder} has finished its {args.rounds} rounds; "
                                    f"give --rounds N (more than {args.rounds}) to extend it")
@@ -573,9 +543,8 @@ def resumed_args(parser, argv):
 
 
 def invalid_saved_value(parser, argv, message):
-    """The line for a flag check (common.parse_args) that failed after ``--resume``: a value given
-    on the command line now keeps the check's message; a value read from the run's config.json
-    (hand-edited or damaged) is named as that file's, not as a flag the user never gave."""
+    """The line for a flag check (common.parse_args) that failed after ``--resume``: a value given on the command line
+    keeps the check's message; one read from the run's config.json is named as that file's (edited or damaged)."""
     given = _given_flags(parser, argv)
     flag, _, rest = message.partition(" ")
     action = next((a for a in parser._actions if flag in a.option_strings), None)
@@ -602,15 +571,9 @@ def _fits(action, value):
     return isinstance(value, str) if action.type in (None, str) else True
 
 
-def _fmt_time(s):
-    s = int(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
 def lock_owner(text):
-    """(pid, host) of a lock file's text "PID HOST"; (None, what it holds instead, quoted) when the pid
-    is no process's: 0, negative, beyond PID_MAX or not a number (os.kill would signal a process
-    group, or overflow)."""
+    """(pid, host) of a lock file's text "PID HOST"; (None, what it holds instead, quoted) when the pid is no
+    process's: 0, negative, beyond PID_MAX or not a number (os.kill would signal a process group, or overflow)."""
     parts = text.split()
     first = parts[0] if parts else ""
     if len(parts) == 2 and re.fullmatch(r"[0-9]{1,8}", first) and 1 <= int(first) <= PID_MAX:
@@ -667,9 +630,8 @@ def quoted(name):
 
 
 def _lock(folder):
-    """Create the run folder's lock file: one process per run folder. A lock whose process is gone
-    (killed, crashed; a zombie counts as gone) is stale and taken over. A lock that cannot be
-    written (disk full) is removed again and raises FileFault."""
+    """Create the run folder's lock file: one process per run folder. A stale lock (its process gone: killed, crashed,
+    a zombie) is taken over; one that cannot be written (disk full) is removed and raises FileFault."""
     path = os.path.join(folder, ".lock")
     for _ in range(3):
         try:
@@ -688,18 +650,15 @@ def _lock(folder):
                                        "if no run is using the folder")
             pid, host = lock_owner(text)
             if pid is None:
-                raise UserError(f"{path} does not name a process (pid {host}); delete it if no run is using "
-                                f"{folder}")
-            alive = process_alive(pid)
-            if alive or host != socket.gethostname():
+                raise UserError(f"{path} does not name a process (pid {host}); delete it if no run is using {folder}")
+            if host != socket.gethostname() or process_alive(pid):
                 raise UserError(f"{folder} is in use by process {pid} on {host}; wait for it to end "
                                 f"(or delete {path} if that process is gone)")
             try:
                 os.remove(path)
-            except FileNotFoundError:
-                pass
             except OSError as e:
-                raise FileFault(path, e, verb="remove the stale lock") from None
+                if not isinstance(e, FileNotFoundError):  # removed this instant: try again
+                    raise FileFault(path, e, verb="remove the stale lock") from None
             continue
         except OSError as e:
             raise FileFault(path, e, verb="create") from None
@@ -717,15 +676,6 @@ def _lock(folder):
 def _short(path, width=80):
     """A path for a one-line message, a very long one (beyond the system's limit) abbreviated."""
     return path if len(path) <= width else f"{path[:40]}...{path[-30:]}"
-
-
-def _missing_folders(path):
-    """The folders that os.makedirs(path) would create, deepest first."""
-    missing = []
-    while path and not os.path.lexists(path):
-        missing.append(path)
-        path = os.path.dirname(path)
-    return missing
 
 
 def _remove_empty_folders(folders):
@@ -769,9 +719,8 @@ def _check_path_fits(out, folder):
 def cpu_model():
     """The CPU's model name with its family and model numbers (/proc/cpuinfo on Linux, else platform's): with
     torch's CPU capability, the CPU kind a run repeats bit for bit on. The numbers are kept because a virtual
-    machine may show only a generic name ("AMD EPYC") for CPU generations whose kernels sum in another order
-    (other cache sizes, other blocking): runs made on an earlier "AMD EPYC" machine give other last digits on
-    this project's (family 25, model 1)."""
+    machine may show only a generic name ("AMD EPYC") for generations whose kernels sum in another order (other
+    cache sizes, other blocking): runs from an earlier "AMD EPYC" differ in the last digits on family 25, model 1."""
     fields = {}
     try:
         with open("/proc/cpuinfo") as f:
@@ -790,10 +739,9 @@ def cpu_model():
 
 
 def where_it_runs(device):
-    """What decides a run's arithmetic besides its flags: the device, the CPU kind (the kernels torch
-    picked and the processor, since a generic name hides generations that sum in another order) and
-    the library versions. config.json records it at the start, and again under ``continued_on`` for
-    each resume where it changed."""
+    """What decides a run's arithmetic besides its flags: the device, the CPU kind (the kernels torch picked and
+    the processor: cpu_model) and the library versions. config.json records it at the start, and again under
+    ``continued_on`` for each resume where it changed."""
     return {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
             else platform.processor() or platform.machine(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_model": cpu_model(),
@@ -801,9 +749,8 @@ def where_it_runs(device):
 
 
 def continued_elsewhere(config, round_, device):
-    """``config`` with a ``continued_on`` entry for a resume after ``round_`` where what decides the
-    arithmetic (where_it_runs) differs from where the run ran last (the newest entry, else config's own
-    record); None when nothing changed. A run started on a GPU and continued on a CPU says so."""
+    """``config`` with a ``continued_on`` entry for a resume after ``round_`` where where_it_runs differs from where
+    the run ran last (the newest entry, else config's own record); None when nothing changed."""
     here = where_it_runs(device)
     last = config["continued_on"][-1] if config.get("continued_on") else config
     if all(last.get(k, v) == v for k, v in here.items()):  # a field the record lacks is unknown, not a change
@@ -812,9 +759,8 @@ def continued_elsewhere(config, round_, device):
 
 
 def data_fingerprint(data, chunk_bytes=64 * 2 ** 20):
-    """sha256 of the data as it enters the run: the samples and labels, a chunk at a time whatever
-    their device and memory layout (GPU data is copied to the host in chunks), and every client's
-    train and test indices. About a second for CIFAR-10; --resume compares it."""
+    """sha256 of the data as it enters the run (samples, labels, every client's train and test indices), read a
+    chunk at a time whatever its device and layout; about a second for CIFAR-10. --resume compares it."""
     digest = hashlib.sha256()
 
     def add(t):
@@ -895,14 +841,12 @@ def run_folder_dataset_name(dataset):
 
 
 class Run:
-    """The run folder and the bookkeeping around the training loop (not the algorithm).
-
-    Creates ``--out/<algo>-<dataset>-s<seed>-<time>/`` (or takes ``--resume RUN_DIR``), locks
-    it, writes config.json and partition.json; then records evaluations (metrics.csv),
-    checkpoints (checkpoint.pt: tensors and plain containers only) and the summary. Build it
-    once set-up has succeeded: a run that fails before its first round leaves no folder.
-    The first Ctrl-C, SIGTERM or SIGHUP asks the loop to stop at the end of the round
-    (``stop_requested``); a second one stops at once."""
+    """The run folder and the bookkeeping around the training loop (not the algorithm): creates
+    ``--out/<algo>-<dataset>-s<seed>-<time>/`` (or takes ``--resume RUN_DIR``), locks it, writes config.json and
+    partition.json; then records evaluations (metrics.csv), checkpoints (checkpoint.pt: tensors and plain containers
+    only) and the summary. Build it once set-up has succeeded: a run that fails before its first round leaves no
+    folder. The first Ctrl-C, SIGTERM or SIGHUP asks the loop to stop at the end of the round (``stop_requested``);
+    a second one stops at once."""
 
     def __init__(self, algo, args, data, device, headline, headline_metric="test_acc", script=None, extra_config=None,
                  program=None):
@@ -921,10 +865,12 @@ class Run:
             self._check_data()
         else:
             self._new_dir()
+            threads = getattr(args, "threads", UNRECORDED)  # the command as run, with the thread count it took, so
+            command = sys.argv if threads is UNRECORDED else with_threads(sys.argv, threads)  # that it repeats the run
             self._write("config.json", _json({
                 "algorithm": algo, "script": self.script,
                 "args": {**recorded_args(args, self._records_as()), "resume": None, "stop_after": None},
-                "command": self._command(), **where_it_runs(device),
+                "command": command, **where_it_runs(device),
                 "num_classes": data.num_classes, "input_shape": list(data.x.shape[1:]),
                 "data_sha256": self.data_sha256,
                 **({"dataset_folder": data.info["folder"]} if isinstance(data.info.get("folder"), dict) else {}),
@@ -932,19 +878,16 @@ class Run:
         self._write_partition()
         self._t_last, self._last_round = time.perf_counter(), 0
 
-    def _command(self):
-        """config.json's command: how the program was started, with the thread count it took (with_threads),
-        so that it repeats the run as it stands, whatever the environment's thread count."""
-        threads = getattr(self.args, "threads", UNRECORDED)
-        return sys.argv if threads is UNRECORDED else with_threads(sys.argv, threads)
-
     def _new_dir(self):
-        """Create and lock a new run folder under --out. What it makes (the folder, and --out and its
-        parents where they were missing) is removed by close() if the run fails before any result."""
+        """Create and lock a new run folder under --out; what it makes (with --out and its missing parents) is
+        removed by close() if the run fails before any result."""
         name = run_folder_dataset_name(self.args.dataset)
         base = os.path.join(self.args.out, f"{self.algo}-{name}-s{self.args.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
         _check_path_fits(self.args.out, base)
-        self._made = _missing_folders(os.path.dirname(base))
+        self._made, parent = [], os.path.dirname(base)
+        while parent and not os.path.lexists(parent):  # the folders os.makedirs will create, deepest first
+            self._made.append(parent)
+            parent = os.path.dirname(parent)
         path, n = base, 1
         while True:
             try:
@@ -957,8 +900,7 @@ class Run:
             except OSError as e:
                 _remove_empty_folders(self._made)
                 if e.errno in (errno.ENOTDIR, errno.ENAMETOOLONG):  # the --out given cannot hold a folder
-                    raise UserError(f"cannot create a run folder under --out {_short(self.args.out)} "
-                                           f"({e.strerror})")
+                    raise UserError(f"cannot create a run folder under --out {_short(self.args.out)} ({e.strerror})")
                 raise FileFault(path, e, verb="create") from None
         self.dir, self.created = path, True
         self.lock = _lock(path)
@@ -979,8 +921,7 @@ class Run:
                   f"(a second {_signal_name(signum)} stops at once)", flush=True)
 
     def _write(self, name, content):
-        """atomic_write of a file of the run folder. A failure (disk full, a read-only folder, a
-        folder in the file's place) is a FileFault naming the file, the OS error and what is kept."""
+        """atomic_write of a file of the run folder; a failure is a FileFault (what is kept: _kept)."""
         path = os.path.join(self.dir, name)
         try:
             atomic_write(path, content)
@@ -988,8 +929,7 @@ class Run:
             raise FileFault(path, e, self._kept()) from None
 
     def _checkpoint_there(self):
-        """Whether the checkpoint this run wrote is still in its folder (the folder may have been moved or
-        deleted under the running job): a line says it is kept only then."""
+        """Whether this run's checkpoint is still there (its folder may have been moved or deleted under the job)."""
         return bool(self.checkpoint_round) and os.path.isfile(os.path.join(self.dir, "checkpoint.pt"))
 
     def _checkpoint_gone(self):
@@ -1010,8 +950,7 @@ class Run:
         return "; nothing was kept"
 
     def _check_data(self):
-        """With --resume: refuse data other than the data the run started with (an .npz overwritten
-        since, another --data-dir): the rest of the run would silently compute something else.
+        """With --resume: refuse data other than the run started with (an .npz overwritten since, another --data-dir).
         A config.json from before the fingerprint (2026-11) has none: resume() records it."""
         saved = read_config(os.path.join(self.dir, "config.json")).get("data_sha256")
         if saved is not None and saved != self.data_sha256:
@@ -1048,8 +987,8 @@ class Run:
         self.bytes_up += int(up)
 
     def should_eval(self, round_):
-        """Every --eval-every rounds and each of the last 10, so that last10_mean is the mean over
-        the last 10 rounds (FedPake Sec. 4.1) whatever --eval-every is."""
+        """Every --eval-every rounds and each of the last 10: last10_mean is the mean over the last 10 rounds
+        (FedPake Sec. 4.1) whatever --eval-every is."""
         return round_ % self.args.eval_every == 0 or round_ > self.args.rounds - 10
 
     def log(self, round_, metrics):
@@ -1072,14 +1011,15 @@ class Run:
             row["device_mb"] = round(torch.cuda.memory_allocated(self.device) / 2 ** 20, 1)
         self.rows.append(row)
         self._write_metrics()
-        eta = per_round * (self.args.rounds - round_)
+        eta = int(per_round * (self.args.rounds - round_))
+        eta = f"{eta // 3600}h{eta % 3600 // 60:02d}m" if eta >= 3600 else f"{eta // 60}m{eta % 60:02d}s"
         extra = f" (client mean {metrics['test_acc_mean']:.2f} ± {metrics['test_acc_std']:.2f})" \
             if "test_acc_mean" in metrics else ""
         loss = f" | train loss {metrics['train_loss']:.4f}" if "train_loss" in metrics else ""
         if "global_acc" in metrics:  # --test-split global: the uniform test set
             extra += f" | global test acc {metrics['global_acc']:.2f}%"
         print(f"[{self.algo}] round {round_}/{self.args.rounds} | test acc {metrics.get('test_acc', float('nan')):.2f}%"
-              f"{extra}{loss} | {per_round:.3f} s/round | ETA {_fmt_time(eta)}", flush=True)
+              f"{extra}{loss} | {per_round:.3f} s/round | ETA {eta}", flush=True)
 
     def _write_metrics(self):
         keys = list(dict.fromkeys(k for r in self.rows for k in r))
@@ -1090,14 +1030,12 @@ class Run:
     # -- checkpoints, stopping and resuming
 
     def stop_requested(self, round_):
-        """After a Ctrl-C, or at ``--stop-after`` (tests: a run killed after that round, so no
-        extra checkpoint is written for it)."""
+        """After a Ctrl-C, or at ``--stop-after`` (tests: a run killed after that round, no extra checkpoint)."""
         return self.interrupted or (self.args.stop_after is not None and round_ >= self.args.stop_after)
 
     def checkpoint(self, round_, state, rng):
-        """Every ``--checkpoint-every`` rounds, at the last round and before a requested stop:
-        the algorithm ``state`` (modules and objects by their state_dict, tensors as they are),
-        every RNG state and the metrics so far, as tensors and plain containers."""
+        """Every ``--checkpoint-every`` rounds, at the last round and before a requested stop: the algorithm ``state``
+        (modules and objects by state_dict, tensors as they are), every RNG state and the metrics so far."""
         self._latest = (round_, state, rng)  # for stop(), should a signal come after this call
         if round_ % self.args.checkpoint_every == 0 or round_ == self.args.rounds or self.interrupted:
             self._save_checkpoint(round_, state, rng)
@@ -1115,8 +1053,7 @@ class Run:
         self.checkpoint_round = round_
 
     def stop(self, round_):
-        """Report a requested stop after ``round_`` and return the exit status; the one line is
-        printed only once the round's checkpoint is written."""
+        """Report a requested stop after ``round_`` (once its checkpoint is written) and return the exit status."""
         command = f"python {self.program} --resume {self.dir}"
         if self.interrupted:
             if self.checkpoint_round != round_ and self._latest and self._latest[0] == round_:
@@ -1144,10 +1081,9 @@ class Run:
         return {k: v for k, v in sorted(recorded.items()) if k not in RESUME_MAY_CHANGE}
 
     def resume(self, state, rng):
-        """With ``--resume``: load the checkpoint into ``state`` in place (modules and objects by
-        load_state_dict, tensors by copy) and into ``rng``, and return the first round to run;
-        else return 1. Only tensors and plain containers are read (weights_only): a crafted
-        file cannot run code."""
+        """With ``--resume``: load the checkpoint into ``state`` in place (modules and objects by load_state_dict,
+        tensors by copy) and into ``rng``, and return the first round to run; else return 1. Only tensors and plain
+        containers are read (weights_only): a crafted file cannot run code."""
         if not self.args.resume:
             return 1
         path = os.path.join(self.dir, "checkpoint.pt")
@@ -1185,8 +1121,6 @@ class Run:
                 else:
                     raise ValueError(f"entry {k} does not fit this run")
             rows, (down, up), elapsed, round_ = list(blob["rows"]), blob["bytes"], float(blob["elapsed"]), blob["round"]
-            if not (isinstance(round_, int) and round_ >= 1 and all(isinstance(r, dict) for r in rows)):
-                raise ValueError("bad round or metrics")
             rng.bit_generator.state = blob["rng"]
             torch.set_rng_state(blob["torch_rng"].cpu())  # older checkpoints' "cuda_rng" is not read (_save_checkpoint)
         except Exception as e:  # noqa: BLE001  anything wrong with the file is the same answer
@@ -1217,8 +1151,7 @@ class Run:
         return round_ + 1
 
     def summary(self, extra=None, status="finished"):
-        """best, final and mean of the last 10 evaluations of every accuracy column, and which of
-        them the paper reports (``headline_metric``)."""
+        """best, final and last-10 mean of every accuracy column, and which the paper reports (headline_metric)."""
         summary = {"algorithm": self.algo, "status": status, "rounds": self.args.rounds,
                    "rounds_done": self.rows[-1]["round"] if self.rows else 0,
                    "headline_metric": self.headline_metric, "paper_reports": self.headline,
@@ -1246,8 +1179,7 @@ class Run:
         return summary
 
     def interrupted_line(self, signum=signal.SIGINT):
-        """What a signal that stops at once (a second one, in the middle of a round) leaves behind,
-        in one line."""
+        """What a signal that stops at once (a second one, in the middle of a round) leaves behind, in one line."""
         what = stopped_by(signum)
         command = f"python {self.program} --resume {self.dir}"
         if self.checkpoint_round and not self._checkpoint_there():
@@ -1262,9 +1194,9 @@ class Run:
         return f"{what} before the first round; nothing was kept"
 
     def close(self, failed=False, diverged=False):
-        """Release the folder: a new run that failed before writing any result leaves nothing behind
-        (nor the --out folders it made); a run that stopped with results keeps them (a diverged one
-        says so in summary.json). Never raises: it runs on the way out of every failure."""
+        """Release the folder: a new run that failed before any result leaves nothing behind (nor the --out folders it
+        made); one with results keeps them (a diverged one says so in summary.json). Never raises: it runs on every
+        way out."""
         if self not in OPEN_RUNS:
             return
         OPEN_RUNS.remove(self)
@@ -1283,8 +1215,6 @@ class Run:
         if self.lock:
             with contextlib.suppress(OSError):  # a folder made read-only: the lock names a process that has
                 os.remove(self.lock)            # ended, and the next run on the folder takes it over
-
-
 
 
 @atexit.register

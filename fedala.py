@@ -71,8 +71,9 @@ class ALA:
     p counts layers, i.e. modules that own parameters, from the output down. Needs only torch and
     numpy: it can be pasted into any client code. Holds each client's element-wise weights W_i^p (one
     flat row per client, ones at the start, Alg. 1 l. 2) and whether the client is still in its initial
-    stage (``initial_stage``; the official ALA.py's ``start_phase``). ``initialise`` works on plain nn.Modules: it learns W_i^p with the global and
-    local models frozen and writes Theta_hat_i (Eq. 4) into the local model in place. The caller skips it
+    stage (``initial_stage``, the official ALA.py's ``start_phase``). ``initialise`` works on plain
+    nn.Modules: it learns W_i^p with the global and local models frozen and writes Theta_hat_i (Eq. 4)
+    into the local model in place. The caller skips it
     in round 1 (Alg. 1: Theta^0 = Theta_i^0), where it would learn W on two equal models and end the
     client's initial stage at once.
     """
@@ -212,13 +213,13 @@ def main(argv=None):
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)  # Alg. 1 l. 4-5
         evaluate = run.should_eval(round_)
-        starting = [c for c in clients if ala.initial_stage[c]]
+        in_initial_stage = [c for c in clients if ala.initial_stage[c]]
         local_models[clients], losses, ala_epochs, results = pool.train(lambda model, client: client_update(
             model, global_model, local_models[client], ala, data, client, args, round_, evaluate), clients)  # l. 6-17
         losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         num_samples = [len(data.train_idx[client]) for client in clients]
         common.load_flat_state(global_model, common.weighted_average(local_models[clients], num_samples))  # l. 18
-        done = [c for c in starting if not ala.initial_stage[c]]
+        done = [c for c in in_initial_stage if not ala.initial_stage[c]]
         if done:
             print(f"[fedala] round {round_}: initial stage (Alg. 1 l. 8-11) done on {len(done)} client(s) after "
                   f"{[len(ala.init_losses[c]) for c in done]} weight-learning epochs")

@@ -665,7 +665,7 @@ def client_threads(args, device):
 
 
 class ClientPool:
-    """The reusable models that run a round's client updates, and ``map`` over the clients.
+    """The reusable models that run a round's client updates: ``map`` and ``train`` over the clients.
 
     ``--parallel-clients`` models (auto: one per torch thread, --threads, on a CPU, where a small
     batch leaves most cores idle; up to 4 on a GPU, whose steps wait on the host's launches). With
@@ -676,7 +676,7 @@ class ClientPool:
     client ran on one torch thread or on all of them. No model is built or copied per client."""
 
     def __init__(self, models, client_sizes):
-        self.models, self.client_sizes = models, client_sizes
+        self.models, self.client_sizes, self.rows = models, client_sizes, None
 
     @classmethod
     def build(cls, args, build_model, device, data):
@@ -718,10 +718,14 @@ class ClientPool:
         """The round's client updates through ``map``: ``client_update(model, client)`` returns (the client's
         trained model, flat; anything else). Returns the trained models as the rows of one (K x D) tensor, in
         the order of ``clients``, then each further return value as a list over the clients. Each model is
-        copied into its row when its client finishes, so the round never holds K models besides the rows
-        (ResNet-18's FedAvg round peaked at 3,010 MB instead of 2,100 when it did: docs/speed.md)."""
-        state = float_state(self.models[0])
-        rows = torch.empty(len(clients), sum(v.numel() for v in state), dtype=state[0].dtype, device=state[0].device)
+        copied into its row when its client finishes, and the rows are the pool's, reused by the next call
+        (copy them to keep them): a round holds no K models besides them (ResNet-18's FedAvg round peaked
+        at 3,010 MB instead of 2,100 when it did: docs/speed.md)."""
+        if self.rows is None or len(self.rows) < len(clients):
+            state = float_state(self.models[0])
+            self.rows = torch.empty(len(clients), sum(v.numel() for v in state), dtype=state[0].dtype,
+                                    device=state[0].device)
+        rows = self.rows[:len(clients)]
         position = {client: k for k, client in enumerate(clients)}
 
         def update(model, client):

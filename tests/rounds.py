@@ -21,13 +21,13 @@ def fedavg_round(global_model, worker, data, clients, args, round_, client_stack
                  aggregate=common.weighted_average):
     """Returns the mean train loss; ``client_stack``, if given, receives the uploaded models."""
     global_state = common.flatten_state(global_model)
-    updates = pool_of(worker, data).map(
+    client_states, losses = pool_of(worker, data).train(
         lambda model, client: common.client_update(model, global_state, data, client, args, round_), clients)
     if client_stack is not None:
-        client_stack[:len(clients)] = torch.stack([s for s, _ in updates])
+        client_stack[:len(clients)] = client_states
     num_samples = [len(data.train_idx[c]) for c in clients]
-    common.load_flat_state(global_model, fedavg.server_update([s for s, _ in updates], num_samples, aggregate))
-    return sum(float(loss) for _, loss in updates) / len(updates)
+    common.load_flat_state(global_model, fedavg.server_update(client_states, num_samples, aggregate))
+    return sum(float(loss) for loss in losses) / len(losses)
 
 
 def fedala_round(global_model, worker, local_models, ala, data, clients, args, round_, evaluate=False):

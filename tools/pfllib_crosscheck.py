@@ -20,6 +20,7 @@ FedALA's round k+1 (both evaluate the ALA-initialised models before local traini
 import argparse
 import ast
 import csv
+import glob
 import os
 import random
 import shutil
@@ -32,26 +33,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 
+from tools import compare  # noqa: E402
+from tools.compare import fail  # noqa: E402  one line on stderr, exit status 2
+
 PFLLIB_COMMIT = "d832e76"
 ALGORITHMS = {"fedavg": "FedAvg", "fedala": "FedALA"}
 SEEDS = (0, 1, 2)
 
 
-def fail(message):
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def read_column(path, x="round", y="test_acc"):
-    """{x: y} of a csv file's rows (those whose two cells are numbers)."""
-    rows = {}
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            try:
-                rows[int(row[x])] = float(row[y])
-            except (KeyError, TypeError, ValueError):
-                continue
-    return rows
+def test_acc_by_round(path):
+    """{round: test_acc} of a csv file (ours or the rows `run` writes), read by compare.read_metrics:
+    its bad lines left out; {} if it is missing or has no test_acc."""
+    _, series, _ = compare.read_metrics(path)
+    return dict((series or {}).get("test_acc", []))
 
 
 def our_runs(results, method):
@@ -59,10 +53,9 @@ def our_runs(results, method):
     runs = {}
     for seed in SEEDS:
         seed_dir = os.path.join(results, "pfllib-fmnist", "dir", method, f"seed{seed}")
-        folders = sorted(d for d in os.listdir(seed_dir) if os.path.isfile(os.path.join(seed_dir, d, "metrics.csv"))) \
-            if os.path.isdir(seed_dir) else []
-        if folders:
-            runs[seed] = read_column(os.path.join(seed_dir, folders[-1], "metrics.csv"))
+        found = sorted(glob.glob(os.path.join(glob.escape(seed_dir), "*", "metrics.csv")))  # names end in the time
+        if found:
+            runs[seed] = test_acc_by_round(found[-1])
     return runs
 
 
@@ -79,7 +72,7 @@ def comparison(results):
     pfllib, ours, shift = {}, {}, {"fedavg": 0, "fedala": 1}
     for method in ALGORITHMS:
         path = os.path.join(results, "crosscheck-pfllib", f"{method}-dir-s0.csv")
-        pfllib[method] = read_column(path) if os.path.isfile(path) else {}
+        pfllib[method] = test_acc_by_round(path)
         ours[method] = our_runs(results, method)
     last = max((k for rows in pfllib.values() for k in rows), default=-1)
     rows, gaps = [], {m: [] for m in ALGORITHMS}
@@ -151,7 +144,7 @@ def drive(method, evaluations, out, system):
     class Done(Exception):
         pass
 
-    evaluate, start = Server.evaluate, time.time()
+    evaluate = Server.evaluate
     with open(out, "x", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["round", "test_acc", "train_loss", "seconds"])

@@ -216,7 +216,7 @@ TABLES = {
         "source": "fedala",
         "metric": {"summary": "best", "column": "test_acc",
                    "protocol": "FedAvg, FedPake, FedACD: the global model; FedALA: each client's local model after "
-                               "ALA, before local training; on every client's own test file (25% of its data), "
+                               "ALA, before local training; pFedLA: each client's personalised model; on every client's own test file (25% of its data), "
                                "pooled over clients (sum correct / sum samples, as PFLlib); best over the rounds; "
                                "the leaderboard: mean +- std of the best of 3 trials"},
         "rounds": 2000,
@@ -231,6 +231,7 @@ TABLES = {
                  {"method": "FedALA", "script": "fedala.py", "flags": [], "paper": 97.66, "paper_std": 0.02},
                  {"method": "FedPake", "script": "fedpake.py", "flags": [], "paper": None},
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": None},
+                 {"method": "pFedLA", "script": "pfedla.py", "flags": ["--k", "0"], "paper": None},
              ]},
             # pathological: 2 classes per client, unequal sizes, `python generate_FashionMNIST.py noniid - pat`
             {"name": "pat",
@@ -238,6 +239,9 @@ TABLES = {
              "methods": [
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 80.41, "paper_std": 0.08},
                  {"method": "FedALA", "script": "fedala.py", "flags": [], "paper": 99.57, "paper_std": 0.01},
+                 {"method": "FedPake", "script": "fedpake.py", "flags": [], "paper": None},
+                 {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": None},
+                 {"method": "pFedLA", "script": "pfedla.py", "flags": ["--k", "0"], "paper": None},
              ]},
         ],
     },

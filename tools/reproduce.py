@@ -60,6 +60,8 @@ def parse_args(argv, tables):
     a("--stop-after", metavar="N", help="stop each run after round N with its checkpoint; its command keeps the "
       "table's rounds, so the same command without --stop-after continues it (runs past round N are skipped)")
     a("--only", nargs="+", metavar="CELL", help="run only these cells")
+    a("--methods", nargs="+", metavar="METHOD", help="run only these methods of each cell (as --dry-run names them, "
+      "e.g. FedALA pFedLA); the report still covers every method")
     a("--out", default=DEFAULT_OUT, metavar="DIR",
       help=f"folder of the tables' runs and reports (default: {DEFAULT_OUT})")
     a("--workers", default="1", metavar="N", help="runs at once (subprocesses), spread round-robin over --device")
@@ -82,6 +84,10 @@ def parse_args(argv, tables):
     for name in args.only or []:
         if name not in cells:
             fail(f"unknown cell {name!r} in table {args.table}; its cells: {', '.join(cells)}")
+    methods = list(dict.fromkeys(m["method"] for c in tables[args.table]["cells"] for m in c["methods"]))
+    for name in args.methods or []:
+        if name not in methods:
+            fail(f"unknown method {name!r} in table {args.table}; its methods: {', '.join(methods)}")
     args.seeds = [whole_number("--seeds", s, 0) for s in args.seeds]
     if len(set(args.seeds)) < len(args.seeds):
         fail(f"--seeds: a seed is given twice ({' '.join(map(str, args.seeds))})")
@@ -1170,7 +1176,8 @@ def main(argv=None, tables=None):
         write_paper_tables(tables, args.markdown_paper_tables)
         return 0
     table = tables[args.table]
-    jobs = table_jobs(args.table, table, args)
+    every_job = table_jobs(args.table, table, args)  # the report covers every method of the cells
+    jobs = [j for j in every_job if not args.methods or j["method"] in args.methods]
     check_paths(args.table, table, jobs, args)
     check_settings(jobs, report_only=args.report)
     if not args.report:
@@ -1181,7 +1188,7 @@ def main(argv=None, tables=None):
         dry_run(args.table, table, jobs, args)
         return 0
     if args.report:  # runs it could not average are named in the report, which is what was asked for: 0
-        report(args.table, table, jobs, args)
+        report(args.table, table, every_job, args)
         return 0
     for device in set(args.devices):
         try:
@@ -1203,7 +1210,7 @@ def main(argv=None, tables=None):
             os.remove(lock)
     if stopped:
         return 128 + stopped
-    not_averaged = report(args.table, table, jobs, args)
+    not_averaged = report(args.table, table, every_job, args)
     if problems:
         print(f"{problems} of {plural(len(jobs), 'run')} failed or did not finish; see the lines above", file=sys.stderr)
     if not_averaged:

@@ -51,10 +51,24 @@ def call(argv, tables=None):
 
 def table_rows(text):
     """The report's markdown table as {method: [cells...]} (cell, method, paper, ours, n, ours vs paper,
-    rounds, s/round, hardware, notes)."""
+    apart, rounds, s/round, hardware, notes)."""
     rows = [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in text.splitlines()
             if line.startswith("| ") and not line.startswith("| cell ")]
     return {r[1]: r for r in rows}
+
+
+def test_apart_is_two_pooled_standard_deviations_by_hand():
+    # a = 1, 2, 3 and b = 4, 5, 6: both sample variances 1, pooled sd 1, means 3 apart: more than 2
+    assert reproduce.pooled_sd([1, 2, 3], [4, 5, 6]) == pytest.approx(1.0)
+    assert reproduce.apart([1, 2, 3], [("B", [4, 5, 6])]) == "below B"
+    assert reproduce.apart([4, 5, 6], [("A", [1, 2, 3])]) == "above A"
+    # 3, 4, 5 is 1 from either mean: not apart
+    assert reproduce.apart([3, 4, 5], [("A", [1, 2, 3]), ("B", [4, 5, 6])]) == "-"
+    # unequal spreads pool by their degrees of freedom: (2 * 1 + 1 * 0) / 3 = 2/3
+    assert reproduce.pooled_sd([1, 2, 3], [10, 10]) == pytest.approx((2 / 3) ** 0.5)
+    # one seed has no spread: never called apart, either way
+    assert reproduce.apart([1, 2, 3], [("C", [100.0])]) == "-" and reproduce.apart([100.0], [("A", [1, 2, 3])]) == "-"
+    assert reproduce.apart([10, 10.1, 10.2], [("A", [1, 2, 3]), ("B", [20, 21, 22])]) == "above A; below B"
 
 
 def jobs_of(tables, out, seeds=(0, 1)):
@@ -97,8 +111,8 @@ def test_tiny_table_end_to_end(finished):
     for method, (column, field) in key.items():
         values = [summary_of(j)[1][column][field] for j in jobs_of(tables, out) if j["method"] == method]
         assert rows[method][3] == compare.fmt(values, 2)  # mean ± std (n-1), as the runs' summary.json has it
-        assert rows[method][4] == "2" and rows[method][6] == "2/2"
-    assert rows["FedAvg"][9] == "-" and rows["FedALA"][9] == "metric: best test_acc_mean"
+        assert rows[method][4] == "2" and rows[method][7] == "2/2"
+    assert rows["FedAvg"][10] == "-" and rows["FedALA"][10] == "metric: best test_acc_mean"
     avg = [summary_of(j)[1]["test_acc"]["last10_mean"] for j in jobs_of(tables, out) if j["method"] == "FedAvg"]
     assert rows["FedAvg"][5] == f"{sum(avg) / 2 - 50:+.2f}"  # ours vs paper: the difference
     assert os.path.isfile(out / "tiny-syn-4.png")
@@ -122,7 +136,7 @@ def test_tiny_table_end_to_end(finished):
     assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--report"], tables) == 0
     with open(out / "tiny.md") as f:
         again = table_rows(f.read())
-    assert {m: r[:7] for m, r in again.items()} == {m: r[:7] for m, r in rows.items()}
+    assert {m: r[:8] for m, r in again.items()} == {m: r[:8] for m, r in rows.items()}
 
 
 @pytest.mark.slow  # end to end, tens of seconds: runs in CI with the full suite
@@ -135,8 +149,8 @@ def test_stopped_table_continues_where_it_was(tmp_path, finished):
     assert call(argv, stopped) == 1  # two runs did not finish
     with open(out / "tiny.md") as f:
         partial = table_rows(f.read())
-    assert partial["FedALA"][6] == "1/2" and "unfinished" in partial["FedALA"][9]
-    assert partial["FedAvg"][6] == "2/2"
+    assert partial["FedALA"][7] == "1/2" and "unfinished" in partial["FedALA"][10]
+    assert partial["FedAvg"][7] == "2/2"
     tables = tiny_tables()
     avg = [j for j in jobs_of(tables, out) if j["method"] == "FedAvg"]
     mtimes = {j["dir"]: os.stat(os.path.join(summary_of(j)[0], "metrics.csv")).st_mtime_ns for j in avg}
@@ -167,7 +181,7 @@ def test_failing_run_is_reported_and_the_others_go_on(tmp_path, capsys):
     assert err[-1].startswith("1 of 2 runs failed")
     with open(tmp_path / "tiny.md") as f:
         rows = table_rows(f.read())
-    assert rows["FedAvg"][4] == "1" and rows["FedAvg lr -1"][4] == "0" and "not run" in rows["FedAvg lr -1"][9]
+    assert rows["FedAvg"][4] == "1" and rows["FedAvg lr -1"][4] == "0" and "not run" in rows["FedAvg lr -1"][10]
 
 
 @pytest.mark.slow  # a real run end to end (signals, resume or the quick start): runs in CI
@@ -301,7 +315,7 @@ def test_more_rounds_extend_and_a_diverged_run_is_not_run_again(finished, tmp_pa
     captured = capsys.readouterr()
     assert "diverged before (not run again): syn-4 / FedAvg / seed 0" in captured.err
     assert "start " not in captured.out
-    assert "seed 0: diverged" in table_rows(captured.out)["FedAvg"][9]
+    assert "seed 0: diverged" in table_rows(captured.out)["FedAvg"][10]
 
 
 def test_a_flag_stating_the_value_the_run_took_is_the_same_setting(finished):
@@ -694,9 +708,9 @@ def test_a_damaged_run_is_named_in_the_report_and_not_averaged(name, damage, wor
     damage(folder)
     assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--report"], tiny_tables()) == 0
     rows = table_rows(capsys.readouterr().out)
-    assert words in rows["FedAvg"][9], rows["FedAvg"][9]
+    assert words in rows["FedAvg"][10], rows["FedAvg"][10]
     assert rows["FedAvg"][4] == ("2" if averaged else "1")
-    assert rows["FedALA"][4] == "2" and rows["FedALA"][9] == "metric: best test_acc_mean"
+    assert rows["FedALA"][4] == "2" and rows["FedALA"][10] == "metric: best test_acc_mean"
     assert "nan" not in rows["FedAvg"][3] and "inf" not in rows["FedAvg"][3]
 
 
@@ -710,11 +724,11 @@ def test_the_hardware_cell_names_the_cpu_the_run_s_config_json_records_before_it
     _edit_json(folder, "config.json", lambda c: (c.update(cpu_model="Some CPU (cpu family 9, model 8)"),
                                                  c["args"].update(threads=1)))
     assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--report"], tiny_tables()) == 0
-    assert table_rows(capsys.readouterr().out)["FedAvg"][8].split("; ") == \
+    assert table_rows(capsys.readouterr().out)["FedAvg"][9].split("; ") == \
         sorted(["Some CPU (cpu family 9, model 8), 1 torch thread", hardware_of_seed_1(out)])
     _edit_json(folder, "config.json", lambda c: c.pop("cpu_model"))
     assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--report"], tiny_tables()) == 0
-    assert "AMD EPYC, 4 torch threads" in table_rows(capsys.readouterr().out)["FedAvg"][8].split("; ")
+    assert "AMD EPYC, 4 torch threads" in table_rows(capsys.readouterr().out)["FedAvg"][9].split("; ")
 
 
 def hardware_of_seed_1(out):
@@ -730,7 +744,7 @@ def test_a_table_with_a_damaged_run_does_not_end_with_0(finished, tmp_path, caps
     _edit_json(folder, "summary.json", lambda s: s["test_acc"].update(best=1.0))
     assert call(["tiny", "--seeds", *SEEDS, "--out", out], tiny_tables()) == 1
     captured = capsys.readouterr()
-    assert "start " not in captured.out and "damaged" in table_rows(captured.out)["FedAvg"][9]
+    assert "start " not in captured.out and "damaged" in table_rows(captured.out)["FedAvg"][10]
     assert captured.err.strip().splitlines()[-1] == \
         "1 run not averaged (damaged, ambiguous, nan or inf): see the report's notes"
 
@@ -782,7 +796,7 @@ def test_no_value_in_a_run_folder_can_add_a_row_to_the_report(finished, tmp_path
     assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--report"], tiny_tables()) == 0
     text = capsys.readouterr().out
     assert sorted(table_rows(text)) == ["FedALA", "FedAvg"]  # no FedProx row
-    assert "Some CPU\\n\\| syn-4 \\| FedProx" in table_rows(text)["FedAvg"][8]
+    assert "Some CPU\\n\\| syn-4 \\| FedProx" in table_rows(text)["FedAvg"][9]
     assert reproduce.table_cell("a|b\r\nc\x00") == "a\\|b\\r\\nc\\x00"
 
 
@@ -817,7 +831,7 @@ def test_seeds_on_a_folder_are_averaged_only_when_they_read_the_same_data():
     table = tiny_tables()["tiny"]
     row = reproduce.report_row(table, table["cells"][0], table["cells"][0]["methods"][0],
                                {"jobs": [{"seed": s["seed"]} for s in seeds], "seeds": seeds}, 2).split(" | ")
-    assert row[3] == "51.00 ± 1.41" and row[4] == "2" and "seed 1: its data fingerprint" in row[9]
+    assert row[3] == "51.00 ± 1.41" and row[4] == "2" and "seed 1: its data fingerprint" in row[10]
     agreeing = [seed(0, "a" * 12, 50.0), seed(1, "a" * 12, 90.0), seed(2, "unrecorded", 1.0)]
     reproduce.set_apart_other_data(agreeing)
     assert [s["problem"] for s in agreeing] == [None, None, None]

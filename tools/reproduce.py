@@ -897,6 +897,32 @@ def values_of(row):
     return [s["value"] for s in row["seeds"] if s["value"] is not None]
 
 
+APART_SDS = 2  # the report's "apart" rule: two means more than this many pooled standard deviations apart
+
+
+def pooled_sd(a, b):
+    """The pooled sample standard deviation of two groups of values (each of at least 2)."""
+    return math.sqrt(((len(a) - 1) * np.var(a, ddof=1) + (len(b) - 1) * np.var(b, ddof=1)) / (len(a) + len(b) - 2))
+
+
+def apart(values, others):
+    """The report's "apart" cell: the other methods of the cell whose mean lies more than APART_SDS pooled
+    standard deviations (of the two methods' seeds) below or above this one's, e.g. "above FedAvg; below
+    FedALA"; '-' for none, or where a method has fewer than 2 seeds (no spread to compare against). A plain
+    rule, not a test of significance: three seeds are few."""
+    if len(values) < 2:
+        return "-"
+    above, below = [], []
+    for name, other in others:
+        if len(other) < 2:
+            continue
+        gap = np.mean(values) - np.mean(other)
+        if abs(gap) > APART_SDS * pooled_sd(values, other):
+            (above if gap > 0 else below).append(name)
+    words = ([f"above {', '.join(above)}"] if above else []) + ([f"below {', '.join(below)}"] if below else [])
+    return "; ".join(words) or "-"
+
+
 def comparison(table, method, values, first, digits):
     """The 'ours vs paper' cell: ours minus the paper's number where both measure the same quantity;
     for a table whose metric says "compare": "ratio to the first method" (ours and the paper's count
@@ -927,9 +953,10 @@ def late_slope(run, metric):
     return float(np.polyfit(rounds, values, 1)[0]), points[0][0], points[-1][0]
 
 
-def report_row(table, cell, method, row, rounds, first=((), None)):
-    """One markdown row: cell, method, paper, ours (n), ours vs paper, rounds, s/round, hardware, notes.
-    ``first``: the cell's first method's (values, paper number), for tables compared by ratio."""
+def report_row(table, cell, method, row, rounds, first=((), None), others=()):
+    """One markdown row: cell, method, paper, ours (n), ours vs paper, apart, rounds, s/round, hardware, notes.
+    ``first``: the cell's first method's (values, paper number), for tables compared by ratio; ``others``:
+    (name, values) of the cell's other methods, for the "apart" column."""
     metric = metric_of(table, method)
     digits = 4 if compare.lower_is_better(metric["column"]) else 2
     seeds = row["seeds"]
@@ -964,7 +991,7 @@ def report_row(table, cell, method, row, rounds, first=((), None)):
         notes.append(f"slope over rounds {', '.join(spans)}: {np.mean([v for v, _, _ in slopes]):+.3f} a round"
                      + (f" (mean of {len(slopes)} seeds)" if len(slopes) > 1 else ""))
     cells = [cell["name"], method["method"], paper_number(method, digits), ours,
-             str(len(values)), diff, f"{done_text}/{rounds}", "-" if not secs else f"{np.mean(secs):.3f}",
+             str(len(values)), diff, apart(values, others), f"{done_text}/{rounds}", "-" if not secs else f"{np.mean(secs):.3f}",
              "; ".join(sorted({s["hardware"] for s in seeds})) or "-", "; ".join(notes) or "-"]
     return "| " + " | ".join(table_cell(c) for c in cells) + " |"
 
@@ -1031,13 +1058,17 @@ def report(table_id, table, jobs, args):
              f"- runs: {compare.one_line(os.path.join(args.out, table_id))}/CELL/METHOD/seedS/",
              "- curves (the metric's column per round and per MB, mean over seeds, band min..max): "
              + (", ".join(f"`{os.path.basename(p)}`" for p in curves) or "none yet"),
-             "", "| cell | method | paper | ours | n | ours vs paper | rounds | s/round | hardware | notes |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"- apart: the cell's methods whose mean is more than {APART_SDS} pooled standard deviations "
+             "(of the two methods' seeds) below or above this one's; only methods with 2 or more seeds",
+             "", "| cell | method | paper | ours | n | ours vs paper | apart | rounds | s/round | hardware | notes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for cell in cells:
         slugs = method_slugs(cell)
         first = (values_of(rows[(cell["name"], slugs[0])]), cell["methods"][0].get("paper"))
-        for method, mslug in zip(cell["methods"], slugs):
-            lines.append(report_row(table, cell, method, rows[(cell["name"], mslug)], rounds, first))
+        named = [(m["method"], values_of(rows[(cell["name"], ms)])) for m, ms in zip(cell["methods"], slugs)]
+        for i, (method, mslug) in enumerate(zip(cell["methods"], slugs)):
+            lines.append(report_row(table, cell, method, rows[(cell["name"], mslug)], rounds, first,
+                                    named[:i] + named[i + 1:]))
     text = "\n".join(lines) + "\n"
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"{table_id}.md")

@@ -231,6 +231,16 @@ def test_dry_run_of_every_paper_table(tmp_path, capsys):
     assert os.listdir(tmp_path) == []  # nothing was run or written
 
 
+def test_methods_chooses_the_runs_not_the_report(tmp_path, capsys):
+    assert call(["pfllib-fmnist", "--dry-run", "--out", tmp_path, "--methods", "pFedLA", "FedALA"]) == 0
+    commands = [line for line in capsys.readouterr().out.splitlines() if "[new]: python " in line]
+    assert len(commands) == 3 * 2 * 2  # seeds x cells x the two methods
+    assert {c.split("[new]: python ")[1].split()[0] for c in commands} == {"pfedla.py", "fedala.py"}
+    assert call(["pfllib-fmnist", "--report", "--out", tmp_path, "--methods", "pFedLA"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| dir | ")]
+    assert [r.split(" | ")[1] for r in rows] == ["FedAvg", "FedALA", "FedPake", "FedACD", "pFedLA"]
+
+
 @pytest.mark.parametrize("name", ["fedala-t2", "FedALA Table 2", "fedala-table2", "fedala_t2", "fedala2"])
 def test_a_table_may_be_named_as_the_paper_names_it(name, tmp_path, capsys):
     assert call([name, "--dry-run", "--out", tmp_path]) == 0
@@ -264,6 +274,7 @@ def test_method_folders_are_distinct():
 @pytest.mark.parametrize("argv, words", [
     (["nosuch"], "unknown table 'nosuch'; known: tiny"),
     (["tiny", "--only", "nosuch"], "unknown cell 'nosuch' in table tiny; its cells: syn-4"),
+    (["tiny", "--methods", "FedAvg", "nosuch"], "unknown method 'nosuch' in table tiny; its methods: FedAvg, FedALA"),
     (["tiny", "--workers", "0"], "--workers must be an integer >= 1, got '0'"),
     (["tiny", "--workers", "abc"], "--workers must be an integer >= 1, got 'abc'"),
     (["tiny", "--seeds", "x"], "--seeds must be an integer >= 0, got 'x'"),

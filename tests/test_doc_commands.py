@@ -15,9 +15,19 @@ DOCS = ["README.md", *sorted(os.path.join("docs", name) for name in os.listdir(o
                              if name.endswith(".md"))]
 # a run of flags left to the reader ("<the same flags>", "..."): the flags around it are checked without it
 ELIDED = re.compile(r"<[^>]*>|(?<!\S)(\.\.\.|…)(?!\S)")
-# what a program does before it parses: none of these is a command line to check, each says why
-NOT_PARSED = {("flower/app.py", "--app-folder"): "writes the app folder; docs/flower.md's tests run it",
-              ("flower/app.py", "--node-worker"): "started by flower/node.py, not by a reader"}
+# a value the reader fills in (DIR, N, RUN, TABLE): parsed as "1", which every flag's type takes;
+# ALGORITHM, where flower/app.py wants one, as an algorithm
+FILLED_IN = re.compile(r"[A-Z][A-Z0-9_]*")
+FILL = {"ALGORITHM": "fedavg"}
+
+
+def not_parsed(program, argv):
+    """Why a command is not parsed here (flower/app.py does these before or instead of parsing), or None."""
+    if program == "flower/app.py" and argv[:1] in (["--app-folder"], ["--node-worker"]):
+        return "writes the app folder, or is flower/node.py's worker: not parsing"
+    if program == "flower/app.py" and "--resume" in argv:
+        return "reads the run folder first (the scripts' --resume is parsed with the scripts)"
+    return None
 
 RUNNER = r'''
 import argparse, contextlib, importlib.util, inspect, io, json, os, sys
@@ -46,7 +56,7 @@ for script, argv in json.load(sys.stdin):
         main = modules[script].main
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
             main(argv) if inspect.signature(main).parameters else main()
-        outcome = "its main() returned without parsing its command line"
+        outcome = None if {"-h", "--help"} & set(argv) else "its main() returned without parsing its command line"
     except Parsed:
         outcome = None
     except SystemExit as e:
@@ -79,8 +89,8 @@ def doc_commands():
     commands = []
     for path in DOCS:
         for n, text in doc_lines(path):
-            try:
-                words = shlex.split(ELIDED.sub(" ", text), comments=True)
+            try:  # [--rounds N]: an optional part, checked as if given
+                words = shlex.split(ELIDED.sub(" ", text).replace("[", " ").replace("]", " "), comments=True)
             except ValueError:  # an unclosed quote: prose, not a command
                 continue
             for part in " ".join(shlex.quote(w) if w not in ("&&", ";", "|", "||") else "\n" for w in words).split("\n"):
@@ -89,12 +99,11 @@ def doc_commands():
                     part = part[1:]
                 if len(part) < 2 or not re.fullmatch(r"(\S*/)?python3?", part[0]) or part[1].startswith("-"):
                     continue  # not python, or python -m / -c
-                program, argv = part[1], part[2:]
-                if not re.fullmatch(r"[a-z_/]+\.py", program):
+                program, argv = part[1], [FILL.get(w, "1") if FILLED_IN.fullmatch(w) else w for w in part[2:]]
+                if not re.fullmatch(r"[a-z_/]+\.py", program) or not_parsed(program, argv):
                     continue  # SCRIPT, X.py, $a.py: a pattern, not a command
-                if any((program, flag) in NOT_PARSED for flag in argv[:1]):
-                    continue
-                commands.append((f"{path}:{n}", program, argv))
+                if argv or not ELIDED.search(text):  # `python flower/app.py ...`: its flags left to the reader
+                    commands.append((f"{path}:{n}", program, argv))
     return commands
 
 

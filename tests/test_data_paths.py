@@ -87,3 +87,17 @@ def test_check_names_a_file_with_a_machine_path_and_public_or_relative_paths_sta
 def test_the_committed_runs_name_their_data_as_a_reader_reproduces_them():
     done = tool("--check", os.path.join(ROOT, "results"))
     assert done.returncode == 0, f"apply `python tools/data_paths.py results`:\n{done.stdout}"
+
+
+def test_reproduce_py_takes_the_committed_runs_as_its_cells_from_any_data_dir(tmp_path):
+    """A normalised run is its cell's run (reproduce.py matches a dataset folder by name; --data-dir is no
+    setting), wherever the clients lie now: the table continues them rather than refusing them."""
+    from tools import paper_tables, reproduce
+    args = reproduce.parse_args(["pfllib-fmnist", "--data-dir", str(tmp_path), "--out",
+                                 os.path.join(ROOT, "results"), "--dry-run"], paper_tables.TABLES)
+    jobs = reproduce.table_jobs("pfllib-fmnist", paper_tables.TABLES["pfllib-fmnist"], args)
+    folders = [(job, folder) for job in jobs for folder in reproduce.run_folders(job["dir"])]
+    assert len(folders) >= 10
+    for job, folder in folders:
+        assert reproduce.other_settings(job, folder) == [], folder
+        assert json.load(open(os.path.join(folder, "config.json")))["args"]["data_dir"] == "DIR"

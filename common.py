@@ -104,7 +104,7 @@ def base_parser(description, script=None, helps=None, **defaults):
     a("--out", default="runs", help="folder under which the run folder is created")
     a("--resume", default=None, metavar="RUN_DIR",
       help="continue a stopped run from its last checkpoint (default: a new run)")
-    a("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: stop after round N as if killed
+    a("--stop-after", type=int, metavar="N", help="end after round N, as if killed; --resume: from the last checkpoint")
     p.set_defaults(**defaults)
     for action in p._actions:
         action.help = (helps or {}).get(action.dest, action.help)

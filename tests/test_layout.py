@@ -12,7 +12,7 @@ from conftest import ROOT
 SCRIPTS = {"fedavg", "fedala", "pfedla", "fedpake", "fedacd"}
 # shared modules, lowest first: a module imports only modules on lower floors
 FLOORS = ["startup", "data_partition", "run_folder", "datasets", "common"]
-TOP_LEVEL = {"README.md", "requirements.txt", "requirements-flower.txt", "pytest.ini", ".gitignore", ".ci",
+TOP_LEVEL = {"README.md", "LICENSE", "CITATION.cff", "requirements.txt", "requirements-flower.txt", "pytest.ini", ".gitignore", ".ci",
              "docs", "tests", "tools", "flower", "results", *(f"{m}.py" for m in [*FLOORS, *SCRIPTS])}
 FOLDERS = ["tools", "flower"]  # what a user runs beside the scripts: above the scripts, below nothing
 

@@ -111,6 +111,7 @@ def test_a_committed_run_s_command_repeats_its_first_rounds_at_another_omp_num_t
         if not os.environ.get("PFLLIB_DATA_DIR") or not os.path.isdir(here):
             pytest.skip("PFLLIB_DATA_DIR (the folder holding FashionMNIST-dir and -pat, docs/datasets.md) not given")
         flags = [here if f == dataset else f for f in flags]
+        data_dir = os.environ["PFLLIB_DATA_DIR"]  # the command names it DIR (tools/data_paths.py), as the docs do
     # fedacd.py's diagnostics were written unasked before they took a flag: ask for them where the run has them
     if script == "fedacd.py":
         flags += [f for f, column in (("--log-risk", "local_risk"), ("--log-kl", "local_kl"))

@@ -34,14 +34,18 @@ import fedacd  # noqa: E402
 import run_folder  # noqa: E402
 
 PROGRAM = "tools/fedacd_diagnostics"  # config.json's script; --resume checks it (run_folder.MOVED)
+FEDAVG_HEADLINE = ("global_acc: FedAvg's global model on the uniform test set (the FedAvg baseline, in brackets "
+                   "in FedACD's Table 1; the paper does not say best or final round)")
 
 
 def parse_args(argv=None):
     parser = fedacd.make_parser(PROGRAM)
+    parser.description = __doc__.split("\n\n")[0]  # this program's, not fedacd.py's
     a = parser.add_argument
     a("--fedavg", action="store_true",
-      help="FedAvg with FedACD's diagnostics (Tables 3, 5, 9): cross-entropy and the sample-weighted mean in place of "
-           "FedACD's loss and score weights; local_risk and local_kl still logged; mixup as --no-mixup says")
+      help="FedAvg on FedACD's settings (the FedAvg rows of Tables 3, 5, 9): cross-entropy and the sample-weighted "
+           "mean in place of FedACD's loss and score weights; mixup as --no-mixup says; it logs local_risk only "
+           "with --log-risk and local_kl, score_min, score_max only with --log-kl (default: off)")
     a("--log-risk", action="store_true",
       help="log local_risk, Table 3's average risk of the round's local models (each on the whole test set), on "
            "evaluation rounds (default: off)")
@@ -121,7 +125,8 @@ def main(argv=None):
     risk_test = data.global_test_idx if data.global_test_idx is not None else torch.cat(data.test_idx)
     class_test_idx = [risk_test[data.y[risk_test] == c] for c in range(data.num_classes)]
     run = run_folder.Run("fedacd-fedavg" if args.fedavg else "fedacd", args, data, device, script=PROGRAM,
-                         headline_metric=fedacd.HEADLINE_METRIC, headline=fedacd.HEADLINE)
+                         headline_metric=fedacd.HEADLINE_METRIC,
+                         headline=FEDAVG_HEADLINE if args.fedavg else fedacd.HEADLINE)
     state = {"global_model": global_model}
     start = run.resume(state, rng)
     print(f"[fedacd] model {global_model.__class__.__name__}: {common.flatten_state(global_model).numel()} "

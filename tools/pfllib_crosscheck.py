@@ -11,7 +11,8 @@ argument parser with its defaults (the leaderboard's setting), its FedAvgCNN, it
 and clients, unchanged; `torch.manual_seed(0)` as main.py, numpy and random seeded 0 too. Each of
 PFLlib's evaluations (pooled accuracy over all clients' test files, at the start of a round) is written
 to OUT as it comes, so a stopped run keeps its rows. PFLlib's code imports scikit-learn and h5py: run
-`run` with a Python that has them (a separate venv, `--system-site-packages` to see torch), never ours.
+`run` with a Python that has them and sees our torch, made by `python tools/pfllib_venv.py VENV scikit-learn h5py`
+from the project's environment (a virtual environment too), never ours.
 
 `report` sets PFLlib's rows beside our runs of results/pfllib-fmnist/dir (each seed's newest run).
 PFLlib's evaluation k follows k rounds of training; our FedAvg's round k is its evaluation k, our
@@ -178,8 +179,8 @@ def run(method, evaluations, out, checkout, data_dir):
         try:
             __import__(module)
         except ImportError:
-            fail(f"PFLlib's code imports {module}: run this with a Python that has scikit-learn and h5py "
-                 "(a separate venv; docs/results.md)")
+            fail(f"PFLlib's code imports {module}: run this with the Python of a venv made by "
+                 "python tools/pfllib_venv.py VENV scikit-learn h5py (docs/results.md)")
     work = tempfile.mkdtemp()
     try:
         archive = subprocess.run(["git", "-C", checkout, "archive", PFLLIB_COMMIT, "system"], capture_output=True)
@@ -200,7 +201,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("report", help="the table, from --results")
-    p.add_argument("--results", default=os.path.join(ROOT, "results"))
+    p.add_argument("--results", default=os.path.join(ROOT, "results"),
+                   help="the folder holding crosscheck-pfllib/ and pfllib-fmnist/dir/ (default: this project's results/)")
     p = sub.add_parser("run", help="PFLlib's own FedAvg or FedALA, one thread, on the CPU")
     p.add_argument("method", choices=sorted(ALGORITHMS))
     p.add_argument("--pfllib", required=True, help="a clone of TsingZ0/PFLlib holding commit " + PFLLIB_COMMIT)

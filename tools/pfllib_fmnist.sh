@@ -5,56 +5,85 @@
 #   bash tools/pfllib_fmnist.sh DEST [PFLLIB]
 #
 # DEST: the folder that receives FashionMNIST-dir and FashionMNIST-pat (reproduce.py's --data-dir,
-#       the tests' PFLLIB_DATA_DIR). PFLLIB: a checkout of TsingZ0/PFLlib (default: cloned into a
-#       temporary folder); its files at commit d832e76 are read, yours is left as it is.
+#       the tests' PFLLIB_DATA_DIR). PFLLIB: a clone of TsingZ0/PFLlib (default: cloned into a
+#       temporary folder, which needs the network); its files at commit d832e76 are read, yours is left as it is.
 # Runs from any folder, leaves nothing behind but DEST/FashionMNIST-{dir,pat}, and skips a folder
-# that is there already (run it twice: the second run does nothing). The generator's own imports
-# (scikit-learn, ujson) go in a temporary venv that sees this Python's numpy, torch and torchvision.
+# that is there already (run it twice: the second run does nothing). Run it from the project's
+# environment (an activated virtual environment or a plain interpreter): the generator runs in a
+# temporary venv (tools/pfllib_venv.py) that sees this Python's numpy, torch and torchvision and
+# adds only the generator's own imports, pinned. Bad input, no clone or no network: one line, exit status 2.
+# For tests only: PFLLIB_COMMIT (another commit or ref to read), PFLLIB_GENERATOR_PACKAGES (what pip
+# installs; empty: nothing) and PFLLIB_FMNIST_RAW (another folder of the four .gz files) change what is
+# read and installed; the fingerprints of docs/datasets.md are those of the defaults.
 set -euo pipefail
-PFLLIB_COMMIT=d832e76
-RAW=/usr/share/datasets/fashion-mnist
-if [ $# -lt 1 ] || [ $# -gt 2 ]; then
-  echo "usage: bash tools/pfllib_fmnist.sh DEST [PFLLIB]" >&2; exit 2
+PFLLIB_COMMIT=${PFLLIB_COMMIT:-d832e76f6a23b833038949ec1e4fdefe63a4d350}
+PACKAGES=${PFLLIB_GENERATOR_PACKAGES-scikit-learn==1.9.1 ujson==6.1.0}
+RAW=${PFLLIB_FMNIST_RAW:-/usr/share/datasets/fashion-mnist}  # the four idx files, .gz
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+fail() { echo "error: $*" >&2; exit 2; }
+if [ $# -lt 1 ] || [ $# -gt 2 ] || [ -z "$1" ]; then
+  fail "usage: bash tools/pfllib_fmnist.sh DEST [PFLLIB]"
 fi
-mkdir -p "$1"
-DEST=$(cd "$1" && pwd)
-PYTHON=${PYTHON:-python3}
+PYTHON=${PYTHON:-$(command -v python3 || command -v python || true)}
+[ -n "$PYTHON" ] || fail "no python3 or python on PATH: activate the project's environment"
+DEST=$("$PYTHON" -c 'import os, sys; print(os.path.abspath(sys.argv[1]))' "$1")
+[ ! -e "$DEST" ] || [ -d "$DEST" ] || fail "$DEST is not a folder"
+above=$DEST
+while [ ! -e "$above" ]; do above=$(dirname "$above"); done
+[ -d "$above" ] && [ -w "$above" ] || fail "$above is not a folder you can write to: give another DEST"
 for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
-  [ -f "$RAW/$f.gz" ] || { echo "error: $RAW/$f.gz is missing: apt-get install dataset-fashion-mnist" >&2; exit 2; }
+  [ -f "$RAW/$f.gz" ] || fail "$RAW/$f.gz is missing: apt-get install dataset-fashion-mnist"
 done
 todo=()
 for p in dir pat; do
   if [ -f "$DEST/FashionMNIST-$p/config.json" ]; then
     echo "$DEST/FashionMNIST-$p is there already (skipped)"
   elif [ -e "$DEST/FashionMNIST-$p" ]; then
-    echo "error: $DEST/FashionMNIST-$p exists without its config.json (a stopped run of this script?): remove it" >&2
-    exit 2
+    fail "$DEST/FashionMNIST-$p exists without its config.json (a stopped run of this script?): remove it"
   else
     todo+=("$p")
   fi
 done
 [ ${#todo[@]} -gt 0 ] || exit 0
-WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
 REPO=${2:-}
+if [ -n "$REPO" ]; then
+  [ -d "$REPO" ] || fail "$REPO is not a folder: give a clone of TsingZ0/PFLlib"
+  REPO=$(cd "$REPO" && pwd)
+  git -C "$REPO" rev-parse -q --verify "$PFLLIB_COMMIT^{commit}" > /dev/null 2>&1 \
+    || fail "$REPO is no clone of TsingZ0/PFLlib holding commit $PFLLIB_COMMIT (git -C $REPO fetch, or clone it anew)"
+fi
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK" "$DEST"/.FashionMNIST-*.partial' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 if [ -z "$REPO" ]; then
-  REPO="$WORK/PFLlib.git" && git clone -q --bare https://github.com/TsingZ0/PFLlib "$REPO"
+  REPO="$WORK/PFLlib.git"
+  GIT_TERMINAL_PROMPT=0 git clone -q --bare https://github.com/TsingZ0/PFLlib "$REPO" 2> "$WORK/clone.log" \
+    || fail "cloning https://github.com/TsingZ0/PFLlib failed ($(tail -n 1 "$WORK/clone.log")): without the network, give a clone: bash tools/pfllib_fmnist.sh DEST path/to/PFLlib"
 fi
 mkdir "$WORK/PFLlib"  # only the generator and its utils/, as they are at the pinned commit (a checkout is not touched)
 for f in dataset/generate_FashionMNIST.py dataset/utils/dataset_utils.py; do
-  mkdir -p "$WORK/PFLlib/$(dirname "$f")" && git -C "$REPO" show "$PFLLIB_COMMIT:$f" > "$WORK/PFLlib/$f"
+  mkdir -p "$WORK/PFLlib/$(dirname "$f")"
+  git -C "$REPO" show "$PFLLIB_COMMIT:$f" > "$WORK/PFLlib/$f" 2> /dev/null \
+    || fail "$REPO has no $f at commit $PFLLIB_COMMIT"
 done
-"$PYTHON" -m venv --system-site-packages "$WORK/venv"
-"$WORK/venv/bin/python" -m pip install -q scikit-learn==1.9.1 ujson==6.1.0
+# shellcheck disable=SC2086  # PACKAGES is a list of words
+"$PYTHON" "$HERE/pfllib_venv.py" "$WORK/venv" $PACKAGES > /dev/null || exit 2
 for p in "${todo[@]}"; do
   # the generator writes into ./FashionMNIST/ under where it runs: one work folder per partition
   mkdir -p "$WORK/$p/FashionMNIST/rawdata/FashionMNIST/raw"
   cp "$WORK/PFLlib/dataset/generate_FashionMNIST.py" "$WORK/$p/" && cp -r "$WORK/PFLlib/dataset/utils" "$WORK/$p/"
   for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
-    gunzip -c "$RAW/$f.gz" > "$WORK/$p/FashionMNIST/rawdata/FashionMNIST/raw/$f"
+    gunzip -c "$RAW/$f.gz" > "$WORK/$p/FashionMNIST/rawdata/FashionMNIST/raw/$f" 2> /dev/null \
+      || fail "$RAW/$f.gz is no readable gzip file: apt-get install --reinstall dataset-fashion-mnist"
   done
-  (cd "$WORK/$p" && "$WORK/venv/bin/python" generate_FashionMNIST.py noniid - "$p" > generate.log)
+  if ! (cd "$WORK/$p" && "$WORK/venv/bin/python" generate_FashionMNIST.py noniid - "$p" > generate.log 2>&1); then
+    echo "error: PFLlib's generate_FashionMNIST.py noniid - $p failed: $(tail -n 1 "$WORK/$p/generate.log")" >&2
+    exit 1
+  fi
   mkdir "$WORK/$p/out" && mv "$WORK/$p/FashionMNIST/"{config.json,train,test} "$WORK/$p/out/"
-  mv "$WORK/$p/out" "$DEST/FashionMNIST-$p"  # whole or not at all
+  mkdir -p "$DEST"
+  mv "$WORK/$p/out" "$DEST/.FashionMNIST-$p.partial"  # then a rename: whole or not at all
+  mv "$DEST/.FashionMNIST-$p.partial" "$DEST/FashionMNIST-$p"
   echo "wrote $DEST/FashionMNIST-$p"
 done

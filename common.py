@@ -9,6 +9,7 @@ import argparse
 import math
 import os
 import queue
+import sys
 import threading
 
 import numpy as np
@@ -681,6 +682,11 @@ _TOGETHER = threading.local()  # hand_over: local_train's, in a client thread of
 _CANCEL = object()
 
 
+def _storage_holders(tensor):
+    """How many tensors share ``tensor``'s memory (itself and its views)."""
+    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata) - 1  # less the storage object asked
+
+
 class _Cancelled(BaseException):
     """Ends a client thread that waits in local_train after another client failed."""
 
@@ -698,7 +704,7 @@ class ClientPool:
     With --clients-together one model, and ``map_together``."""
 
     def __init__(self, models, client_sizes, together=False, at_once=None):
-        self.models, self.client_sizes, self.together = models, client_sizes, together
+        self.models, self.client_sizes, self.together, self.rows = models, client_sizes, together, None
         self.at_once = at_once or len(models)
 
     @classmethod
@@ -809,11 +815,15 @@ class ClientPool:
         """The round's client updates through ``map``: ``client_update(model, client)`` returns (the client's
         trained model, flat; anything else). Returns the trained models as the rows of one (K x D) tensor, in
         the order of ``clients``, then each further return value as a list over the clients. Each model is
-        copied into its row when its client finishes, and the rows are new each call: they may be kept (a
-        round holds no K models besides them: ResNet-18's FedAvg round peaked at 3,010 MB instead of 2,100
-        when it did, docs/speed.md)."""
-        state = float_state(self.models[0])
-        rows = torch.empty(len(clients), sum(v.numel() for v in state), dtype=state[0].dtype, device=state[0].device)
+        copied into its row when its client finishes (a round holds no K models besides them: ResNet-18's
+        FedAvg round peaked at 3,010 MB instead of 2,100 when it did, docs/speed.md). The rows may be kept:
+        those of the last call are reused only when nothing but the pool holds them any more (no name, no
+        view), a reuse nobody can observe; a script that is done with them drops them (``del``) for that."""
+        rows, self.rows, state = self.rows, None, float_state(self.models[0])  # rows: held here alone, unless kept
+        if rows is None or sys.getrefcount(rows) > 2 or _storage_holders(rows) > 1 or len(rows) != len(clients):
+            rows = torch.empty(len(clients), sum(v.numel() for v in state), dtype=state[0].dtype,
+                               device=state[0].device)
+        self.rows = rows
         position = {client: k for k, client in enumerate(clients)}
 
         def update(model, client):

@@ -265,12 +265,12 @@ def main(argv=None):
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
         global_state = common.flatten_state(global_model)
-        client_states, losses = pool.train(lambda model, client: common.client_update(model, global_state, data,
-                                                                                      client, args, round_),
-                                           clients)  # FedAvg's clients
+        client_states, losses = pool.train(lambda model, client: common.client_update(
+            model, global_state, data, client, args, round_), clients)  # FedAvg's clients
         losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         num_samples = [len(data.train_idx[client]) for client in clients]
         new_global, stats = server_update(client_states, num_samples, args, round_)
+        del client_states  # done with them: their memory serves the next round (common.ClientPool.train)
         common.load_flat_state(global_model, new_global)
         run.add_bytes(down=model_bytes * len(clients), up=model_bytes * len(clients))
         if run.should_eval(round_):

@@ -135,8 +135,8 @@ def test_one_fedala_round_reads_in_the_lines_of_common_py_that_docs_layout_names
 def test_the_scripts_and_the_shared_modules_stay_within_their_lengths():
     """The lengths the lean-scripts redesign brought them to, as upper bounds (lines, wc -l): each script
     shorter than it was before it, fedavg.py at most 100 and fedacd.py at most 320 lines; common.py,
-    datasets.py and run_folder.py together at most 3,385 (3,292 before --clients-together added its flag,
-    ClientPool.map_together and the --resume line: issue 61; its stacked SGD is together.py's, at most 90).
+    datasets.py and run_folder.py together at most 3,395 (3,292 before --clients-together added its flag,
+    ClientPool.map_together and the --resume line, issue 61, and the reuse of rows nothing holds, issue 64; its stacked SGD is together.py's, at most 90).
     Growing past them is a decision to make explicitly, here."""
     def length(name):
         return sum(1 for _ in open(os.path.join(ROOT, name)))
@@ -144,5 +144,5 @@ def test_the_scripts_and_the_shared_modules_stay_within_their_lengths():
     limits = {"fedavg.py": 100, "fedala.py": 245, "pfedla.py": 281, "fedpake.py": 290, "fedacd.py": 320}
     over = {name: length(name) for name, limit in limits.items() if length(name) > limit}
     assert not over, over
-    assert sum(length(f"{m}.py") for m in ("common", "datasets", "run_folder")) <= 3385
+    assert sum(length(f"{m}.py") for m in ("common", "datasets", "run_folder")) <= 3395
     assert length("together.py") <= 90

@@ -306,3 +306,24 @@ def test_together_on_cuda_stays_within_float32_rounding_of_the_loop(script, tmp_
             assert (value - b[key]).abs().max() < FLOAT32_ATOL, key
     for x, y in zip(metrics_rows(run_dir(tmp_path / "loop")), metrics_rows(run_dir(tmp_path / "together"))):
         assert abs(float(x["test_acc"]) - float(y["test_acc"])) <= 0.5
+
+
+def test_rows_nothing_holds_serve_the_next_call_and_rows_a_name_or_a_view_holds_do_not():
+    """Issue 64 without issue 54's memory back: a script that drops its rows (del) gets their memory reused."""
+    pool = common.ClientPool([torch.nn.Linear(2, 1)], [1, 1, 1])
+
+    def update(model, client):
+        return (torch.full((3,), float(client)),)
+
+    rows, = pool.train(update, [0, 1])
+    address = rows.data_ptr()
+    del rows
+    rows, = pool.train(update, [1, 2])
+    assert rows.data_ptr() == address  # nothing held them: reused
+    kept = rows
+    again, = pool.train(update, [0, 0])
+    assert again.data_ptr() != address and kept.tolist() == [[1.0] * 3, [2.0] * 3]
+    row, address = again[1], again.data_ptr()
+    del again, kept, rows
+    last, = pool.train(update, [2, 2])
+    assert last.data_ptr() != address and row.tolist() == [0.0] * 3  # a view held them

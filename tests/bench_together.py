@@ -4,6 +4,7 @@ about 5 minutes on an H200), and a tiny shape that proves it on a CPU.
     python tests/bench_together.py                                  # on the GPU (cuda)
     python tests/bench_together.py --pfllib CLONE --pfllib-data DIR --pfllib-python VENV/bin/python
     python tests/bench_together.py --device cpu --tiny              # the same table on a CPU, tiny shapes
+    python tests/bench_together.py --device cpu --tiny --cpu-seconds  # one FedAvg round's training, CPU seconds
 
 Rows: FedAvg, FedALA and pFedLA at the FedALA leaderboard's shape (Fashion-MNIST-shaped random data:
 uint8 1x28x28, 10 classes, 70,000 images; 20 clients, Dir(0.1), the 4-layer CNN --model cnn, batch 10,
@@ -80,6 +81,34 @@ def pfllib_round(a, work):
     return float(np.median(np.diff(seconds)[1:] if len(seconds) > 2 else np.diff(seconds))), util
 
 
+def cpu_seconds(a, work, repeats=2):
+    """--cpu-seconds: one FedAvg round's training at the leaderboard's shape (all 20 clients from one model), in
+    this process on one torch thread, the loop (--parallel-clients 1) and together in turn, A B A B: this
+    process's CPU seconds (time.process_time), which other jobs on the machine change far less than wall time."""
+    import fedavg
+    path = os.path.join(work, "fmnist.npz")
+    make_fmnist_shaped(path, 3000 if a.tiny else 70000)
+    torch.set_num_threads(1)
+    seconds, rows = {False: [], True: []}, {}
+    for _ in range(repeats):
+        for stacked in (False, True):
+            args = fedavg.parse_args(["--dataset", path, *LEADERBOARD, "--rounds", "1", "--parallel-clients", "1",
+                                      "--threads", "1", "--device", a.device, *(["--clients-together"] * stacked)])
+            device = common.resolve_device(args.device)
+            data = common.load_federated_data(args, device)
+            torch.manual_seed(0)
+            pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data), device, data)
+            start = common.flatten_state(pool.models[0]).clone()
+            cpu = time.process_time()
+            rows[stacked], _ = pool.train(lambda model, client: common.client_update(model, start, data, client, args,
+                                                                                     1), list(range(20)))
+            seconds[stacked].append(time.process_time() - cpu)
+    loop, together = np.median(seconds[False]), np.median(seconds[True])
+    print(f"one FedAvg round's training, 20 clients, CPU seconds (median of {repeats}, interleaved): loop {loop:.2f}, "
+          f"together {together:.2f}: together / loop {together / loop:.2f}x; max |loop - together| "
+          f"{float((rows[False] - rows[True]).abs().max()):.2g} (float32); load average {os.getloadavg()[0]:.1f}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda")
@@ -89,12 +118,17 @@ def main():
     p.add_argument("--pfllib", help="a clone of TsingZ0/PFLlib holding d832e76: adds PFLlib's FedAvg round")
     p.add_argument("--pfllib-data", help="the folder holding PFLlib's FashionMNIST-dir clients")
     p.add_argument("--pfllib-python", default=sys.executable, help="a Python with scikit-learn and h5py")
+    p.add_argument("--cpu-seconds", action="store_true", help="only one FedAvg round's training: CPU seconds of "
+                   "the loop and together, interleaved in this process (a loaded CPU's ratio)")
     a = p.parse_args()
     try:
         common.resolve_device(a.device)
     except common.UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    if a.cpu_seconds:
+        with tempfile.TemporaryDirectory(prefix="bench-together-") as work:
+            return cpu_seconds(a, work)
     fmnist, cifar = (3000, 1200) if a.tiny else (70000, 6000)
     print(f"device: {device_name(a.device)}{'' if a.device == 'cpu' else f', torch {torch.__version__}'}; "
           f"{a.rounds} rounds per run, "

@@ -9,6 +9,8 @@ import argparse
 import math
 import os
 import queue
+import sys
+import threading
 
 import numpy as np
 import torch
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 
 import datasets
 import run_folder
+import together
 from datasets import check_fits, synthetic_setting  # the scripts' too: common.check_fits
 from run_folder import DivergedError, UserError  # the scripts' too: common.UserError, their bad input
 
@@ -97,6 +100,10 @@ def base_parser(description, script=None, helps=None, **defaults):
       help="train this many clients at once on CPU threads, one torch thread each (1: one client at a time on "
       "all --threads threads; auto: one per --threads thread on CPU, up to 4 on a GPU); on a CPU results "
       "depend on whether this is 1, not on the schedule; on a GPU they do not depend on it")
+    a("--clients-together", action=argparse.BooleanOptionalAction, default=False,
+      help="train each round's clients as one stacked computation (torch.func; docs/speed.md): the loop's batches "
+      "and SGD, its results up to float rounding; not for models with BatchNorm, nor fedacd.py (its own local "
+      "training); --no-clients-together turns it off on --resume (default: off)")
     a("--threads", type=_thread_count, default="auto",
       help="CPU torch threads, which decide a CPU run's arithmetic (its results repeat bit for bit at the same "
       "count); auto (default): torch's own count, set by OMP_NUM_THREADS or the cores; config.json records the "
@@ -168,6 +175,9 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
          f"--classes-per-client must be >= 1, got {args.classes_per_client}"),
         (args.stop_after is None or args.stop_after >= 1, "--stop-after must be >= 1"),
         (bool(args.out.strip()), "--out must name a folder (. for the current one)"),
+        (not args.clients_together or parser.prog not in OWN_LOCAL_TRAINING, f"--clients-together: {parser.prog} "
+         "trains its clients with its own local training (mixup, its losses, P^m), not common.local_train, which "
+         "is what is stacked; leave the flag out"),
     ]
     for ok, message in [*shared, *(checks(args) if callable(checks) else checks)]:
         if not ok:  # with --resume, a value read from the run's config.json is named as such
@@ -549,6 +559,8 @@ def epoch_batches(idx, batch_size, epochs, seed):
 def local_train(model, data, idx, args, seed):
     """--local-epochs of minibatch SGD with cross-entropy on the train indices ``idx``. Returns the mean
     training loss, 0-dim (no host sync inside the loop)."""
+    if getattr(_TOGETHER, "hand_over", None):  # --clients-together: the pool trains the round's clients stacked
+        return _TOGETHER.hand_over(model, data, idx, args, seed)
     model.train()
     optimizer = make_optimizer(model, args)
     total, steps = torch.zeros((), device=data.x.device), 0
@@ -664,6 +676,21 @@ def client_threads(args, device):
     return 1 if parallel_clients(args, device) > 1 else getattr(args, "threads", None)
 
 
+# the programs whose clients train with their own local training, not local_train: --clients-together refuses them
+OWN_LOCAL_TRAINING = {"fedacd.py", "tools/fedacd_diagnostics.py"}
+_TOGETHER = threading.local()  # hand_over: local_train's, in a client thread of ClientPool.map_together
+_CANCEL = object()
+
+
+def _storage_holders(tensor):
+    """How many tensors share ``tensor``'s memory (itself and its views)."""
+    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata) - 1  # less the storage object asked
+
+
+class _Cancelled(BaseException):
+    """Ends a client thread that waits in local_train after another client failed."""
+
+
 class ClientPool:
     """The reusable models that run a round's client updates: ``map`` and ``train`` over the clients.
 
@@ -673,22 +700,34 @@ class ClientPool:
     many clients run at once on threads, one torch thread each, the largest clients first so the
     threads finish together; the server's work between rounds runs on all --threads. Client updates
     are independent, so results do not depend on the schedule, only, on a CPU, on whether each
-    client ran on one torch thread or on all of them. No model is built or copied per client."""
+    client ran on one torch thread or on all of them. No model is built or copied per client.
+    With --clients-together one model, and ``map_together``."""
 
-    def __init__(self, models, client_sizes):
-        self.models, self.client_sizes, self.rows = models, client_sizes, None
+    def __init__(self, models, client_sizes, together=False, at_once=None):
+        self.models, self.client_sizes, self.together, self.rows = models, client_sizes, together, None
+        self.at_once = at_once or len(models)
 
     @classmethod
     def build(cls, args, build_model, device, data):
         """A pool of ``--parallel-clients`` models made by ``build_model``, for ``data``'s clients."""
-        return cls([build_model().to(device) for _ in range(parallel_clients(args, device))],
-                   [len(i) for i in data.train_idx])
+        sizes = [len(i) for i in data.train_idx]
+        if getattr(args, "clients_together", False):
+            model = build_model().to(device)
+            buffers = [name for name, b in model.named_buffers() if b.is_floating_point()]
+            if buffers:
+                raise UserError(f"--clients-together cannot stack --model {args.model} ({model.__class__.__name__}): "
+                                f"its BatchNorm statistics ({buffers[0]}, ...) would need one copy per client and "
+                                "batch statistics without the padded samples; leave the flag out")
+            return cls([model], sizes, together=True, at_once=clients_per_round(args))
+        return cls([build_model().to(device) for _ in range(parallel_clients(args, device))], sizes)
 
     def __len__(self):
-        return len(self.models)
+        return self.at_once
 
     def map(self, client_update, clients):
         """``[client_update(model, client) for client in clients]``, each call given a free model."""
+        if self.together:
+            return self.map_together(client_update, clients)
         if len(self.models) == 1:
             return [client_update(self.models[0], client) for client in clients]
         from concurrent.futures import ThreadPoolExecutor
@@ -714,18 +753,77 @@ class ClientPool:
             executor.shutdown(wait=False, cancel_futures=True)
             torch.set_num_threads(threads)
 
+    def map_together(self, client_update, clients):
+        """``map`` with --clients-together: each ``client_update`` runs in a thread of its own, one at a time
+        on the one model, until it calls ``local_train``, which hands over (the model's state, the batches
+        its seed gives) and waits; the round's clients then train stacked (together.train_together), and each
+        update continues, one at a time in the clients' order, with its trained model loaded into the model
+        and its loss returned by ``local_train``. Only one thread runs at any time: what runs before and after
+        local_train (FedALA's ALA, the flattening) runs as in the loop. A failing update ends the waiting ones."""
+        model, events, paused, results = self.models[0], queue.SimpleQueue(), {}, {}
+
+        def run(client, answers):
+            def hand_over(m, data, idx, args, seed):
+                if m is not model:
+                    raise RuntimeError("--clients-together trains the pool's model only")
+                events.put(("paused", (flatten_state(m), list(epoch_batches(idx, args.batch_size, args.local_epochs,
+                                                                            seed)), data, args)))
+                answer = answers.get()
+                if answer is _CANCEL:
+                    raise _Cancelled()
+                return answer
+            _TOGETHER.hand_over = hand_over
+            try:
+                events.put(("done", client_update(model, client)))
+            except BaseException as e:  # noqa: BLE001  re-raised in the pool's thread
+                events.put(("failed", e))
+
+        def next_event(client):
+            kind, payload = events.get()
+            if kind == "failed" and not isinstance(payload, _Cancelled):
+                raise payload
+            if kind == "paused" and client in paused:
+                raise RuntimeError("--clients-together: a client update called local_train twice")
+            if kind == "paused":
+                paused[client] = (answers, payload)
+            else:
+                results[client] = payload
+
+        try:
+            for client in clients:
+                answers = queue.SimpleQueue()
+                threading.Thread(target=run, args=(client, answers), daemon=True).start()
+                next_event(client)
+            if paused:
+                (_, (_, _, data, args)), *_ = paused.values()
+                trained, losses = together.train_together(
+                    model, torch.stack([start for _, (start, *_) in paused.values()]),
+                    [batches for _, (_, batches, *_) in paused.values()], data.x, data.y, args.lr, args.momentum,
+                    args.weight_decay)
+                for k, client in enumerate(list(paused)):
+                    answers, _ = paused.pop(client)
+                    load_flat_state(model, trained[k])
+                    answers.put(losses[k])
+                    next_event(client)
+            return [results[client] for client in clients]
+        finally:  # a failure or a Ctrl-C: the waiting updates end, none runs on
+            for answers, _ in paused.values():
+                answers.put(_CANCEL)
+                events.get()
+
     def train(self, client_update, clients):
         """The round's client updates through ``map``: ``client_update(model, client)`` returns (the client's
         trained model, flat; anything else). Returns the trained models as the rows of one (K x D) tensor, in
         the order of ``clients``, then each further return value as a list over the clients. Each model is
-        copied into its row when its client finishes, and the rows are the pool's, reused by the next call
-        (copy them to keep them): a round holds no K models besides them (ResNet-18's FedAvg round peaked
-        at 3,010 MB instead of 2,100 when it did: docs/speed.md)."""
-        if self.rows is None or len(self.rows) < len(clients):
-            state = float_state(self.models[0])
-            self.rows = torch.empty(len(clients), sum(v.numel() for v in state), dtype=state[0].dtype,
-                                    device=state[0].device)
-        rows = self.rows[:len(clients)]
+        copied into its row when its client finishes (a round holds no K models besides them: ResNet-18's
+        FedAvg round peaked at 3,010 MB instead of 2,100 when it did, docs/speed.md). The rows may be kept:
+        those of the last call are reused only when nothing but the pool holds them any more (no name, no
+        view), a reuse nobody can observe; a script that is done with them drops them (``del``) for that."""
+        rows, self.rows, state = self.rows, None, float_state(self.models[0])  # rows: held here alone, unless kept
+        if rows is None or sys.getrefcount(rows) > 2 or _storage_holders(rows) > 1 or len(rows) != len(clients):
+            rows = torch.empty(len(clients), sum(v.numel() for v in state), dtype=state[0].dtype,
+                               device=state[0].device)
+        self.rows = rows
         position = {client: k for k, client in enumerate(clients)}
 
         def update(model, client):

@@ -62,6 +62,7 @@ def main(argv=None):
         losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         num_samples = [len(data.train_idx[client]) for client in clients]
         common.load_flat_state(global_model, server_update(client_states, num_samples))
+        del client_states  # done with them: their memory serves the next round (common.ClientPool.train)
         run.add_bytes(down=model_bytes * len(clients), up=model_bytes * len(clients))
         if run.should_eval(round_):
             run.log(round_, {**common.evaluate_global(global_model, data), "train_loss": sum(losses) / len(losses)})

@@ -271,6 +271,7 @@ def main(argv=None):
         losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         num_samples = [len(data.train_idx[client]) for client in clients]
         new_global, stats = server_update(client_states, num_samples, args, round_)
+        del client_states  # done with them: their memory serves the next round (common.ClientPool.train)
         common.load_flat_state(global_model, new_global)
         run.add_bytes(down=model_bytes * len(clients), up=model_bytes * len(clients))
         if run.should_eval(round_):

@@ -168,9 +168,10 @@ def run_main(main, argv=None):
 
 # flags that may differ on --resume: they do not change what is computed (--rounds extends the run)
 RESUME_MAY_CHANGE = {"rounds", "device", "parallel_clients", "data_dir", "out", "resume", "stop_after",
-                     "checkpoint_every"}
+                     "checkpoint_every", "clients_together"}  # --clients-together: the same SGD, other rounding
 # how a refusal on --resume names them (--resume itself aside), and what else may change
-MAY_CHANGE_LINE = ("only --rounds (to extend the run), --device, --parallel-clients, --data-dir, --checkpoint-every, "
+MAY_CHANGE_LINE = ("only --rounds (to extend the run), --device, --parallel-clients, --clients-together, --data-dir, "
+                   "--checkpoint-every, "
                    "--stop-after and --out may change, and --dataset to the new place of a dataset folder or .npz "
                    "file that moved (where config.json holds the data's fingerprint)")
 
@@ -193,6 +194,7 @@ ADDED_FLAGS = {"deterministic": "off",  # before the flag, torch's own settings
                "agnews_vocab": "train",  # AG News runs before the flag built the vocabulary from train texts
                "fedavg": False,  # fedacd.py before --fedavg: FedACD
                "log_risk": True, "log_kl": True,  # fedacd.py logged both at every evaluation before the flags
+               "clients_together": False,
                "threads": None}  # UNRECORDED: see below
 # flags that left a script for a program of tools/ (one mode per script): program -> (the script, its flags). A
 # run made with one of them set (config.json keeps the command as run) continues, and its command runs, there
@@ -553,6 +555,11 @@ def resumed_args(parser, argv):
     if "dataset" in given and movable and moved_dataset(saved["dataset"], given["dataset"]):
         args.dataset = given["dataset"]  # the data's new place; Run checks the fingerprint
     args.resume, args.stop_after = folder, given.get("stop_after")
+    if "clients_together" in given and given["clients_together"] != saved.get("clients_together", False):
+        print(f"[resume] {folder} was trained {'without' if given['clients_together'] else 'with'} "
+              f"--clients-together; it continues {'with' if given['clients_together'] else 'without'} it: the same "
+              "SGD with other float rounding, so its results will not repeat an uninterrupted run bit for bit",
+              flush=True)
     with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):  # a summary.json that cannot say
         with open(os.path.join(folder, "summary.json")) as f:  # (checked a regular file above, with RUN_FILES)
             text = f.read(RUN_JSON_MAX_BYTES + 1)
@@ -591,7 +598,7 @@ def _fits_one(action, value):
     """Whether ``value`` (not None) is one value that the flag's parser could have produced."""
     if action.choices is not None and value not in action.choices:
         return False
-    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse.BooleanOptionalAction)):
         return isinstance(value, bool)
     if action.type is int:
         return isinstance(value, int) and not isinstance(value, bool)

@@ -561,10 +561,11 @@ def test_the_resume_refusal_names_the_flags_that_may_change_and_each_of_them_may
     expected = sorted(f"--{k.replace('_', '-')}" for k in run_folder.RESUME_MAY_CHANGE - {"resume"})
     assert named == expected
     values = {"--rounds": "3", "--device": "cpu", "--parallel-clients": "1", "--data-dir": "elsewhere",
-              "--checkpoint-every": "7", "--stop-after": "2", "--out": "elsewhere"}
+              "--checkpoint-every": "7", "--stop-after": "2", "--out": "elsewhere", "--clients-together": True}
     for flag in named:  # each flag the line names is one a resume takes
-        args = fedavg.parse_args(["--resume", folder, "--rounds", "3", flag, values[flag]])
-        assert str(getattr(args, flag[2:].replace("-", "_"))) == values[flag], flag
+        given = [flag] if values[flag] is True else [flag, values[flag]]
+        args = fedavg.parse_args(["--resume", folder, "--rounds", "3", *given])
+        assert str(getattr(args, flag[2:].replace("-", "_"))) == str(values[flag]), flag
 
 
 def test_a_line_promises_a_checkpoint_only_while_it_is_there(tmp_path):

@@ -164,3 +164,9 @@ def test_server_setup_refuses_what_the_script_refuses_after_set_up(algorithm, fl
     job = flower_app.job_for(algorithm, ["--dataset", "synthetic", "--num-clients", "4", *flags])
     with pytest.raises(common.UserError, match=expected):
         flower_app.SERVERS[algorithm][0](job, {})
+
+
+def test_clients_together_is_refused_not_ignored():
+    """Each ClientApp trains one client: there is no round of clients in one process to stack."""
+    with pytest.raises(common.UserError, match="--clients-together stacks a round's clients in one process"):
+        flower_app.Job("fedavg", ["--dataset", "synthetic", "--num-clients", "4", "--clients-together"])

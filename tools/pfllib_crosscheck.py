@@ -124,13 +124,15 @@ def main_parser_defaults(system):
     return scope["parser"]
 
 
-def drive(method, evaluations, out, system):
-    """Run PFLlib's server ``method`` from ``system`` (cwd) until ``evaluations`` are written to ``out``."""
+def drive(method, evaluations, out, system, device="cpu"):
+    """Run PFLlib's server ``method`` from ``system`` (cwd) until ``evaluations`` are written to ``out``, on
+    ``device`` (cpu: one thread; cuda: main.py's -dev cuda, the first GPU)."""
     import torch
-    torch.set_num_threads(1)
+    if device == "cpu":
+        torch.set_num_threads(1)
     sys.path.insert(0, system)
-    args = main_parser_defaults(system).parse_args(
-        ["-data", "FashionMNIST-dir", "-m", "CNN", "-algo", ALGORITHMS[method], "-dev", "cpu"])
+    args = main_parser_defaults(system).parse_args(["-data", "FashionMNIST-dir", "-m", "CNN", "-algo",
+                                                    ALGORITHMS[method], "-dev", device])
     torch.manual_seed(0)
     np.random.seed(0)
     random.seed(0)
@@ -168,7 +170,7 @@ def drive(method, evaluations, out, system):
             pass
 
 
-def run(method, evaluations, out, checkout, data_dir):
+def run(method, evaluations, out, checkout, data_dir, device="cpu"):
     out = os.path.abspath(out)
     folder = os.path.join(os.path.abspath(data_dir), "FashionMNIST-dir")
     if os.path.lexists(out):
@@ -191,7 +193,7 @@ def run(method, evaluations, out, checkout, data_dir):
         os.makedirs(os.path.join(work, "dataset"))
         os.symlink(folder, os.path.join(work, "dataset", "FashionMNIST-dir"))  # its reader opens ../dataset/NAME/
         os.chdir(os.path.join(work, "system"))
-        drive(method, evaluations, out, os.getcwd())
+        drive(method, evaluations, out, os.getcwd(), device)
     finally:
         os.chdir(ROOT)
         shutil.rmtree(work, ignore_errors=True)
@@ -203,19 +205,21 @@ def main(argv=None):
     p = sub.add_parser("report", help="the table, from --results")
     p.add_argument("--results", default=os.path.join(ROOT, "results"),
                    help="the folder holding crosscheck-pfllib/ and pfllib-fmnist/dir/ (default: this project's results/)")
-    p = sub.add_parser("run", help="PFLlib's own FedAvg or FedALA, one thread, on the CPU")
+    p = sub.add_parser("run", help="PFLlib's own FedAvg or FedALA, one thread, on the CPU (or --device)")
     p.add_argument("method", choices=sorted(ALGORITHMS))
     p.add_argument("--pfllib", required=True, help="a clone of TsingZ0/PFLlib holding commit " + PFLLIB_COMMIT)
     p.add_argument("--data-dir", required=True, help="the folder holding FashionMNIST-dir")
     p.add_argument("--evaluations", type=int, default=31, help="PFLlib's evaluations 0..N-1 (default 31)")
     p.add_argument("--out", required=True, help="a new csv file")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="cpu (one thread, the cross-check's) or a GPU (tests/bench_together.py's PFLlib round)")
     args = parser.parse_args(argv)
     if args.command == "report":
         report(args.results)
     else:
         if args.evaluations < 1:
             fail("--evaluations must be at least 1")
-        run(args.method, args.evaluations, args.out, args.pfllib, args.data_dir)
+        run(args.method, args.evaluations, args.out, args.pfllib, args.data_dir, args.device)
 
 
 if __name__ == "__main__":

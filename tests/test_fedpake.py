@@ -44,9 +44,11 @@ def read_rows(folder, drop=()):
 def test_kappa_inf_is_exactly_weighted_average():
     x, w = skewed_stack()
     stats = {}
-    out = fedpake.fedpake_aggregate(x, w, kappa=math.inf, stats=stats, chunk_elems=256)
-    assert torch.equal(out, common.weighted_average(x, w))
-    assert stats == {"high_fraction": 0.0, "macro_classes": 0}
+    chunked = lambda *a, **k: fedpake.fedpake_aggregate_chunked(*a, **k, chunk_elems=256)  # noqa: E731
+    for aggregate in (fedpake.fedpake_aggregate, chunked):
+        out = aggregate(x, w, kappa=math.inf, stats=stats)
+        assert torch.equal(out, common.weighted_average(x, w))
+        assert stats == {"high_fraction": 0.0, "macro_classes": 0}
 
 
 @pytest.mark.parametrize("kappa", [0.2, 0.0])
@@ -64,7 +66,7 @@ def test_division_matches_independent_cv_and_low_part_is_fedavg():
     high = fedpake.parameter_division(x, 0.2)
     assert np.array_equal(high.numpy(), cv > 0.2) and 0 < high.sum() < x.shape[1]
     stats = {}
-    out = fedpake.fedpake_aggregate(x, w, kappa=0.2, stats=stats, chunk_elems=64)
+    out = fedpake.fedpake_aggregate(x, w, kappa=0.2, stats=stats)
     fedavg = common.weighted_average(x, w)
     assert torch.equal(out[~high], fedavg[~high])  # Eq. (10)
     assert not torch.allclose(out[high], fedavg[high])
@@ -72,26 +74,69 @@ def test_division_matches_independent_cv_and_low_part_is_fedavg():
 
 
 def test_the_aggregation_is_a_short_driver_over_its_stages_at_the_top_level():
-    """Each stage a top-level function a reader finds and a test calls; the driver fits on a screen and
-    holds no function (no test hook, no nested stage)."""
+    """Each stage a top-level function a reader finds and a test calls; the one-pass driver's body is about ten
+    statements over the stages, one pass (no loop: no chunks) and holds no function (no test hook, no nested
+    stage)."""
     import ast
     tree = ast.parse(open(fedpake.__file__).read())
     functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
     driver = functions["fedpake_aggregate"]
-    assert driver.end_lineno - driver.lineno + 1 <= 40
-    assert not [node for node in ast.walk(driver) if isinstance(node, ast.FunctionDef) and node is not driver]
+    body = driver.body[1:]  # after the docstring
+    assert body[-1].end_lineno - body[0].lineno + 1 <= 15
+    assert not [node for node in ast.walk(driver) if isinstance(node, (ast.FunctionDef, ast.For, ast.While,
+                                                                       ast.comprehension)) and node is not driver]
+    called = {n.func.id for n in ast.walk(driver) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert {"parameter_division", "micro_classes", "micro_class_disagreements", "cluster_macro_classes",
+            "macro_class_members", "tendency_weights", "random_micro_classes", "random_macro_classes"} <= called
     assert {"parameter_division", "micro_classes", "micro_class_disagreements", "cluster_macro_classes", "tendency",
             "macro_class_members", "tendency_weights"} <= set(functions)
     assert not [node for node in tree.body if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
                 and getattr(node.value.func, "attr", getattr(node.value.func, "id", None)) == "values"]
 
 
-def test_chunking_does_not_change_the_result():
+def draws(ablate, seed=5):
+    """The CPU generators of --ablate's random classes, fresh, as fedpake.py's server_update makes them."""
+    return {f"random_{kind}": torch.Generator().manual_seed(seed + tag)
+            for kind, tag in (("micro", 0), ("macro", 1)) if kind in ablate}
+
+
+@pytest.mark.parametrize("ablate", [(), ("micro",), ("macro",), ("micro", "macro")])
+def test_the_chunked_form_equals_the_one_pass_form(ablate):
+    """fedpake_aggregate_chunked, which fedpake.py runs on a stack of more than 2^20 values: the one-pass result for
+    any chunk size, with the same H, Micro-Classes (random ones too, drawn column by column), Macro-Classes and
+    statistics. Bit for bit with the whole stack in one chunk; with many, the columns' sums over clients (torch's
+    sum over a (K x h) block) round in the last bits by h, so there to float32 rounding."""
     x, w = skewed_stack(num_clients=9, dim=5000, seed=9)
-    stats_small, stats_one = {}, {}
-    small = fedpake.fedpake_aggregate(x, w, chunk_elems=9 * 37, stats=stats_small)
-    one = fedpake.fedpake_aggregate(x, w, chunk_elems=x.numel(), stats=stats_one)
-    assert stats_small == stats_one and torch.allclose(small, one, rtol=1e-6, atol=1e-6)
+    x[:, 4000:] = 2 + 0.001 * x[:, 4000:]  # chunks without a column of H
+    stats_one = {}
+    one = fedpake.fedpake_aggregate(x, w, stats=stats_one, **draws(ablate))
+    for chunk_elems in (x.numel(), 9 * 37, 9 * 1000, 5):
+        stats = {}
+        chunked = fedpake.fedpake_aggregate_chunked(x, w, chunk_elems=chunk_elems, stats=stats, **draws(ablate))
+        assert stats == stats_one and 0 < stats["high_fraction"] < 1
+        assert torch.equal(chunked, one) if chunk_elems == x.numel() else \
+            torch.allclose(chunked, one, rtol=1e-6, atol=1e-7)
+    changed = fedpake.fedpake_aggregate(x, w, **draws(ablate, seed=6))  # the draws do count
+    assert torch.equal(changed, one) == (ablate == ())
+
+
+@pytest.mark.parametrize("ablate", [(), ("micro",), ("micro", "macro")])
+def test_fedpake_py_picks_the_one_pass_form_up_to_2_20_values(ablate, monkeypatch):
+    """server_update's choice, and the seeds it draws the ablations from: one generator each, independent."""
+    called = []
+    for name in ("fedpake_aggregate", "fedpake_aggregate_chunked"):
+        real = getattr(fedpake, name)
+        monkeypatch.setattr(fedpake, name, lambda *a, real=real, name=name, **k: called.append((name, k)) or
+                            real(*a, **k))
+    args = fedpake.parse_args(["--dataset", "synthetic", *(["--ablate", *ablate] if ablate else [])])
+    for clients, dim in ((16, 2 ** 16), (16, 2 ** 16 + 1)):
+        x, _ = skewed_stack(num_clients=clients, dim=dim)
+        fedpake.server_update(x, [1] * clients, args, round_=3)
+    assert [name for name, _ in called] == ["fedpake_aggregate", "fedpake_aggregate_chunked"]
+    generators = {k: v for k, v in called[0][1].items() if k.startswith("random_")}
+    assert set(generators) == {f"random_{kind}" for kind in ablate}
+    states = [g.initial_seed() for g in generators.values()]
+    assert len(set(states)) == len(states)  # two seeds, not one feeding both
 
 
 def test_kappa_inf_end_to_end_equals_fedavg(tmp_path, one_thread):
@@ -241,30 +286,30 @@ def test_skew_nine_near_one_and_one_at_ten():
 
 # ----------------------------------------------------------------------------- 6. ablations (Table 4)
 
-@pytest.mark.parametrize("ablate", ["micro", "macro"])
+@pytest.mark.parametrize("ablate", [("micro",), ("macro",)])
 def test_ablations_change_the_result_and_are_reproducible(ablate):
     x, w = skewed_stack(num_clients=12, dim=2000, seed=8)
-    plain = fedpake.fedpake_aggregate(x, w, chunk_elems=4096)
-    a = fedpake.fedpake_aggregate(x, w, ablate=ablate, seed=11, chunk_elems=4096)
-    b = fedpake.fedpake_aggregate(x, w, ablate=ablate, seed=11, chunk_elems=4096)
-    c = fedpake.fedpake_aggregate(x, w, ablate=ablate, seed=12, chunk_elems=4096)
+    plain = fedpake.fedpake_aggregate(x, w)
+    a = fedpake.fedpake_aggregate(x, w, **draws(ablate, seed=11))
+    b = fedpake.fedpake_aggregate(x, w, **draws(ablate, seed=11))
+    c = fedpake.fedpake_aggregate(x, w, **draws(ablate, seed=12))
     assert torch.equal(a, b)
     assert not torch.allclose(a, plain) and not torch.allclose(a, c)
 
 
 def test_both_ablated_matches_an_independent_computation_of_eq_11_on_random_classes():
     """Table 4's row without Micro- and Macro-Classes: H by Eq. (2)-(5) (the CV computed here in
-    numpy), random Micro-Classes (uniform in [0, n_micro)) and random Macro-Classes (uniform in
-    [0, n_macro), empty ones dropped) drawn from the seed as the flag documents, then Eq. (9)/(11)
+    numpy), random Micro-Classes (uniform in [0, n_micro), column by column) and random Macro-Classes
+    (uniform in [0, n_macro), empty ones dropped), each from its own generator, then Eq. (9)/(11)
     computed column by column in plain Python; L is FedAvg."""
     x, w = skewed_stack(num_clients=9, dim=150, seed=3)
-    both = fedpake.fedpake_aggregate(x, w, n_micro=4, n_macro=3, ablate=["micro", "macro"], seed=5)
+    both = fedpake.fedpake_aggregate(x, w, n_micro=4, n_macro=3, **draws(("micro", "macro")))
     values, sizes = x.double().numpy(), np.array(w, dtype=float)
     cv = values.std(0) / (np.abs(values.mean(0)) + 1e-12)
     high = np.flatnonzero(cv > 0.2)
     assert 0 < len(high) < x.shape[1]
-    mic = torch.randint(4, (9, len(high)), generator=torch.Generator().manual_seed(5), dtype=torch.uint8).numpy()
-    draw = torch.randint(3, (9,), generator=torch.Generator().manual_seed(5)).tolist()
+    mic = torch.randint(4, (len(high), 9), generator=torch.Generator().manual_seed(5), dtype=torch.uint8).T.numpy()
+    draw = torch.randint(3, (9,), generator=torch.Generator().manual_seed(6)).tolist()
     classes = [[k for k in range(9) if draw[k] == c] for c in sorted(set(draw))]
     expected = sizes @ values / sizes.sum()
     for i, j in enumerate(high):
@@ -280,7 +325,7 @@ def test_both_ablated_matches_an_independent_computation_of_eq_11_on_random_clas
         expected[j] = total
     assert np.allclose(both.double().numpy(), expected, atol=1e-5)
     for one in ("micro", "macro"):
-        assert not torch.allclose(both, fedpake.fedpake_aggregate(x, w, n_micro=4, n_macro=3, ablate=one, seed=5))
+        assert not torch.allclose(both, fedpake.fedpake_aggregate(x, w, n_micro=4, n_macro=3, **draws((one,))))
 
 
 def test_ablate_takes_micro_macro_or_both():
@@ -291,32 +336,26 @@ def test_ablate_takes_micro_macro_or_both():
         parse("--ablate", "micro", "meso")
 
 
-def test_ablated_micro_classes_come_from_a_cpu_generator_on_every_device(monkeypatch):
-    # A generator made for the data's device would be a CUDA one on a GPU, whose stream differs
-    # from the CPU's for the same seed: the classes are drawn on the CPU and then moved.
-    x, w = skewed_stack(num_clients=12, dim=2000, seed=8)
-    real_generator, real_randint = torch.Generator, torch.randint
-    made, drawn = [], []
-
-    def generator(*args, **kwargs):
-        made.append((args, kwargs))
-        return real_generator(*args, **kwargs)
-
-    def randint(*args, **kwargs):
-        drawn.append(real_randint(*args, **kwargs))
-        return drawn[-1]
-
-    monkeypatch.setattr(torch, "Generator", generator)
-    monkeypatch.setattr(torch, "randint", randint)
-    fedpake.fedpake_aggregate(x, w, ablate="micro", seed=11, chunk_elems=4096)
+def test_both_ablations_draw_from_two_independent_generators_on_the_cpu(monkeypatch):
+    """--ablate micro macro with n_micro = n_macro: the Macro-Class draw is not client 0's first
+    Micro-Classes (one seed feeding both made it so), and every draw comes from a CPU generator (a
+    CUDA one's stream differs from the CPU's for the same seed), the same classes on every device."""
+    real_generator, made, drawn = torch.Generator, [], {}
+    monkeypatch.setattr(torch, "Generator", lambda *a, **k: made.append((a, k)) or real_generator(*a, **k))
+    for name in ("random_micro_classes", "random_macro_classes"):
+        real = getattr(fedpake, name)
+        monkeypatch.setattr(fedpake, name, lambda *a, real=real, name=name: drawn.setdefault(name, real(*a)))
+    args = fedpake.parse_args(["--dataset", "synthetic", "--ablate", "micro", "macro", "--n-micro", "4"])
+    x, w = skewed_stack(num_clients=20, dim=500, seed=8)
+    fedpake.server_update(x, w, args, round_=1)
     monkeypatch.undo()
-    assert made and all(m == ((), {}) for m in made)  # no device given: a CPU generator
-    cols = 4096 // len(x)  # the chunks of fedpake_aggregate, each drawn with one generator in turn
-    g = torch.Generator().manual_seed(11)
-    expected = [torch.randint(4, (len(x), int(fedpake.parameter_division(x[:, s:s + cols], 0.2).sum())), generator=g,
-                              dtype=torch.uint8) for s in range(0, x.shape[1], cols)]
-    assert len(drawn) % len(expected) == 0  # one pass over the chunks for each use of the classes
-    assert all(torch.equal(d, expected[i % len(expected)]) for i, d in enumerate(drawn))
+    assert made and all(m == ((), {}) for m in made)  # no device given: CPU generators
+    micro, macro = drawn["random_micro_classes"], drawn["random_macro_classes"]
+    assert micro.shape == (20, micro.shape[1]) and len(macro) == 20 and args.n_macro == 4
+    same_seed = torch.randint(4, (20,), generator=real_generator().manual_seed(
+        common.client_seed(args.seed, 1, 0, fedpake.MICRO_TAG)))
+    assert torch.equal(micro[:, 0].long(), same_seed)  # what one seed for both would have given the Macro-Classes
+    assert not torch.equal(torch.unique(same_seed, return_inverse=True)[1], macro)
 
 
 # ----------------------------------------------------------------------------- 7. the script

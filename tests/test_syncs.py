@@ -132,7 +132,7 @@ def test_fedpake_aggregate_gives_the_old_result(case):
     x, w = clustered_stack(num_clients, dim, groups, seed=sum(case[:3]))
     flags = dict(kappa=kappa, n_micro=n_micro, n_macro=n_macro, delta=delta, chunk_elems=num_clients * 256)
     stats_new, stats_old = {}, {}
-    new = fedpake.fedpake_aggregate(x, w, stats=stats_new, **flags)
+    new = fedpake.fedpake_aggregate_chunked(x, w, stats=stats_new, **flags)
     old = old_fedpake_aggregate(x, w, stats=stats_old, **flags)
     assert dim // 256 >= 3 and 0 < stats_new["high_fraction"] < 1
     assert torch.equal(new, old) and stats_new == stats_old
@@ -151,12 +151,12 @@ def test_the_cases_have_several_macro_classes():
 def test_fedpake_syncs_do_not_grow_with_the_chunks(host_syncs):
     x, w = clustered_stack(12, 3000, 4, seed=3)
     counts = {}
-    for aggregate in (fedpake.fedpake_aggregate, old_fedpake_aggregate):
+    for aggregate in (fedpake.fedpake_aggregate_chunked, old_fedpake_aggregate):
         for chunks in (1, 12):
             with host_syncs() as syncs:
                 aggregate(x, w, chunk_elems=x.numel() // chunks + 12)
             counts[aggregate, chunks] = syncs.names
-    one, many = counts[fedpake.fedpake_aggregate, 1], counts[fedpake.fedpake_aggregate, 12]
+    one, many = counts[fedpake.fedpake_aggregate_chunked, 1], counts[fedpake.fedpake_aggregate_chunked, 12]
     assert one == many and "aten.nonzero.default" not in many  # the host's clustering loop only, as one chunk
     assert len(counts[old_fedpake_aggregate, 12]) > len(counts[old_fedpake_aggregate, 1]) + 30  # the counter sees it
 

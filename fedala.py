@@ -159,7 +159,7 @@ class ALA:
 
     def load_state_dict(self, state):
         self.weights.copy_(state["weights"])
-        self.initial_stage = list(state["initial_stage" if "initial_stage" in state else "start_phase"])  # older name
+        self.initial_stage = list(state["initial_stage"])
         self.init_losses = [list(l) for l in state["init_losses"]]
 
 

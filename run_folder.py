@@ -199,6 +199,22 @@ ADDED_FLAGS = {"deterministic": "off",  # before the flag, torch's own settings
 # with the same flags; the program also continues the script's own runs (docs/running.md)
 MOVED = {"tools/fedavg_variants": ("fedavg", ("local_training", "eval_local_models")),
          "tools/fedacd_diagnostics": ("fedacd", ("fedavg", "log_risk", "log_kl"))}
+# flag values that older runs saved in another form (config.json and the checkpoint's args): flag -> today's form
+OLDER_FORM = {"ablate": lambda value: [value] if isinstance(value, str) else value}  # fedpake.py: one string before
+# checkpoint state saved under older keys: (state entry, old key) -> today's key, renamed before load_state_dict
+RENAMED_STATE = {("ala", "start_phase"): "initial_stage"}  # fedala.py's ALA, the official ALA.py's name before
+
+
+def todays_form(args):
+    """A run's saved arguments (config.json's or its checkpoint's) with older forms of values as today's (OLDER_FORM)."""
+    return {k: OLDER_FORM[k](v) if k in OLDER_FORM else v for k, v in args.items()}
+
+
+def todays_state(entry, state):
+    """A checkpoint's state ``entry`` (a state_dict) with older keys renamed to today's (RENAMED_STATE)."""
+    if not isinstance(state, dict):
+        return state
+    return {RENAMED_STATE.get((entry, k), k): v for k, v in state.items()}
 
 
 def recorded_args(args, script):
@@ -494,7 +510,7 @@ def resumed_args(parser, argv):
     for name in RUN_FILES:  # before any of them is opened
         check_regular(os.path.join(folder, name))
     config = read_config(path)
-    saved, script = {**ADDED_FLAGS, **config["args"]}, config.get("script")
+    saved, script = todays_form({**ADDED_FLAGS, **config["args"]}), config.get("script")
     # older run folders name no script, and flower/app.py's checkpoint is the script's: the algorithm names it
     if script in (None, "flower_app"):  # (check_config: the algorithm is a name, the script one if given)
         script = {"heurpfedla": "pfedla"}.get(config["algorithm"], config["algorithm"])
@@ -560,6 +576,14 @@ def _fits(action, value):
     """Whether a value read from config.json is one that the flag's parser could have produced."""
     if value is None:
         return action.default is None
+    if action.nargs in ("+", "*"):  # a list of values (fedpake.py's --ablate micro macro)
+        return isinstance(value, list) and bool(value or action.nargs == "*") and all(
+            v is not None and _fits_one(action, v) for v in value)
+    return _fits_one(action, value)
+
+
+def _fits_one(action, value):
+    """Whether ``value`` (not None) is one value that the flag's parser could have produced."""
     if action.choices is not None and value not in action.choices:
         return False
     if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
@@ -1101,7 +1125,7 @@ class Run:
                 raise ValueError("it holds another algorithm's state")
             fixed = self._fixed_args()
             added = {k: v for k, v in ADDED_FLAGS.items() if k in fixed}  # this script's flags only
-            saved = {**added, **blob["args"]} if "args" in blob else fixed  # checkpoints before 2026-11: none
+            saved = todays_form({**added, **blob["args"]}) if "args" in blob else fixed  # before 2026-11: none
             if "args" in blob and "threads" not in blob["args"]:  # written before --threads: config.json holds
                 saved["threads"] = fixed.get("threads")            # the count (tools/record_threads.py) or none
             if moved_dataset(saved.get("dataset"), fixed.get("dataset")):
@@ -1115,7 +1139,7 @@ class Run:
                 raise ValueError("it holds non-finite weights")
             for k, v in blob["state"].items():
                 if hasattr(state[k], "load_state_dict"):
-                    state[k].load_state_dict(v)
+                    state[k].load_state_dict(todays_state(k, v))
                 elif isinstance(state[k], torch.Tensor) and isinstance(v, torch.Tensor) and v.shape == state[k].shape:
                     state[k].copy_(v)
                 else:

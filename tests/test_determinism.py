@@ -150,6 +150,39 @@ def test_a_run_made_before_the_newer_flags_resumes_with_the_values_it_ran_with(s
     assert keep(metrics_rows(folder)) == keep(metrics_rows(run_dir(tmp_path / "full")))
 
 
+def older_forms(blob, config):  # fedala.py's ALA state before initial_stage was named
+    blob["state"]["ala"]["start_phase"] = blob["state"]["ala"].pop("initial_stage")
+
+
+def one_string_ablate(blob, config):  # fedpake.py before --ablate took two values
+    blob["args"]["ablate"] = config["args"]["ablate"] = "micro"
+
+
+@pytest.mark.parametrize("script, flags, make_older", [("fedala", [], older_forms),
+                                                        ("fedpake", ["--ablate", "micro"], one_string_ablate)])
+def test_a_run_saved_in_older_forms_resumes_as_it_ran(script, flags, make_older, tmp_path):
+    """run_folder.py's resume reads what older runs saved in another form (run_folder.OLDER_FORM, RENAMED_STATE):
+    ALA's initial-stage flags under the official ALA.py's key start_phase, and fedpake.py's one-string --ablate. Such a
+    run resumes (after round 2, when ALA's initial stage is over: its flags decide round 3) and ends like an
+    uninterrupted run; the pieces (ALA.load_state_dict, fedpake_aggregate) know only today's form."""
+    flags = ["--dataset", "synthetic", *TINY, "--rounds", "3", "--checkpoint-every", "1", *flags]
+    assert run_in_process(f"{script}.py", *flags, "--out", tmp_path / "full") == 0
+    assert run_in_process(f"{script}.py", *flags, "--out", tmp_path / "old", "--stop-after", "2") == 0
+    folder = run_dir(tmp_path / "old")
+    config_path, checkpoint_path = os.path.join(folder, "config.json"), os.path.join(folder, "checkpoint.pt")
+    config, blob = json.load(open(config_path)), torch.load(checkpoint_path, weights_only=False)
+    if script == "fedala":
+        assert blob["state"]["ala"]["initial_stage"] == [False] * 3  # what round 3 reads
+    make_older(blob, config)
+    json.dump(config, open(config_path, "w"))
+    torch.save(blob, checkpoint_path)
+    assert run_in_process(f"{script}.py", "--resume", folder) == 0
+    keep = lambda rows: [{k: v for k, v in r.items() if k not in MEASURED} for r in rows]
+    assert keep(metrics_rows(folder)) == keep(metrics_rows(run_dir(tmp_path / "full")))
+    assert run_in_process(f"{script}.py", "--resume", folder, "--rounds", "4") == 0  # and again, from today's form
+    assert len(metrics_rows(folder)) == 4
+
+
 def test_resnet_pooling_on_cuda_is_a_mean_with_the_same_values_and_gradients():
     """torch raises for AdaptiveAvgPool2d's CUDA backward in deterministic mode (--deterministic auto on
     CUDA), so build_model swaps it for a mean there; checked here on a CPU: same outputs and gradients,

@@ -109,12 +109,11 @@ ABOVE_CHANCE, GLOBAL_MARGIN = 40, 10
 def keep_first_client(module, monkeypatch):
     """A broken aggregation: the new global model is the first client's trained model."""
     if module is fedpake:
-        aggregate = fedpake.fedpake_aggregate
-
-        def first_client(stacked, *args, **kwargs):
-            aggregate(stacked, *args, **kwargs)  # for its statistics, which the script prints
-            return stacked[0].clone()
-        monkeypatch.setattr(fedpake, "fedpake_aggregate", first_client)
+        for name in ("fedpake_aggregate", "fedpake_aggregate_chunked"):  # whichever form fedpake.py picks
+            def first_client(stacked, *args, aggregate=getattr(fedpake, name), **kwargs):
+                aggregate(stacked, *args, **kwargs)  # for its statistics, which the script prints
+                return stacked[0].clone()
+            monkeypatch.setattr(fedpake, name, first_client)
     else:
         monkeypatch.setattr(fedacd, "server_update", lambda client_states, *a, **k: client_states[0].clone())
 

@@ -21,7 +21,6 @@ Details and our choices: docs/fedavg.md.
 import startup  # first, before torch loads (seconds): a Ctrl-C while starting ends in one line (startup.py)
 import common
 
-
 import run_folder
 
 HEADLINE_METRIC = "test_acc"  # what the paper reports, in metrics.csv
@@ -34,10 +33,10 @@ def parse_args(argv=None):
     return common.parse_args(parser, argv, common.fedala_learning_rate)
 
 
-def server_update(client_states, num_samples, aggregate=common.weighted_average):
-    """The server's step: the new global model from the clients' trained models (K x D, or a list)
-    and their sample counts. FedPake passes its own ``aggregate``."""
-    return aggregate(common.as_rows(client_states), num_samples)
+def server_update(client_states, num_samples):
+    """The server's step (Alg. 1's last line): the new global model, the average of the clients' trained models (K x D,
+    or a list) weighted by their sample counts, w <- sum_k n_k / n w^k."""
+    return common.weighted_average(common.as_rows(client_states), num_samples)
 
 
 def main(argv=None):

@@ -1,27 +1,25 @@
 """pFedLA and HeurpFedLA (Ma et al., "Layer-wised Model Aggregation for Personalized
 Federated Learning", CVPR 2022). Our choices where the paper is silent: docs/pfedla.md.
 
-The server keeps the latest trained model theta_j of every client (Alg. 1 "intermediate
-parameters", one row of an N x D tensor, the model's float state flattened) and one
-hypernetwork HN_i(v_i; psi_i) per client that outputs layer-wise aggregation weights
-alpha_i (Eq. 3-4). Each round (Alg. 1):
+The server keeps the latest trained model theta_j of every client (Alg. 1 "intermediate parameters", one row of an
+N x D tensor, the model's float state flattened) and one hypernetwork HN_i(v_i; psi_i) per client that outputs
+layer-wise aggregation weights alpha_i (Eq. 3-4). Each round (Alg. 1):
   l. 5   theta_bar_i^l = sum_j alpha_i^{l,j} theta_j^l for every layer l (Eq. 5-6);
   l. 6   client i runs --local-epochs of SGD from theta_bar_i, returns Delta theta_i;
   l. 7   the server stores theta_i := theta_bar_i + Delta theta_i;
   l. 8   v_i, psi_i += hn_lr (d theta_bar_i / d(v_i, psi_i))^T Delta theta_i (Eq. 10-11),
          i.e. gradient descent on 1/2 ||theta_bar_i - stop_grad(theta_bar_i + Delta theta_i)||^2:
          the personalised model moves towards the trained one.
-HeurpFedLA (--k K, Alg. 2, Eq. 12): the K layers with the largest self-weight alpha_i^{l,i}
-are neither aggregated nor sent; client i keeps its own theta_i^l for them (l. 7, 13). The
-hypernetwork step (l. 10) still uses theta_bar_i of l. 5, the full aggregate, and Delta theta_i
-over all layers (its return line), so the heads of the retained layers learn too. K=0 is pFedLA.
+HeurpFedLA (--k K, Alg. 2, Eq. 12): the K layers with the largest self-weight alpha_i^{l,i} are neither aggregated
+nor sent; client i keeps its own theta_i^l for them (l. 7, 13). The hypernetwork step (l. 10) still uses
+theta_bar_i of l. 5, the full aggregate, and Delta theta_i over all layers (its return line), so the heads of the
+retained layers learn too. K=0 is pFedLA.
 
-A "layer" is a module that owns parameters; BatchNorm running statistics
-are aggregated with their layer, integer buffers are not aggregated. The clients of a round
-are handled "in parallel" (Alg. 1 l. 4): all personalised models of a round are built from
-the stored models at the start of the round. Evaluated model: theta_bar_i, built from the
-current hypernetworks and stored models (what client i receives next), on client i's test
-data; the paper reports the unweighted mean over clients (test_acc_mean).
+A "layer" is a module that owns parameters; BatchNorm running statistics are aggregated with their layer, integer
+buffers are not aggregated. The clients of a round are handled "in parallel" (Alg. 1 l. 4): all personalised
+models of a round are built from the stored models at the start of the round. Evaluated model: theta_bar_i, built
+from the current hypernetworks and stored models (what client i receives next), on client i's test data; the paper
+reports the unweighted mean over clients (test_acc_mean).
 
     python pfedla.py --dataset synthetic --rounds 10          # offline quick start (mlp)
     python pfedla.py --dataset cifar10                        # Table 1, 10 clients, non-IID_1
@@ -43,12 +41,10 @@ HEADLINE = "test_acc_mean (unweighted mean over clients; Table 1 after 600 round
 AUTO_IMAGE = "pfedlacnn"  # --model auto on images: the CNN of Sec. 4.1
 
 
-def pfedla_learning_rate(args):
-    if args.lr is None:  # Sec. 4.2: 0.01 for CIFAR, 0.005 for EMNIST and FashionMNIST
-        args.lr = 0.005 if args.dataset in ("emnist", "fmnist") else 0.01
-
-
 def parse_args(argv=None):
+    def resolve(args):  # Sec. 4.2: lr 0.01 for CIFAR, 0.005 for EMNIST and FashionMNIST
+        args.lr = (0.005 if args.dataset in ("emnist", "fmnist") else 0.01) if args.lr is None else args.lr
+
     parser = common.base_parser(__doc__.splitlines()[0], script="pfedla", partition="pfedla1", num_clients=10,
                                 join_ratio=1.0, local_epochs=10, batch_size=32, lr=None, rounds=600, train_ratio=0.70,
                                 helps={"lr": "local learning rate (default: 0.005 on emnist and fmnist, else 0.01)"})
@@ -56,9 +52,9 @@ def parse_args(argv=None):
     a("--k", type=int, default=0, help="HeurpFedLA: layers kept local (top-k self-weight); 0 = pFedLA")
     a("--embed-dim", type=int, default=100, help="size of the embedding v_i")
     a("--hidden-dim", type=int, default=100, help="width of the hypernetwork MLP (3 hidden layers)")
-    a("--hn-lr", type=float, default=1.0,
-      help="step size of the hypernetwork update (Alg. 1 l. 8; plain SGD, the paper gives none)")
-    return common.parse_args(parser, argv, pfedla_learning_rate, checks=lambda args: [
+    a("--hn-lr", type=float, default=1.0, help="step size of the hypernetwork update (Alg. 1 l. 8; plain SGD, "
+      "the paper gives none)")
+    return common.parse_args(parser, argv, resolve, checks=lambda args: [
         (args.k >= 0, f"--k must be >= 0, got {args.k}"),
         (math.isfinite(args.hn_lr) and args.hn_lr >= 0, f"--hn-lr must be a finite number >= 0, got {args.hn_lr}"),
         (1 <= args.embed_dim <= 100000 and 1 <= args.hidden_dim <= 100000,
@@ -69,10 +65,9 @@ class LayerHypernetworks(nn.Module):
     """The N hypernetworks HN_i(v_i; psi_i) of Eq. (4), batched: every tensor has a leading
     client dimension, so all clients' hypernetworks run as one einsum per layer.
 
-    HN_i: embedding v_i -> 3 x (Linear, ReLU) -> one linear head per model layer l giving N
-    scores -> softmax over clients, so alpha_i^l >= 0 and sum_j alpha_i^{l,j} = 1 (Eq. 3).
-    Initialisation as nn.Linear / nn.Embedding (U(+-1/sqrt(fan_in)), N(0, 1)), drawn from
-    ``generator`` (default: torch's global one): alpha starts close to uniform."""
+    HN_i: embedding v_i -> 3 x (Linear, ReLU) -> one linear head per model layer l giving N scores -> softmax over
+    clients, so alpha_i^l >= 0 and sum_j alpha_i^{l,j} = 1 (Eq. 3). Initialisation as nn.Linear / nn.Embedding
+    (U(+-1/sqrt(fan_in)), N(0, 1)), drawn from ``generator``: alpha starts close to uniform."""
 
     def __init__(self, num_clients, num_layers, embed_dim=100, hidden_dim=100, hidden_layers=3, generator=None):
         super().__init__()
@@ -99,10 +94,9 @@ class LayerHypernetworks(nn.Module):
 
 
 def layer_sizes(model):
-    """Length of each layer's block in the model's flat float state (the float entries of its
-    state_dict, in order). A layer is a module that owns parameters; its parameters and float
-    buffers (BatchNorm's running statistics) must be consecutive, and the layers must cover the
-    whole vector in their registration order."""
+    """Length of each layer's block in the model's flat float state (the float entries of its state_dict, in order). A
+    layer is a module that owns parameters; its parameters and float buffers (BatchNorm's running statistics) must
+    be consecutive, and the layers must cover the whole vector in their registration order."""
     layers = [(name, m) for name, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))]
     owner = {(f"{name}." if name else "") + k: i for i, (name, m) in enumerate(layers)
              for k, _ in [*m.named_parameters(recurse=False), *m.named_buffers(recurse=False)]}
@@ -120,17 +114,29 @@ def layer_sizes(model):
     return sizes
 
 
-def aggregate_layerwise(alpha, client_models, sizes):
-    """Eq. (5)-(6): theta_bar_i^l = sum_j alpha_i^{l,j} theta_j^l, for every layer l.
-    alpha (S, layers, N), client_models (N, D) -> personalised models (S, D)."""
-    blocks = client_models.split(sizes, dim=1)
+def flatten_state(model):
+    """common.py's, so that the pieces paste alone: the state_dict's float entries as one vector (a stored model)."""
+    return torch.cat([v.reshape(-1) for v in model.state_dict().values() if v.is_floating_point()])
+
+
+def load_flat_state(model, flat):
+    """``flatten_state``'s inverse, in place; integer buffers (BatchNorm's batch count) are kept."""
+    state = [v for v in model.state_dict().values() if v.is_floating_point()]  # detached views: copy_ needs no no_grad
+    for v, part in zip(state, flat.split([v.numel() for v in state])):
+        v.copy_(part.view_as(v))
+
+
+def aggregate_layerwise(alpha, stored_models, sizes):
+    """Eq. (5)-(6): theta_bar_i^l = sum_j alpha_i^{l,j} theta_j^l, for every layer l. alpha (S, layers, N),
+    stored_models (N, D) -> personalised models (S, D)."""
+    blocks = stored_models.split(sizes, dim=1)
     return torch.cat([alpha[:, l] @ block for l, block in enumerate(blocks)], dim=1)
 
 
 def retained_layers(alpha, clients, k):
-    """Eq. (12), Alg. 2 l. 6: for each client i, the k layers with the largest self-weight
-    alpha_i^{l,i}, as a (S, layers) boolean mask. ``alpha`` (S, layers, N) as ``LayerHypernetworks``
-    returns it for ``clients``, the S client ids (a list or a tensor)."""
+    """Eq. (12), Alg. 2 l. 6: for each client i, the k layers with the largest self-weight alpha_i^{l,i}, as a (S,
+    layers) boolean mask. ``alpha`` (S, layers, N) as ``LayerHypernetworks`` returns it for ``clients``, the S
+    client ids (a list or a tensor)."""
     clients = torch.as_tensor(clients, device=alpha.device)
     self_weight = alpha[torch.arange(len(clients), device=alpha.device), :, clients]  # (S, layers)
     is_retained = torch.zeros_like(self_weight, dtype=torch.bool)
@@ -139,27 +145,25 @@ def retained_layers(alpha, clients, k):
     return is_retained
 
 
-def with_retained_layers(theta_bar, client_models, clients, sizes, is_retained):
-    """Alg. 2 l. 7 and 13: the model client i starts local training from: the layer-wise
-    aggregate theta_bar_i, except for its retained layers (``is_retained``), where it has its own
-    theta_i^l (its last trained model, which is also the server's stored row i, so the
-    simulation reads it from there). With no retained layer this is theta_bar_i itself."""
-    # sizes copied without waiting and the output length given: no GPU sync (once per client when evaluating)
-    retained_entries = is_retained.repeat_interleave(torch.as_tensor(sizes).to(is_retained.device, non_blocking=True),
-                                                     dim=1,
-                                          output_size=sum(sizes))
-    return torch.where(retained_entries, client_models[clients], theta_bar)
+def with_retained_layers(theta_bar, stored_models, clients, sizes, is_retained):
+    """Alg. 2 l. 7 and 13: the model client i starts local training from: the layer-wise aggregate theta_bar_i, except
+    for its retained layers (``is_retained``), where it has its own theta_i^l (its last trained model, which is also
+    the server's stored row i, so the simulation reads it from there). With no retained layer this is theta_bar_i
+    itself."""
+    own = stored_models[clients].split(sizes, dim=1)
+    return torch.cat([torch.where(is_retained[:, l, None], own[l], block)
+                      for l, block in enumerate(theta_bar.split(sizes, dim=1))], dim=1)
 
 
 def hypernetwork_step(hypernetworks, theta_bar, update, hn_lr):
-    """Alg. 1 l. 8, Eq. (10)-(11): (v_i, psi_i) += hn_lr (d theta_bar_i / d(v_i, psi_i))^T Delta theta_i,
-    ``update`` the clients' Delta theta_i (S, D), trained minus received. Written as one SGD step on
-    1/2 ||theta_bar_i - stop_grad(theta_bar_i + Delta theta_i)||^2, whose gradient is
-    -(d theta_bar_i / d psi_i)^T Delta theta_i: theta_bar_i moves towards the trained model. Summed
-    over clients, since every client has its own v_i, psi_i.
-    Precondition: ``theta_bar`` must be the server's own aggregate, still attached to the graph of
-    ``hypernetworks`` (``aggregate_layerwise(hypernetworks(clients), ...)`` of this round, not
-    detached and not the copy a client received): the gradient flows through it."""
+    """Alg. 1 l. 8, Eq. (10)-(11): (v_i, psi_i) += hn_lr (d theta_bar_i / d(v_i, psi_i))^T Delta theta_i, ``update``
+    the clients' Delta theta_i (S, D), trained minus received; summed over clients (each has its own v_i, psi_i).
+    One SGD step on 1/2 ||theta_bar_i - stop_grad(theta_bar_i + Delta theta_i)||^2: theta_bar_i moves towards the
+    trained model. The step size is ours: Eq. (10)-(11) give none (pfedla.py's --hn-lr 1.0; the public
+    re-implementation subtracts 5e-3 times the same vector, with other hypernetworks: docs/pfedla.md).
+    Precondition: ``theta_bar`` must be the server's own aggregate, still attached to the graph of ``hypernetworks``
+    (``aggregate_layerwise(hypernetworks(clients), ...)`` of this round, not detached and not the copy a client
+    received): the gradient flows through it."""
     if theta_bar.grad_fn is None:
         raise ValueError("hypernetwork_step needs theta_bar attached to the hypernetworks' graph (the server's "
                          "aggregate_layerwise(hypernetworks(clients), ...) of this round), not a detached copy")
@@ -171,36 +175,35 @@ def hypernetwork_step(hypernetworks, theta_bar, update, hn_lr):
 
 
 def client_update(model, theta_bar_i, data, client, args, round_):
-    """Client i (Alg. 1 l. 10-14): set its model to the received theta_bar_i (flat) and run local
-    SGD. Returns (the trained model, flat; the mean training loss, 0-dim). The client sends
-    Delta theta_i = trained - theta_bar_i."""
-    common.load_flat_state(model, theta_bar_i)
+    """Client i (Alg. 1 l. 10-14): set its model to the received theta_bar_i (flat) and run local SGD. Returns (the
+    trained model, flat; the mean training loss, 0-dim). The client sends Delta theta_i = trained - theta_bar_i."""
+    load_flat_state(model, theta_bar_i)
     loss = common.local_train(model, data, data.train_idx[client], args, common.client_seed(args.seed, round_, client))
-    return common.flatten_state(model), loss
+    return flatten_state(model), loss
 
 
-def server_update(hypernetworks, client_models, clients, theta_bar, received, trained, hn_lr):
-    """The server after the round (Alg. 1 l. 7-8, Alg. 2 l. 9-10): Delta theta_i = trained -
-    received (what the client started from, retained layers included: the return line of Alg. 2), the
-    hypernetwork step with the full aggregate theta_bar_i of l. 5 and that Delta over all layers,
-    then theta_i := received + Delta theta_i stored, i.e. the trained model (bit-exact)."""
+def server_update(hypernetworks, stored_models, clients, theta_bar, received, trained, hn_lr):
+    """The server after the round (Alg. 1 l. 7-8, Alg. 2 l. 9-10): Delta theta_i = trained - received (what the client
+    started from, retained layers included: the return line of Alg. 2), the hypernetwork step with the full
+    aggregate theta_bar_i of l. 5 and that Delta over all layers, then theta_i := received + Delta theta_i stored,
+    i.e. the trained model (bit-exact)."""
     trained = common.as_rows(trained)
     hypernetwork_step(hypernetworks, theta_bar, trained - received, hn_lr)
-    client_models[clients] = trained
+    stored_models[clients] = trained
 
 
 @torch.no_grad()
-def evaluate_personalised(hypernetworks, client_models, worker, data, sizes, k):
-    """Every client's theta_bar_i (what it receives next) on its own test data. Also returns the
-    mean self-weight alpha_i^{l,i} over clients and layers (a diagnostic of personalisation)."""
-    ids = torch.arange(data.num_clients, device=client_models.device)
+def evaluate_personalised(hypernetworks, stored_models, worker, data, sizes, k):
+    """Every client's theta_bar_i (what it receives next) on its own test data. Also returns the mean self-weight
+    alpha_i^{l,i} over clients and layers (a diagnostic of personalisation)."""
+    ids = torch.arange(data.num_clients, device=stored_models.device)
     alpha = hypernetworks(ids)
     is_retained = retained_layers(alpha, ids, k)
     results = []
     for i in range(data.num_clients):  # one client at a time: N x D personalised models never exist at once
-        theta_bar = aggregate_layerwise(alpha[i:i + 1], client_models, sizes)
-        common.load_flat_state(worker, with_retained_layers(theta_bar, client_models, ids[i:i + 1], sizes,
-                                                            is_retained[i:i + 1])[0])
+        theta_bar = aggregate_layerwise(alpha[i:i + 1], stored_models, sizes)
+        received = with_retained_layers(theta_bar, stored_models, ids[i, None], sizes, is_retained[i, None])
+        load_flat_state(worker, received[0])
         results.append(common.evaluate(worker, data, [data.test_idx[i]]))
     metrics = common.accuracy_metrics(*(torch.cat(r) for r in zip(*results)))
     metrics["self_weight"] = float(alpha[ids, :, ids].mean())
@@ -220,24 +223,22 @@ def main(argv=None):
         raise common.UserError(f"pfedla.py cannot split --model {args.model} into layers: {e}")
     if args.k > len(sizes):
         raise common.UserError(f"--k {args.k} is more than the model's {len(sizes)} layers")
-    # before anything is allocated: the hypernetworks' weights and gradients, and every client's model (built
-    # on the meta device, which allocates nothing and draws no random numbers)
-    with torch.device("meta"):
+    with torch.device("meta"):  # before anything is allocated (the meta device allocates and draws nothing)
         hn_params = sum(p.numel() for p in LayerHypernetworks(args.num_clients, len(sizes), args.embed_dim,
                                                                args.hidden_dim).parameters())
     model_params = sum(p.numel() for p in model.parameters())
     common.check_fits(f"the hypernetworks ({args.num_clients} x --embed-dim {args.embed_dim}, --hidden-dim "
                       f"{args.hidden_dim}: {hn_params} parameters, with their gradients) and the {args.num_clients} "
                       "client models", (2 * hn_params + args.num_clients * model_params) * 4, device)
-    client_models = common.flatten_state(model).detach().repeat(args.num_clients, 1)  # Alg. 1 l. 1
-    hypernetworks = LayerHypernetworks(args.num_clients, len(sizes), args.embed_dim, args.hidden_dim).to(device)
+    stored_models = flatten_state(model).repeat(args.num_clients, 1)  # Alg. 1 l. 1
+    hypernetworks = LayerHypernetworks(args.num_clients, len(sizes), args.embed_dim, args.hidden_dim,
+                                       generator=torch.default_generator).to(device)  # --seed's, after the model
     pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=AUTO_IMAGE), device,
                                    data)
-    run = run_folder.Run(algo, args, data, device, script="pfedla", headline_metric=HEADLINE_METRIC,
-                         headline=HEADLINE)
-    state = {"hypernetworks": hypernetworks, "client_models": client_models}
+    run = run_folder.Run(algo, args, data, device, script="pfedla", headline_metric=HEADLINE_METRIC, headline=HEADLINE)
+    state = {"hypernetworks": hypernetworks, "stored_models": stored_models}
     start = run.resume(state, rng)
-    element, num_params = client_models.element_size(), client_models.shape[1]
+    element, num_params = stored_models.element_size(), stored_models.shape[1]
     print(f"[{algo}] model {model.__class__.__name__}: {num_params} parameters in {len(sizes)} layers; "
           f"hypernetworks: {args.num_clients} x {hn_params // args.num_clients} = {hn_params} parameters; "
           f"{len(pool)} client(s) at a time")
@@ -246,19 +247,18 @@ def main(argv=None):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
         ids = torch.as_tensor(clients, device=device)
         alpha = hypernetworks(ids)                                               # Alg. 1 l. 5
-        theta_bar = aggregate_layerwise(alpha, client_models, sizes)             # Alg. 1 l. 5
+        theta_bar = aggregate_layerwise(alpha, stored_models, sizes)             # Alg. 1 l. 5
         is_retained = retained_layers(alpha.detach(), ids, args.k)               # Alg. 2 l. 6
-        received = with_retained_layers(theta_bar.detach(), client_models, ids, sizes, is_retained)  # l. 7, 13
-        received_by = dict(zip(clients, received))
-        trained, losses = pool.train(lambda model, client: client_update(model, received_by[client], data, client,
-                                                                         args, round_), clients)  # Alg. 1 l. 10-14
+        received = with_retained_layers(theta_bar.detach(), stored_models, ids, sizes, is_retained)  # l. 7, 13
+        trained, losses = pool.train(lambda model, client: client_update(model, received[clients.index(client)], data,
+                                                                         client, args, round_), clients)  # l. 10-14
         losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
-        server_update(hypernetworks, client_models, ids, theta_bar, received, trained, args.hn_lr)  # Alg. 1 l. 7-8
+        server_update(hypernetworks, stored_models, ids, theta_bar, received, trained, args.hn_lr)  # Alg. 1 l. 7-8
         retained_params = int((is_retained.long() * torch.as_tensor(sizes, device=device)).sum())  # not sent
         run.add_bytes(down=(len(clients) * num_params - retained_params) * element,
                       up=len(clients) * num_params * element)
         if run.should_eval(round_):
-            run.log(round_, {**evaluate_personalised(hypernetworks, client_models, pool.models[0], data, sizes, args.k),
+            run.log(round_, {**evaluate_personalised(hypernetworks, stored_models, pool.models[0], data, sizes, args.k),
                              "train_loss": sum(losses) / len(losses)})
         run.checkpoint(round_, state, rng)
         if run.stop_requested(round_):  # Ctrl-C: this round's checkpoint is written

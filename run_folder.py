@@ -201,8 +201,9 @@ MOVED = {"tools/fedavg_variants": ("fedavg", ("local_training", "eval_local_mode
          "tools/fedacd_diagnostics": ("fedacd", ("fedavg", "log_risk", "log_kl"))}
 # flag values that older runs saved in another form (config.json and the checkpoint's args): flag -> today's form
 OLDER_FORM = {"ablate": lambda value: [value] if isinstance(value, str) else value}  # fedpake.py: one string before
-# checkpoint state saved under older keys: (state entry, old key) -> today's key, renamed before load_state_dict
-RENAMED_STATE = {("ala", "start_phase"): "initial_stage"}  # fedala.py's ALA, the official ALA.py's name before
+# checkpoint state saved under older keys: the key path (an entry, or an entry's key) -> today's key
+RENAMED_STATE = {("ala", "start_phase"): "initial_stage",  # fedala.py's ALA, the official ALA.py's name before
+                 ("client_models",): "stored_models"}  # pfedla.py's stored models theta_j (Alg. 1)
 
 
 def todays_form(args):
@@ -210,11 +211,15 @@ def todays_form(args):
     return {k: OLDER_FORM[k](v) if k in OLDER_FORM else v for k, v in args.items()}
 
 
-def todays_state(entry, state):
-    """A checkpoint's state ``entry`` (a state_dict) with older keys renamed to today's (RENAMED_STATE)."""
-    if not isinstance(state, dict):
-        return state
-    return {RENAMED_STATE.get((entry, k), k): v for k, v in state.items()}
+def todays_state(state):
+    """A checkpoint's algorithm state with older keys (of its entries and their state_dicts) as today's
+    (RENAMED_STATE); a state_dict without one is kept as it is (with its _metadata)."""
+    today = {}
+    for entry, value in state.items():
+        if isinstance(value, dict) and any((entry, k) in RENAMED_STATE for k in value):
+            value = {RENAMED_STATE.get((entry, k), k): v for k, v in value.items()}
+        today[RENAMED_STATE.get((entry,), entry)] = value
+    return today
 
 
 def recorded_args(args, script):
@@ -1121,6 +1126,7 @@ class Run:
             raise UserError(f"cannot resume: {quoted(path)} is not a valid checkpoint of this run ({message})")
         check_checkpoint(blob, path, self.args.eval_every)
         try:
+            blob["state"] = todays_state(blob["state"])
             if set(blob["state"]) != set(state) or blob["algorithm"] != self.algo:
                 raise ValueError("it holds another algorithm's state")
             fixed = self._fixed_args()
@@ -1139,7 +1145,7 @@ class Run:
                 raise ValueError("it holds non-finite weights")
             for k, v in blob["state"].items():
                 if hasattr(state[k], "load_state_dict"):
-                    state[k].load_state_dict(todays_state(k, v))
+                    state[k].load_state_dict(v)
                 elif isinstance(state[k], torch.Tensor) and isinstance(v, torch.Tensor) and v.shape == state[k].shape:
                     state[k].copy_(v)
                 else:

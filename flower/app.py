@@ -495,9 +495,9 @@ def pfedla_setup(job, server):
     server["sizes"] = m.layer_sizes(model)
     if args.k > len(server["sizes"]):  # as the script, before any node trains
         raise common.UserError(f"--k {args.k} is more than the model's {len(server['sizes'])} layers")
-    server["client_models"] = common.flatten_state(model).detach().repeat(args.num_clients, 1)  # Alg. 1 l. 1
+    server["stored_models"] = common.flatten_state(model).detach().repeat(args.num_clients, 1)  # Alg. 1 l. 1
     server["hypernetworks"] = m.LayerHypernetworks(args.num_clients, len(server["sizes"]), args.embed_dim,
-                                                   args.hidden_dim).to(job.device)
+                                                   args.hidden_dim, generator=torch.default_generator).to(job.device)
     server["global_model"] = model
 
 
@@ -505,23 +505,23 @@ def pfedla_round(job, server, clients, round_, evaluate, send):
     """The hypernetworks and the stored client models stay on the server (Alg. 1); the step of
     Alg. 1 l. 11 (Alg. 2 l. 10) uses the clients that answered."""
     m, args, sizes = job.module, job.args, server["sizes"]
-    hypernetworks, client_models = server["hypernetworks"], server["client_models"]
+    hypernetworks, stored_models = server["hypernetworks"], server["stored_models"]
     ids = torch.as_tensor(clients, device=job.device)
     alpha = hypernetworks(ids)                                                 # Alg. 1 l. 5
-    theta_bar = m.aggregate_layerwise(alpha, client_models, sizes)             # Alg. 1 l. 5
+    theta_bar = m.aggregate_layerwise(alpha, stored_models, sizes)             # Alg. 1 l. 5
     is_retained = m.retained_layers(alpha.detach(), ids, args.k)                      # Alg. 2 l. 6
-    received = m.with_retained_layers(theta_bar.detach(), client_models, ids, sizes, is_retained)  # Alg. 2 l. 7, 13
+    received = m.with_retained_layers(theta_bar.detach(), stored_models, ids, sizes, is_retained)  # Alg. 2 l. 7, 13
     replies = send("train", round_, {c: {"theta_bar": received[i]} for i, c in enumerate(clients)}, evaluate)
     rows = [i for i, c in enumerate(clients) if c in replies]
     answered = [clients[i] for i in rows]
     losses = [common.check_finite(replies[c][1]["loss"], round_, c) for c in answered]
-    m.server_update(hypernetworks, client_models, ids[rows], theta_bar[rows], received[rows],
+    m.server_update(hypernetworks, stored_models, ids[rows], theta_bar[rows], received[rows],
                     torch.stack([replies[c][0]["trained"] for c in answered]), args.hn_lr)
-    element, num_params = client_models.element_size(), client_models.shape[1]
+    element, num_params = stored_models.element_size(), stored_models.shape[1]
     retained_params = int((is_retained.long() * torch.as_tensor(sizes, device=job.device)).sum())  # counted as not sent
     metrics = {}
     if evaluate:
-        metrics = {**m.evaluate_personalised(hypernetworks, client_models, job.model(), job.data, sizes, args.k),
+        metrics = {**m.evaluate_personalised(hypernetworks, stored_models, job.model(), job.data, sizes, args.k),
                    "train_loss": sum(losses) / len(losses)}
     return metrics, (len(clients) * num_params - retained_params) * element, len(answered) * num_params * element, \
         len(answered)
@@ -545,7 +545,7 @@ SERVERS = {"fedavg": (fedavg_setup, fedavg_round), "fedala": (fedala_setup, feda
            "pfedla": (pfedla_setup, pfedla_round), "fedpake": (fedavg_setup, fedavg_round),
            "fedacd": (fedavg_setup, fedavg_round)}
 CHECKPOINTED = {"fedavg": ("global_model",), "fedpake": ("global_model",), "fedacd": ("global_model",),
-                "fedala": ("global_model", "local_models", "ala"), "pfedla": ("hypernetworks", "client_models")}
+                "fedala": ("global_model", "local_models", "ala"), "pfedla": ("hypernetworks", "stored_models")}
 
 
 def saved_flower_run(folder):

@@ -182,30 +182,31 @@ def test_fedala_s_ala_pastes_into_the_loop(tmp_path):
 @pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_pfedla_s_hypernetworks_and_layerwise_aggregation_paste_into_the_loop(tmp_path):
     data, state, logged = script_run("pfedla.py", tmp_path, "--k", "1")  # HeurpFedLA: every piece
-    pieces = paste_pieces("pfedla.py", "LayerHypernetworks", "layer_sizes", "aggregate_layerwise",
-                          "retained_layers", "with_retained_layers", "hypernetwork_step")
+    pieces = paste_pieces("pfedla.py", "LayerHypernetworks", "layer_sizes", "flatten_state", "load_flat_state",
+                          "aggregate_layerwise", "retained_layers", "with_retained_layers", "hypernetwork_step")
+    flatten, load_flat = pieces["flatten_state"], pieces["load_flat_state"]  # the pieces' own flat layout
     x, y, clients = data.x, data.y, [0, 1, 2]
     model = mlp(SEED)
     sizes = pieces["layer_sizes"](model)  # glue: the layers, the stored models, the hypernetworks
-    client_models = flat(model).repeat(3, 1)
-    hypernetworks = pieces["LayerHypernetworks"](3, len(sizes))
+    stored_models = flatten(model).repeat(3, 1)
+    hypernetworks = pieces["LayerHypernetworks"](3, len(sizes), generator=torch.default_generator)  # after mlp(SEED)
     worker, losses = mlp(), []
     for round_ in (1, 2):
         alpha = hypernetworks(torch.tensor(clients))  # glue: Alg. 1 l. 5, Alg. 2 l. 6-7
-        theta_bar = pieces["aggregate_layerwise"](alpha, client_models, sizes)
+        theta_bar = pieces["aggregate_layerwise"](alpha, stored_models, sizes)
         is_retained = pieces["retained_layers"](alpha.detach(), clients, 1)  # a plain list of ids
-        received = pieces["with_retained_layers"](theta_bar.detach(), client_models, clients, sizes, is_retained)
+        received = pieces["with_retained_layers"](theta_bar.detach(), stored_models, clients, sizes, is_retained)
         trained, round_losses = [], []
         for i, c in enumerate(clients):
-            load(worker, received[i])
+            load_flat(worker, received[i])
             round_losses.append(float(local_sgd(worker, x, y, data.train_idx[c], 1, 16, client_seed(SEED, round_, c),
                                                 sgd(worker, 0.01))))
-            trained.append(flat(worker))
+            trained.append(flatten(worker))
         trained = torch.stack(trained)
         pieces["hypernetwork_step"](hypernetworks, theta_bar, trained - received, 1.0)  # glue: l. 7-8
-        client_models[clients] = trained
+        stored_models[clients] = trained
         losses.append(sum(round_losses) / 3)
-    assert torch.equal(client_models, state["client_models"])
+    assert torch.equal(stored_models, state["stored_models"])
     assert all(torch.equal(v, state["hypernetworks"][k]) for k, v in hypernetworks.state_dict().items())
     same_losses(losses, logged)
     with pytest.raises(ValueError, match="attached"):  # the precondition, stated and checked

@@ -86,10 +86,10 @@ def flattening_loss(logits, y):
 def margin_deltas(P, present, missing_delta, eps=1e-8):
     """Delta_yi = P_yi / P_iy of Eq. (8), clamped to >= eps (ours: the paper does not say how a zero P_iy
     is handled). For a class i the client has no samples of, P_iy is unknown and Delta_yi =
-    ``missing_delta`` (Sec. 3: "a small value"; 0.01 is our choice). ``present`` is the client's (C,)
-    boolean class mask; the diagonal is 1."""
-    margins = (P / P.T.clamp_min(eps)).clamp_min(eps)
-    margins = torch.where(present[None, :], margins, torch.full_like(margins, missing_delta))
+    ``missing_delta`` (Sec. 3: "a small value"; 0.01 is our choice). ``present``: the classes the client
+    holds, a (C,) boolean mask or their indices; the diagonal is 1."""
+    margins = torch.full_like(P, missing_delta)
+    margins[:, present] = (P / P.T.clamp_min(eps)).clamp_min(eps)[:, present]
     return margins.fill_diagonal_(1.0)
 
 
@@ -164,8 +164,8 @@ def fedacd_local_training(model, optimizer, epochs, clean_batches, num_classes, 
     ``epochs``: one iterable per epoch of minibatches (x, y_a, y_b, mix), input mixup already applied
     (x = mix x_a + (1 - mix) x_b; mix = 1 and y_b = y_a without mixup). ``clean_batches``: a function
     returning the client's train data as (x, y) batches, unmixed; it is called twice. ``present``: the
-    (C,) boolean mask of the classes the client holds, on the model's device. Returns (the mean
-    minibatch loss, 0-dim; P^m of the trained model)."""
+    classes the client holds, a (C,) boolean mask or their indices, on the model's device. Returns (the
+    mean minibatch loss, 0-dim; P^m of the trained model)."""
     P = probability_matrix(model, clean_batches(), num_classes)
     margins = margin_deltas(P, present, missing_delta)
     sums = torch.zeros_like(P)
@@ -244,32 +244,32 @@ def mixup_epochs(data, idx, args, batch_seed, mixup_seed):
     return [epoch(range(e * per_epoch, (e + 1) * per_epoch)) for e in range(args.local_epochs)]
 
 
-def client_update(model, global_state, data, client, present, args, round_):
+def held_classes(data):
+    """The classes each client holds, as index tensors on the data's device: found once, on the host, so that
+    no client waits for a GPU to find them (and indices, not masks, select the score's rows without a sync)."""
+    return [common.to_device(torch.as_tensor(c > 0).nonzero().flatten(), data.x.device) for c in data.train_counts]
+
+
+def client_update(model, global_state, data, client, classes, args, round_):
     """Client m (Appendix A.1): ``fedacd_local_training`` from the global model (flat) on its minibatches
-    with input mixup, then its score V_m from P^m of the trained model. ``present``: the (N, C) boolean
-    matrix of the classes each client holds, on the host. Returns (the trained model, flat; mean loss;
-    V_m; KL)."""
+    with input mixup, then its score V_m from P^m of the trained model. ``classes``: ``held_classes``,
+    every client's. Returns (the trained model, flat; mean loss; V_m; KL)."""
     common.load_flat_state(model, global_state)
-    idx, device = data.train_idx[client], data.x.device
-    # the client's classes as indices, found where the mask is: with main's host mask, no GPU sync
-    classes = common.to_device(present[client].nonzero().flatten(), device)
+    idx = data.train_idx[client]
     seeds = common.client_seed(args.seed, round_, client), common.client_seed(args.seed, round_, client, tag=1)
-    clean_batches = lambda: ((data.x[batch], data.y[batch]) for batch in idx.split(1024))  # noqa: E731
     loss, P = fedacd_local_training(model, common.make_optimizer(model, args), mixup_epochs(data, idx, args, *seeds),
-                                    clean_batches, data.num_classes, common.to_device(present[client], device),
-                                    args.lam, args.missing_delta)
+                                    lambda: ((data.x[b], data.y[b]) for b in idx.split(1024)),  # unmixed, for P^m
+                                    data.num_classes, classes[client], args.lam, args.missing_delta)
     # the score with the KL averaged over the client's classes (--score-kl mean), our default: docs/fedacd.md
-    score, kl = aggregation_score(P, classes, args.tau, reduction=args.score_kl)
+    score, kl = aggregation_score(P, classes[client], args.tau, reduction=args.score_kl)
     return common.flatten_state(model), loss, score, kl
 
 
 def server_update(client_states, scores, uniform=False):
     """The server's step: the score-weighted average of the local models (aggregation_weights); ``uniform``: their
     plain mean (FedACD_base, Table 8)."""
-    if uniform:
-        weights = torch.full((len(scores),), 1 / len(scores), dtype=torch.float64)
-    else:
-        weights = aggregation_weights(torch.stack(scores))
+    weights = torch.full((len(scores),), 1 / len(scores), dtype=torch.float64) if uniform else \
+        aggregation_weights(torch.stack(scores))
     return common.weighted_average(common.as_rows(client_states), weights)
 
 
@@ -285,7 +285,7 @@ def main(argv=None):
     pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=auto_image), device,
                                    data)
     model_bytes = common.state_bytes(global_model)
-    present = torch.as_tensor(data.train_counts > 0)  # on the host: see client_update
+    classes = held_classes(data)
     run = run_folder.Run("fedacd", args, data, device, headline_metric=HEADLINE_METRIC, headline=HEADLINE)
     state = {"global_model": global_model}
     start = run.resume(state, rng)
@@ -296,7 +296,7 @@ def main(argv=None):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
         global_state = common.flatten_state(global_model)
         client_states, losses, scores, kls = pool.train(lambda model, client: client_update(
-            model, global_state, data, client, present, args, round_), clients)
+            model, global_state, data, client, classes, args, round_), clients)
         losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         common.load_flat_state(global_model, server_update(client_states, scores, args.uniform_agg))
         run.add_bytes(down=model_bytes * len(clients), up=(model_bytes + 8) * len(clients))  # + the score V_m

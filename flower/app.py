@@ -160,9 +160,8 @@ def pfedla_client(job, client, round_, received, evaluate):
 
 
 def fedacd_client(job, client, round_, received, evaluate):
-    present = torch.as_tensor(job.data.train_counts > 0)  # on the host, as the script's: no GPU sync
-    trained, loss, score, kl = job.module.client_update(job.model(), received["global"], job.data, client, present,
-                                                        job.args, round_)
+    trained, loss, score, kl = job.module.client_update(job.model(), received["global"], job.data, client,
+                                                        job.module.held_classes(job.data), job.args, round_)
     return {"trained": trained}, {"loss": float(loss), "score": float(score), "kl": float(kl)}
 
 

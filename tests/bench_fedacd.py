@@ -65,16 +65,16 @@ def main(argv=None):
     global_model = common.build_model("simplecnn", data)
     worker = common.build_model("simplecnn", data)
     global_state = common.flatten_state(global_model)
-    present = torch.as_tensor(data.train_counts > 0)
+    present, classes = torch.as_tensor(data.train_counts > 0), fedacd.held_classes(data)  # before: the host mask
     counts = torch.as_tensor(data.train_counts, dtype=torch.float64)
     test = data.global_test_idx
     risk = ([test[data.y[test] == c] for c in range(data.num_classes)], counts / counts.sum(1, keepdim=True))
     before = load_module(os.path.join(a.before, "fedacd.py"), "fedacd_before") if a.before else None
 
     runs = {"fedavg.py": lambda: common.client_update(worker, global_state, data, client, args_avg, 1),
-            "fedacd.py": lambda: fedacd.client_update(worker, global_state, data, client, present, args_acd, 1),
+            "fedacd.py": lambda: fedacd.client_update(worker, global_state, data, client, classes, args_acd, 1),
             "fedacd_diagnostics.py --log-risk (eval round)": lambda: fedacd_diagnostics.client_update(
-                worker, global_state, data, client, present, args_risk, 1, risk)}
+                worker, global_state, data, client, classes, args_risk, 1, risk)}
     if before:
         runs["fedacd.py before (eval round)"] = lambda: before.client_update(
             worker, global_state, data, client, present, args_acd, 1, risk)

@@ -17,8 +17,7 @@ def pool_of(worker, data):
     return common.ClientPool(worker if isinstance(worker, list) else [worker], [len(i) for i in data.train_idx])
 
 
-def fedavg_round(global_model, worker, data, clients, args, round_, client_stack=None,
-                 aggregate=common.weighted_average):
+def fedavg_round(global_model, worker, data, clients, args, round_, client_stack=None):
     """Returns the mean train loss; ``client_stack``, if given, receives the uploaded models."""
     global_state = common.flatten_state(global_model)
     client_states, losses = pool_of(worker, data).train(
@@ -26,7 +25,7 @@ def fedavg_round(global_model, worker, data, clients, args, round_, client_stack
     if client_stack is not None:
         client_stack[:len(clients)] = client_states
     num_samples = [len(data.train_idx[c]) for c in clients]
-    common.load_flat_state(global_model, fedavg.server_update(client_states, num_samples, aggregate))
+    common.load_flat_state(global_model, fedavg.server_update(client_states, num_samples))
     return sum(float(loss) for loss in losses) / len(losses)
 
 
@@ -49,35 +48,35 @@ def fedala_round(global_model, worker, local_models, ala, data, clients, args, r
     return (sum(float(u[1]) for u in updates) / len(updates), sum(u[2] for u in updates) / len(updates), results)
 
 
-def pfedla_round(hypernetworks, client_models, worker, data, clients, args, round_, sizes):
+def pfedla_round(hypernetworks, stored_models, worker, data, clients, args, round_, sizes):
     """Returns (mean train loss, bytes server->client, bytes client->server)."""
-    ids = torch.as_tensor(clients, device=client_models.device)
+    ids = torch.as_tensor(clients, device=stored_models.device)
     alpha = hypernetworks(ids)
-    theta_bar = pfedla.aggregate_layerwise(alpha, client_models, sizes)
+    theta_bar = pfedla.aggregate_layerwise(alpha, stored_models, sizes)
     is_retained = pfedla.retained_layers(alpha.detach(), ids, args.k)
-    received = pfedla.with_retained_layers(theta_bar.detach(), client_models, ids, sizes, is_retained)
+    received = pfedla.with_retained_layers(theta_bar.detach(), stored_models, ids, sizes, is_retained)
     updates = pool_of(worker, data).map(lambda model, client: pfedla.client_update(
         model, received[clients.index(client)], data, client, args, round_), clients)
-    pfedla.server_update(hypernetworks, client_models, ids, theta_bar, received,
+    pfedla.server_update(hypernetworks, stored_models, ids, theta_bar, received,
                          torch.stack([t for t, _ in updates]), args.hn_lr)
-    element, num_params = client_models.element_size(), client_models.shape[1]
+    element, num_params = stored_models.element_size(), stored_models.shape[1]
     retained_params = int((is_retained.long() * torch.as_tensor(sizes, device=is_retained.device)).sum())
     return (sum(float(loss) for _, loss in updates) / len(updates),
             (len(clients) * num_params - retained_params) * element,
             len(clients) * num_params * element)
 
 
-def fedacd_round(global_model, worker, data, clients, args, round_, client_stack, present, risk=None):
+def fedacd_round(global_model, worker, data, clients, args, round_, client_stack, risk=None):
     """Returns the round's statistics as fedacd.main logs them; ``client_stack`` receives the
     uploaded models."""
-    global_state = common.flatten_state(global_model)
+    global_state, classes = common.flatten_state(global_model), fedacd.held_classes(data)
     if risk is None:
         updates = pool_of(worker, data).map(lambda model, client: (*fedacd.client_update(
-            model, global_state, data, client, present, args, round_), None), clients)
+            model, global_state, data, client, classes, args, round_), None), clients)
     else:  # Table 3's average risk besides: tools/fedacd_diagnostics.py's client (FedACD without --fedavg)
         args = argparse.Namespace(**{**vars(args), "fedavg": False})
         updates = pool_of(worker, data).map(lambda model, client: fedacd_diagnostics.client_update(
-            model, global_state, data, client, present, args, round_, risk), clients)
+            model, global_state, data, client, classes, args, round_, risk), clients)
     states, losses, scores, kls, risks = zip(*updates)
     client_stack[:len(clients)] = torch.stack(states)
     common.load_flat_state(global_model, fedacd.server_update(states, scores, args.uniform_agg))

@@ -211,7 +211,8 @@ def test_schedule_piece_needs_only_torch_and_gives_client_update_s_result():
     torch.manual_seed(1)
     model = common.build_model("auto", data)
     initial = common.flatten_state(model).clone()
-    trained, loss, score, kl = fedacd.client_update(model, initial, data, client, present, args, round_)
+    trained, loss, score, kl = fedacd.client_update(model, initial, data, client, fedacd.held_classes(data), args,
+                                                    round_)
     train = paste_pieces("fedacd.py", "fedacd_local_training")["fedacd_local_training"]
     common.load_flat_state(model, initial)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
@@ -379,7 +380,7 @@ def test_round_aggregates_with_scores_of_the_trained_models(uniform):
     D = sum(v.numel() for v in common.float_state(global_model))
     stack = torch.empty(len(clients), D)
     present = torch.as_tensor(data.train_counts > 0)
-    fedacd_round(global_model, worker, data, clients, args, 1, stack, present)
+    fedacd_round(global_model, worker, data, clients, args, 1, stack)
     scores = []
     for slot, c in enumerate(clients):  # V_m recomputed from each uploaded model
         common.load_flat_state(check, stack[slot])
@@ -500,7 +501,6 @@ def test_clients_in_parallel_give_the_same_round_as_one_at_a_time():
     (one torch thread each, as here) give the same global model and statistics, bit for bit."""
     args, data = _tiny_data(num_clients=4)
     args.local_epochs = 2
-    present = torch.as_tensor(data.train_counts > 0)
     counts = torch.as_tensor(data.train_counts, dtype=torch.float64)
     test = torch.cat(data.test_idx)
     risk = ([test[data.y[test] == c] for c in range(data.num_classes)], counts / counts.sum(1, keepdim=True))
@@ -510,7 +510,7 @@ def test_clients_in_parallel_give_the_same_round_as_one_at_a_time():
         global_model = common.build_model("auto", data)
         workers = [copy.deepcopy(global_model) for _ in range(num_workers)]
         stack = torch.empty(3, sum(v.numel() for v in common.float_state(global_model)))
-        stats = fedacd_round(global_model, workers, data, [0, 2, 3], args, 1, stack, present, risk=risk)
+        stats = fedacd_round(global_model, workers, data, [0, 2, 3], args, 1, stack, risk=risk)
         outcomes.append((common.flatten_state(global_model), stats))
     (g1, s1), (g3, s3) = outcomes
     assert torch.equal(g1, g3) and s1 == s3 and s1["score_min"] < s1["score_max"]

@@ -28,8 +28,8 @@ def seeded_setup(data):
     torch.manual_seed(0)
     worker = common.MLP(20, data.num_classes)
     sizes = pfedla.layer_sizes(worker)
-    client_models = common.flatten_state(worker).detach().repeat(data.num_clients, 1)
-    return worker, sizes, client_models, pfedla.LayerHypernetworks(data.num_clients, len(sizes))
+    stored_models = common.flatten_state(worker).detach().repeat(data.num_clients, 1)
+    return worker, sizes, stored_models, pfedla.LayerHypernetworks(data.num_clients, len(sizes))
 
 
 def make_args(**kw):
@@ -85,16 +85,16 @@ def own_slices(model):
 def test_alpha_on_simplex_and_personalised_model_is_layerwise_weighted_sum():
     n = 4
     model, states = random_lenet_states(n)
-    client_models = torch.stack([torch.cat([v.reshape(-1) for v in s.values() if v.is_floating_point()])
+    stored_models = torch.stack([torch.cat([v.reshape(-1) for v in s.values() if v.is_floating_point()])
                                  for s in states])
     sizes = pfedla.layer_sizes(model)
-    assert len(sizes) == 7 and sum(sizes) == client_models.shape[1]  # conv, bn, conv, bn, fc, fc, fc
+    assert len(sizes) == 7 and sum(sizes) == stored_models.shape[1]  # conv, bn, conv, bn, fc, fc, fc
     hn = pfedla.LayerHypernetworks(n, len(sizes), embed_dim=8, hidden_dim=16)
     ids = torch.arange(n)
     with torch.no_grad():
         hn.head_bias.mul_(20)  # far from uniform, so a wrong mixing cannot pass by accident
         alpha = hn(ids)
-        theta_bar = pfedla.with_retained_layers(pfedla.aggregate_layerwise(alpha, client_models, sizes), client_models,
+        theta_bar = pfedla.with_retained_layers(pfedla.aggregate_layerwise(alpha, stored_models, sizes), stored_models,
                                                 ids, sizes, pfedla.retained_layers(alpha, ids, 0))
     assert alpha.shape == (n, 7, n)
     assert (alpha >= 0).all()
@@ -119,14 +119,14 @@ def test_alpha_on_simplex_and_personalised_model_is_layerwise_weighted_sum():
 def test_hypernetwork_step_moves_personalised_model_towards_trained_and_equals_vjp():
     n, clients = 3, [0, 2]
     model, states = random_lenet_states(n, seed=1)
-    client_models = torch.stack([torch.cat([v.reshape(-1) for v in s.values() if v.is_floating_point()])
+    stored_models = torch.stack([torch.cat([v.reshape(-1) for v in s.values() if v.is_floating_point()])
                                  for s in states]).double()  # float64: the step is compared to 1e-9
     sizes = pfedla.layer_sizes(model)
     slices = own_slices(model)
     torch.manual_seed(2)
     hn = pfedla.LayerHypernetworks(n, len(sizes), embed_dim=8, hidden_dim=16).double()
     ids = torch.tensor(clients)
-    theta_bar = pfedla.aggregate_layerwise(hn(ids), client_models, sizes)
+    theta_bar = pfedla.aggregate_layerwise(hn(ids), stored_models, sizes)
     delta = 0.1 * torch.randn(theta_bar.shape, dtype=torch.float64)
     trained = theta_bar.detach() + delta
     names = [name for name, _ in hn.named_parameters()]
@@ -141,10 +141,10 @@ def test_hypernetwork_step_moves_personalised_model_towards_trained_and_equals_v
         scores = torch.einsum("h,hlj->lj", h, params[names.index("head_weight")][client]) \
             + params[names.index("head_bias")][client]
         alpha = torch.softmax(scores, dim=-1)
-        out = torch.zeros(client_models.shape[1], dtype=torch.float64)
+        out = torch.zeros(stored_models.shape[1], dtype=torch.float64)
         for l, spans in enumerate(slices):
             for a, b in spans:
-                out[a:b] = sum(alpha[l, j] * client_models[j, a:b] for j in range(n))
+                out[a:b] = sum(alpha[l, j] * stored_models[j, a:b] for j in range(n))
         return out
 
     # (d theta_bar_i / d psi_i)^T Delta theta_i for each client, summed (clients own disjoint rows)
@@ -160,7 +160,7 @@ def test_hypernetwork_step_moves_personalised_model_towards_trained_and_equals_v
         assert torch.equal(p.detach()[1], p0[1])
     assert any(g.abs().max() > 0 for g in vjp)
     with torch.no_grad():
-        new_bar = pfedla.aggregate_layerwise(hn(ids), client_models, sizes)
+        new_bar = pfedla.aggregate_layerwise(hn(ids), stored_models, sizes)
     old_dist = (theta_bar.detach() - trained).norm(dim=1)
     new_dist = (new_bar - trained).norm(dim=1)
     assert (new_dist < old_dist).all(), (old_dist, new_dist)
@@ -173,7 +173,7 @@ def _run_rounds(k, rounds, favour_layer=None, monkeypatch=None):
     from and the model it trained, per round."""
     data = group_data()
     n = data.num_clients
-    worker, sizes, client_models, hn = seeded_setup(data)
+    worker, sizes, stored_models, hn = seeded_setup(data)
     if favour_layer is not None:
         with torch.no_grad():  # make layer `favour_layer` the top self-weight layer of every client
             hn.head_bias[torch.arange(n), favour_layer, torch.arange(n)] += 3.0
@@ -190,9 +190,9 @@ def _run_rounds(k, rounds, favour_layer=None, monkeypatch=None):
     args, traffic = make_args(k=k), []
     for r in range(1, rounds + 1):
         log.append([])
-        _, down, up = pfedla_round(hn, client_models, worker, data, list(range(n)), args, r, sizes)
+        _, down, up = pfedla_round(hn, stored_models, worker, data, list(range(n)), args, r, sizes)
         traffic.append((down, up))
-    return log, traffic, sizes, hn, client_models
+    return log, traffic, sizes, hn, stored_models
 
 
 def test_k0_is_pfedla_and_k1_retains_top_self_weight_layer(monkeypatch):
@@ -232,10 +232,10 @@ def test_k0_is_pfedla_and_k1_retains_top_self_weight_layer(monkeypatch):
 def test_clients_weight_their_own_label_group_highest():
     data = group_data()
     n, group = data.num_clients, torch.arange(data.num_clients) // 2
-    worker, sizes, client_models, hn = seeded_setup(data)
+    worker, sizes, stored_models, hn = seeded_setup(data)
     args = make_args(hn_lr=2.0)
     for r in range(1, 9):
-        pfedla_round(hn, client_models, worker, data, list(range(n)), args, r, sizes)
+        pfedla_round(hn, stored_models, worker, data, list(range(n)), args, r, sizes)
     with torch.no_grad():
         alpha = hn(torch.arange(n))  # (client, layer, client)
     same = group[:, None] == group[None, :]
@@ -255,11 +255,11 @@ def test_clients_weight_their_own_label_group_highest():
 @pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
 def test_no_tensor_growth_over_rounds():
     data = group_data()
-    worker, sizes, client_models, hn = seeded_setup(data)
+    worker, sizes, stored_models, hn = seeded_setup(data)
     args, counts = make_args(), []
     for r in range(1, 7):
-        pfedla_round(hn, client_models, worker, data, [0, 2, 3], args, r, sizes)
-        pfedla.evaluate_personalised(hn, client_models, worker, data, sizes, 0)
+        pfedla_round(hn, stored_models, worker, data, [0, 2, 3], args, r, sizes)
+        pfedla.evaluate_personalised(hn, stored_models, worker, data, sizes, 0)
         gc.collect()
         counts.append(sum(1 for o in gc.get_objects() if issubclass(type(o), torch.Tensor)))
     assert counts[-1] == counts[1], counts
@@ -315,11 +315,11 @@ def test_clients_in_parallel_give_the_same_rounds_as_one_at_a_time():
     data = group_data()
     outcomes = []
     for num_workers in (1, 3):
-        worker, sizes, client_models, hn = seeded_setup(data)
+        worker, sizes, stored_models, hn = seeded_setup(data)
         workers = [worker] + [copy.deepcopy(worker) for _ in range(num_workers - 1)]
         for r in range(1, 4):
-            loss, _, _ = pfedla_round(hn, client_models, workers, data, [0, 2, 3, 5], make_args(), r, sizes)
-        outcomes.append((client_models, common.flatten_state(hn), loss))
+            loss, _, _ = pfedla_round(hn, stored_models, workers, data, [0, 2, 3, 5], make_args(), r, sizes)
+        outcomes.append((stored_models, common.flatten_state(hn), loss))
     (m1, h1, l1), (m3, h3, l3) = outcomes
     assert torch.equal(m1, m3) and torch.equal(h1, h3) and l1 == l3
     assert not torch.equal(m1[0], m1[1])  # clients 0 (trained) and 1 (not sampled) differ
@@ -369,13 +369,13 @@ def test_heurpfedla_step_trains_the_retained_layers_heads_with_the_full_aggregat
     Its step equals the one computed by hand from the full aggregate."""
     data = group_data()
     n, layer = data.num_clients, 1
-    worker, sizes, client_models, hn = seeded_setup(data)
+    worker, sizes, stored_models, hn = seeded_setup(data)
     with torch.no_grad():
         hn.head_bias[torch.arange(n), layer, torch.arange(n)] += 3.0  # layer 1 is every client's top layer
     args, ids = make_args(k=1), torch.arange(n)
-    pfedla_round(hn, client_models, worker, data, list(range(n)), args, 1, sizes)  # stored models now differ
+    pfedla_round(hn, stored_models, worker, data, list(range(n)), args, 1, sizes)  # stored models now differ
     before = copy.deepcopy(hn)
-    stored = client_models.clone()
+    stored = stored_models.clone()
     log = []
     real_train = common.local_train
 
@@ -386,7 +386,7 @@ def test_heurpfedla_step_trains_the_retained_layers_heads_with_the_full_aggregat
         return loss
 
     monkeypatch.setattr(common, "local_train", recording_train)
-    pfedla_round(hn, client_models, worker, data, list(range(n)), args, 2, sizes)
+    pfedla_round(hn, stored_models, worker, data, list(range(n)), args, 2, sizes)
     a, b = sum(sizes[:layer]), sum(sizes[:layer + 1])
     received = torch.stack([start for start, _ in log])
     trained = torch.stack([end for _, end in log])
@@ -399,7 +399,7 @@ def test_heurpfedla_step_trains_the_retained_layers_heads_with_the_full_aggregat
     grads = torch.autograd.grad(loss, list(before.parameters()))
     for p_new, p_old, g in zip(hn.parameters(), before.parameters(), grads):
         torch.testing.assert_close(p_new.detach(), p_old.detach() - args.hn_lr * g, rtol=1e-5, atol=1e-6)
-    assert torch.equal(client_models, trained)  # theta_i := received + Delta theta_i, the trained model
+    assert torch.equal(stored_models, trained)  # theta_i := received + Delta theta_i, the trained model
 
 
 def test_hypernetworks_draw_their_initialisation_from_the_given_generator():

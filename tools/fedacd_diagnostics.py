@@ -77,24 +77,23 @@ def average_risk(errors, priors):
     return (priors @ errors.to(priors.dtype)).mean()
 
 
-def client_update(model, global_state, data, client, present, args, round_, risk=None):
+def client_update(model, global_state, data, client, classes, args, round_, risk=None):
     """fedacd.client_update, or with --fedavg FedAvg's local update on the same minibatches (its score V_m
     only with --log-kl); with ``risk = (class_test_idx, priors)`` also the trained model's average risk
     (Table 3). Returns (the trained model, flat; mean loss; V_m; KL; risk),
     None for what was not computed."""
     if not args.fedavg:
-        trained, loss, score, kl = fedacd.client_update(model, global_state, data, client, present, args, round_)
+        trained, loss, score, kl = fedacd.client_update(model, global_state, data, client, classes, args, round_)
     else:
         common.load_flat_state(model, global_state)
-        idx, device = data.train_idx[client], data.x.device
+        idx = data.train_idx[client]
         seeds = common.client_seed(args.seed, round_, client), common.client_seed(args.seed, round_, client, tag=1)
         loss = fedavg_local_training(model, common.make_optimizer(model, args),
                                      fedacd.mixup_epochs(data, idx, args, *seeds))
         score = kl = None
         if args.log_kl:
             P = fedacd.probability_matrix(model, ((data.x[b], data.y[b]) for b in idx.split(1024)), data.num_classes)
-            classes = common.to_device(present[client].nonzero().flatten(), device)
-            score, kl = fedacd.aggregation_score(P, classes, args.tau, reduction=args.score_kl)
+            score, kl = fedacd.aggregation_score(P, classes[client], args.tau, reduction=args.score_kl)
         trained = common.flatten_state(model)
     local_risk = average_risk(per_class_errors(model, data, risk[0]), risk[1]) if risk is not None else None
     return trained, loss, score, kl, local_risk
@@ -113,7 +112,7 @@ def main(argv=None):
     pool = common.ClientPool.build(args, build, device, data)
     model_bytes = common.state_bytes(global_model)
     counts = torch.as_tensor(data.train_counts, dtype=torch.float64, device=device)
-    present = torch.as_tensor(data.train_counts > 0)  # on the host: see fedacd.client_update
+    classes = fedacd.held_classes(data)
     priors = counts / counts.sum(1, keepdim=True)  # pi^n of the average risk
     risk_test = data.global_test_idx if data.global_test_idx is not None else torch.cat(data.test_idx)
     class_test_idx = [risk_test[data.y[risk_test] == c] for c in range(data.num_classes)]
@@ -131,7 +130,7 @@ def main(argv=None):
         risk = (class_test_idx, priors) if evaluate and args.log_risk else None  # Table 3's diagnostic
         global_state = common.flatten_state(global_model)
         client_states, losses, scores, kls, risks = pool.train(lambda model, client: client_update(
-            model, global_state, data, client, present, args, round_, risk), clients)
+            model, global_state, data, client, classes, args, round_, risk), clients)
         losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         if args.fedavg:
             num_samples = [len(data.train_idx[client]) for client in clients]

@@ -102,6 +102,22 @@ def test_eval_local_models_with_local_training_is_one_line(tmp_path, capsys):
     assert os.listdir(tmp_path) == []
 
 
+def test_without_either_flag_a_new_run_is_refused_and_a_fedavg_py_run_still_continues(tmp_path, capsys, one_thread):
+    """Plain FedAvg is fedavg.py: the program refuses a new run without --local-training or --eval-local-models
+    (exit 2, one line, nothing written) instead of running it; a fedavg.py run still continues here (--resume)."""
+    with pytest.raises(SystemExit) as stop:
+        run_folder.run_main(fedavg_variants.main, [*FLAGS, "--out", str(tmp_path / "refused")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and "--local-training or --eval-local-models" in err[0]
+    assert not os.path.exists(tmp_path / "refused")
+    with pytest.raises(SystemExit) as stop:
+        run_folder.run_main(fedavg.main, [*FLAGS, "--rounds", "2", "--out", str(tmp_path / "plain"),
+                                          "--stop-after", "1"])
+    assert stop.value.code == 0
+    run_folder.run_main(fedavg_variants.main, ["--resume", run_dir(tmp_path / "plain")])
+    assert len(metrics_rows(run_dir(tmp_path / "plain"))) == 2
+
+
 def test_fedavg_py_points_to_the_moved_flags_and_their_old_runs_resume_here_only(tmp_path, capsys, one_thread):
     """A run made as ``fedavg.py --local-training`` (config.json as that version wrote it) continues with
     tools/fedavg_variants.py to the uninterrupted run's metrics; fedavg.py refuses it, and the flag, in one line."""

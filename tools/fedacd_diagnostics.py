@@ -14,6 +14,10 @@ These add columns to the same training: without --fedavg the other columns are f
 These were fedacd.py's flags: a run made as ``fedacd.py --fedavg`` (its config.json keeps that command)
 continues here with --resume, and its command runs here with the same flags (docs/running.md).
 
+main() copies fedacd.py's round loop (sampling, the client update, the server step, evaluation, the run folder);
+tests/test_fedacd.py's test_fedavg_flag_gives_fedavg_py_metrics_and_fedacd_diagnostics keeps it equal to fedacd.py
+(without --fedavg) and to fedavg.py (--fedavg --no-mixup), bit for bit.
+
     python tools/fedacd_diagnostics.py --dataset synthetic --fedavg --no-mixup --log-kl --rounds 20
 """
 import os

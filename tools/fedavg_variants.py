@@ -9,8 +9,14 @@ after this round's local training, before aggregation, on its own test data (col
 local_model_acc_mean, ...): the "FedAvg fine-tuned locally" reading of FedAvg's rows in pFedLA's
 Tables 1-2. Training is unchanged: its other columns are fedavg.py's.
 
-These were fedavg.py's flags: a run made as ``fedavg.py --local-training`` (its config.json keeps that
-command) continues here with --resume, and its command runs here with the same flags (docs/running.md).
+Give one of the two: without either this would be fedavg.py, which is where plain FedAvg runs (a new run is
+refused in one line; a fedavg.py run still continues here with --resume). These were fedavg.py's flags: a run
+made as ``fedavg.py --local-training`` (its config.json keeps that command) continues here with --resume, and its
+command runs here with the same flags (docs/running.md).
+
+main() copies fedavg.py's round loop (sampling, common.client_update, fedavg.server_update, evaluation, the run
+folder); a test keeps its FedAvg columns equal to fedavg.py's, bit for bit (tests/test_local_training.py,
+test_eval_local_models_reports_the_trained_models_before_aggregation_and_changes_nothing).
 
     python tools/fedavg_variants.py --local-training --dataset synthetic --rounds 20
     python tools/fedavg_variants.py --eval-local-models --dataset synthetic --rounds 20
@@ -41,6 +47,9 @@ def parse_args(argv=None):
                         help="also evaluate each joining client's model after local training, before aggregation, "
                         "on its own test data (columns local_model_acc*; a reading of pFedLA's FedAvg rows)")
     return common.parse_args(parser, argv, common.fedala_learning_rate, checks=lambda args: [
+        (args.local_training or args.eval_local_models or args.resume,
+         "tools/fedavg_variants.py runs --local-training or --eval-local-models: give one (plain FedAvg is "
+         "fedavg.py)"),
         (not (args.eval_local_models and args.local_training),
          "--eval-local-models evaluates the local models of an aggregating run; --local-training already "
          "reports its local models as test_acc")])

@@ -185,7 +185,7 @@ def fedpake_aggregate(stacked, num_samples, kappa=0.2, n_micro=4, n_macro=4, del
     out = (num_samples / num_samples.sum()) @ stacked  # 2. Eq. (10) on L: the sample-weighted mean (ours); H below
     high, members = parameter_division(stacked, kappa).nonzero().flatten(), ()  # 1. Eq. (2)-(5): H
     if len(high):
-        values = stacked[:, high]
+        values = stacked.index_select(1, high)
         mic = micro_classes(values, n_micro) if random_micro is None else random_micro_classes(  # 3. Eq. (6)-(7)
             len(stacked), len(high), n_micro, random_micro).to(stacked.device)
         labels = (cluster_macro_classes(micro_class_disagreements(mic, n_micro), len(high), n_macro, delta)

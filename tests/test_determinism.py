@@ -158,11 +158,17 @@ def one_string_ablate(blob, config):  # fedpake.py before --ablate took two valu
     blob["args"]["ablate"] = config["args"]["ablate"] = "micro"
 
 
+def client_models(blob, config):  # pfedla.py before its stored models were named so
+    blob["state"] = {("client_models" if k == "stored_models" else k): v for k, v in blob["state"].items()}
+
+
 @pytest.mark.parametrize("script, flags, make_older", [("fedala", [], older_forms),
-                                                        ("fedpake", ["--ablate", "micro"], one_string_ablate)])
+                                                        ("fedpake", ["--ablate", "micro"], one_string_ablate),
+                                                        ("pfedla", [], client_models)])
 def test_a_run_saved_in_older_forms_resumes_as_it_ran(script, flags, make_older, tmp_path):
     """run_folder.py's resume reads what older runs saved in another form (run_folder.OLDER_FORM, RENAMED_STATE):
-    ALA's initial-stage flags under the official ALA.py's key start_phase, and fedpake.py's one-string --ablate. Such a
+    ALA's initial-stage flags under the official ALA.py's key start_phase, fedpake.py's one-string --ablate and
+    pfedla.py's stored models under client_models. Such a
     run resumes (after round 2, when ALA's initial stage is over: its flags decide round 3) and ends like an
     uninterrupted run; the pieces (ALA.load_state_dict, fedpake_aggregate) know only today's form."""
     flags = ["--dataset", "synthetic", *TINY, "--rounds", "3", "--checkpoint-every", "1", *flags]

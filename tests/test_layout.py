@@ -135,12 +135,13 @@ def test_one_fedala_round_reads_in_the_lines_of_common_py_that_docs_layout_names
 def test_the_scripts_and_the_shared_modules_stay_within_their_lengths():
     """The lengths the lean-scripts redesign brought them to, as upper bounds (lines, wc -l): each script
     shorter than it was before it, fedavg.py at most 100 and fedacd.py at most 320 lines; common.py,
-    datasets.py and run_folder.py together at most 3,292. Growing past them is a decision to make
-    explicitly, here."""
+    datasets.py and run_folder.py together at most 3,320 (3,292 until issue 64 moved the older runs' forms out
+    of the pieces into run_folder.py's resume: OLDER_FORM, RENAMED_STATE, list flags). Growing past them is a
+    decision to make explicitly, here."""
     def length(name):
         return sum(1 for _ in open(os.path.join(ROOT, name)))
 
     limits = {"fedavg.py": 100, "fedala.py": 245, "pfedla.py": 281, "fedpake.py": 290, "fedacd.py": 320}
     over = {name: length(name) for name, limit in limits.items() if length(name) > limit}
     assert not over, over
-    assert sum(length(f"{m}.py") for m in ("common", "datasets", "run_folder")) <= 3292
+    assert sum(length(f"{m}.py") for m in ("common", "datasets", "run_folder")) <= 3320

@@ -61,10 +61,11 @@ def test_a_license_to_paste_under_and_every_paper_cited_in_one_place():
     for title in titles:
         assert title in " ".join(cite.split()), f"README does not cite {title}"
     # each script names its paper; the full reference for it is here
-    for script, key in [("fedavg.py", "AISTATS"), ("fedala.py", "AAAI"), ("pfedla.py", "CVPR"),
-                        ("fedpake.py", "2408.11278"), ("fedacd.py", "IJCAI")]:
+    for script, name, key in [("fedavg.py", "FedAvg", "AISTATS"), ("fedala.py", "FedALA", "AAAI"),
+                              ("pfedla.py", "pFedLA", "CVPR"), ("fedpake.py", "FedPake", "2408.11278"),
+                              ("fedacd.py", "FedACD", "IJCAI")]:
         first_line = open(os.path.join(ROOT, script)).read().split("\n\n")[0]  # the docstring's first paragraph
-        assert key in first_line and f"(`{script}`)" in cite and key in cite.split(f"(`{script}`)")[1].split("* **")[0]
+        assert key in first_line and f"\n* {name}: " in cite and key in cite.split(f"\n* {name}: ")[1].split("\n")[0]
 
 
 def test_citation_cff_is_valid_yaml_with_the_fields_github_reads():

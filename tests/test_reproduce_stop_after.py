@@ -24,7 +24,7 @@ def test_stop_after_stops_every_run_at_round_n_with_a_checkpoint_and_the_same_co
         with open(os.path.join(job["dir"], "run.log")) as f:
             assert "--rounds 3" in f.read()  # the table's rounds: the command is the table's
     with open(out / "tiny.md") as f:
-        assert table_rows(f.read())["FedAvg"][6] == "2/3"
+        assert table_rows(f.read())["FedAvg"][7] == "2/3"
     assert call([*argv, "--stop-after", "2"], tables) == 0  # nothing left to do: started again, nothing is
     assert "2 of 2 runs stopped at round 2 or later already (skipped)" in capsys.readouterr().out
     assert call(argv, tables) == 0  # without it: resumed to the table's rounds
@@ -68,7 +68,7 @@ def test_an_unfinished_row_names_its_slope_and_a_finished_one_does_not(tmp_path)
     assert call(["tiny", "--seeds", "0", "--out", out, "--stop-after", "21"], tables) == 0
     with open(out / "tiny.md") as f:
         row = table_rows(f.read())["FedAvg"]
-    assert "slope over rounds 2-21: " in row[9] and row[9].endswith(" a round")
+    assert "slope over rounds 2-21: " in row[10] and row[10].endswith(" a round")
     assert call(["tiny", "--seeds", "0", "--out", out], tables) == 0
     with open(out / "tiny.md") as f:
-        assert "slope" not in table_rows(f.read())["FedAvg"][9]
+        assert "slope" not in table_rows(f.read())["FedAvg"][10]

@@ -795,11 +795,11 @@ class ClientPool:
                 threading.Thread(target=run, args=(client, answers), daemon=True).start()
                 next_event(client)
             if paused:
-                (_, (_, _, data, args)), *_ = paused.values()
-                trained, losses = together.train_together(
-                    model, torch.stack([start for _, (start, *_) in paused.values()]),
-                    [batches for _, (_, batches, *_) in paused.values()], data.x, data.y, args.lr, args.momentum,
-                    args.weight_decay)
+                handed = [payload for _, payload in paused.values()]  # (start state, batches, data, args) each
+                _, _, data, args = handed[0]
+                trained, losses = together.train_together(model, torch.stack([h[0] for h in handed]),
+                                                          [h[1] for h in handed], data.x, data.y, args.lr,
+                                                          args.momentum, args.weight_decay)
                 for k, client in enumerate(list(paused)):
                     answers, _ = paused.pop(client)
                     load_flat_state(model, trained[k])

@@ -60,7 +60,7 @@ def wait_for_round(folder, round_, timeout=600):
 
 
 def test_a_node_killed_in_round_2_is_left_out_and_the_run_finishes(tmp_path):
-    flags = ["fedavg", "--dataset", "synthetic", "--num-clients", "4", "--rounds", "8", "--out", "runs"]
+    flags = ["fedavg", "--dataset", "synthetic", "--num-clients", "4", "--rounds", "4", "--out", "runs"]
     with Deployment(tmp_path, num_nodes=4) as d:
         proc = submit(d, *flags)
         wait_for_round(d.folder, 1)
@@ -69,7 +69,7 @@ def test_a_node_killed_in_round_2_is_left_out_and_the_run_finishes(tmp_path):
     assert code == 0, output[-3000:]
     (run,) = run_folders(str(tmp_path))
     rows = metrics_rows(run)
-    assert [int(r["round"]) for r in rows] == list(range(1, 9))
+    assert [int(r["round"]) for r in rows] == list(range(1, 5))
     answered = [int(r["clients_answered"]) for r in rows]
     assert answered[0] == 4 and answered[-1] == 3 and set(answered) <= {3, 4}, answered
     assert json.load(open(os.path.join(run, "summary.json")))["status"] == "finished"
@@ -77,7 +77,7 @@ def test_a_node_killed_in_round_2_is_left_out_and_the_run_finishes(tmp_path):
 
 
 def test_a_stopped_server_resumes_to_an_uninterrupted_runs_metrics_and_a_node_can_come_back(tmp_path):
-    flags = ["fedala", "--dataset", "synthetic", "--num-clients", "4", "--rounds", "4", "--join-ratio", "0.5",
+    flags = ["fedala", "--dataset", "synthetic", "--num-clients", "4", "--rounds", "3", "--join-ratio", "0.5",
              "--checkpoint-every", "1", "--out"]
     with Deployment(tmp_path, num_nodes=4) as d:
         code, output = finish(submit(d, *flags, "runs/whole"))
@@ -92,7 +92,7 @@ def test_a_stopped_server_resumes_to_an_uninterrupted_runs_metrics_and_a_node_ca
         assert code == 0, output[-3000:]
     whole = metrics_rows(only_folder(tmp_path / "runs" / "whole"))
     resumed = metrics_rows(parts)
-    assert [r["round"] for r in resumed] == ["1", "2", "3", "4"]
+    assert [r["round"] for r in resumed] == ["1", "2", "3"]
     for a, b in zip(whole, resumed):
         assert {k: v for k, v in a.items() if k not in MEASURED} == {k: v for k, v in b.items() if k not in MEASURED}
 

@@ -40,12 +40,13 @@ def fmnist_dir():
 
 @pytest.fixture(scope="module")
 def fmnist_subset(fmnist_dir, tmp_path_factory):
-    """400 training images per class and 100 test images per class of the real data, as an .npz."""
+    """200 training images per class and 100 test images per class of the real data, as an .npz (400 per
+    class before: 200 halve the runs, and the claims keep wide margins, e.g. FedALA 88.1 against FedAvg's 60.8)."""
     x, y, x_test, y_test = datasets.load_arrays("fmnist", fmnist_dir)
     assert x.shape == (60000, 1, 28, 28) and x_test.shape == (10000, 1, 28, 28)
     assert np.bincount(y).tolist() == [6000] * 10 and np.bincount(y_test).tolist() == [1000] * 10
     rng = np.random.default_rng(0)
-    train = np.concatenate([rng.choice(np.flatnonzero(y == c), 400, replace=False) for c in range(10)])
+    train = np.concatenate([rng.choice(np.flatnonzero(y == c), 200, replace=False) for c in range(10)])
     test = np.concatenate([rng.choice(np.flatnonzero(y_test == c), 100, replace=False) for c in range(10)])
     path = tmp_path_factory.mktemp("fmnist") / "fmnist-subset.npz"
     np.savez(path, x=x[train], y=y[train], x_test=x_test[test], y_test=y_test[test])

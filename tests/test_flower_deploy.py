@@ -1,5 +1,6 @@
 """flower/app.py in Flower's deployment runtime on localhost (tests/deploy.py: a SuperLink, four
-SuperNodes, ``flwr run``), plain and secure (TLS, SuperNode authentication), and flower/make_certs.py.
+SuperNodes, ``flwr run``), secure (TLS, SuperNode authentication; the plain deployment runs in
+tests/test_flower_deploy_faults.py, as a user starts it), and flower/make_certs.py.
 
 The deployment tests take about two minutes each here (2 shared cores): every process imports
 Flower, and in Flower 1.41 every message to a node starts a ClientApp process."""
@@ -39,22 +40,6 @@ def metrics_equal_the_scripts(folder, tmp_path):
         for key in set(e) - NOT_COMPARED:
             assert float(g[key]) == pytest.approx(float(e[key]), abs=1e-4), (e["round"], key)
     return got
-
-
-@pytest.mark.slow
-@deployment
-def test_deployment_on_localhost_runs_fedavg_as_the_script(tmp_path):
-    started = time.monotonic()
-    with Deployment(tmp_path / "deploy", num_nodes=4, env={"OMP_NUM_THREADS": "1"}) as d:
-        up = time.monotonic()
-        code, output = d.run("fedavg", SMALL + ["--out", "runs"], timeout=900)  # relative: under the SuperLink's cwd
-        ran = time.monotonic()
-        assert code == 0, output
-        assert "Flower: 4 clients on 4 nodes" in output and "round 2/2" in output, output
-        folder = run_dir(str(tmp_path / "deploy" / "runs"))
-    rows = metrics_equal_the_scripts(folder, tmp_path)
-    print(f"\ndeployment: {up - started:.1f} s to start, run {ran - up:.1f} s for 2 rounds, "
-          f"{float(rows[-1]['sec_per_round']):.1f} s per round (metrics.csv), {os.getloadavg()[0]:.1f} load")
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """flower/app.py deployed on localhost (a SuperLink and 4 SuperNodes, tests/deploy.py) as a
 user runs it, ``python flower/app.py ALGORITHM --federation local ...``: a node killed in round
 2 is left out and the run finishes; a node started again takes its client back; a run stopped
-by the server resumes to the metrics of an uninterrupted one; a failed run exits non-zero.
+by the server resumes to the metrics of the script's uninterrupted run; a failed run exits non-zero.
 Minutes each (the SuperLink notices a dead node after two missed 30 s heartbeats)."""
 import json
 import os
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, metrics_rows
+from conftest import ROOT, metrics_rows, run_dir, run_script
 
 pytest.importorskip("flwr", reason="Flower is not installed (pip install -r requirements-flower.txt)")
 from deploy import Deployment, missing_tools  # noqa: E402
@@ -60,7 +60,7 @@ def wait_for_round(folder, round_, timeout=600):
 
 
 def test_a_node_killed_in_round_2_is_left_out_and_the_run_finishes(tmp_path):
-    flags = ["fedavg", "--dataset", "synthetic", "--num-clients", "4", "--rounds", "4", "--out", "runs"]
+    flags = ["fedavg", "--dataset", "synthetic", "--num-clients", "4", "--rounds", "3", "--out", "runs"]
     with Deployment(tmp_path, num_nodes=4) as d:
         proc = submit(d, *flags)
         wait_for_round(d.folder, 1)
@@ -69,32 +69,40 @@ def test_a_node_killed_in_round_2_is_left_out_and_the_run_finishes(tmp_path):
     assert code == 0, output[-3000:]
     (run,) = run_folders(str(tmp_path))
     rows = metrics_rows(run)
-    assert [int(r["round"]) for r in rows] == list(range(1, 5))
+    assert [int(r["round"]) for r in rows] == [1, 2, 3]
     answered = [int(r["clients_answered"]) for r in rows]
     assert answered[0] == 4 and answered[-1] == 3 and set(answered) <= {3, 4}, answered
     assert json.load(open(os.path.join(run, "summary.json")))["status"] == "finished"
     assert "client 3 left out" in output and "finished:completed" in output
 
 
-def test_a_stopped_server_resumes_to_an_uninterrupted_runs_metrics_and_a_node_can_come_back(tmp_path):
-    flags = ["fedala", "--dataset", "synthetic", "--num-clients", "4", "--rounds", "3", "--join-ratio", "0.5",
-             "--checkpoint-every", "1", "--out"]
-    with Deployment(tmp_path, num_nodes=4) as d:
-        code, output = finish(submit(d, *flags, "runs/whole"))
-        assert code == 0, output[-3000:]
-        code, output = finish(submit(d, *flags, "runs/parts", "--stop-after", "2"))
+def test_a_stopped_server_resumes_to_the_script_s_metrics_and_a_node_can_come_back(tmp_path):
+    """The run stopped after round 1 (--stop-after), node 1 replaced, then --resume: the rounds equal
+    fedala.py's uninterrupted run of the same flags (a whole deployed run equals the script's too:
+    tests/test_flower_deploy.py)."""
+    flags = ["--dataset", "synthetic", "--num-clients", "4", "--rounds", "2", "--join-ratio", "0.5",
+             "--checkpoint-every", "1"]
+    started = time.monotonic()
+    with Deployment(tmp_path, num_nodes=4, env={"OMP_NUM_THREADS": "1"}) as d:
+        up = time.monotonic()
+        code, output = finish(submit(d, "fedala", *flags, "--out", "runs/parts", "--stop-after", "1"))
         assert code == 0 and "continue with: python flower/app.py --resume" in output, output[-3000:]
+        assert "Flower: 4 clients on 4 nodes" in output and "round 1/2" in output, output[-3000:]
         parts = only_folder(tmp_path / "runs" / "parts")
         d.kill_node(1)
         d.start_node(1)  # a new SuperNode process (a new node id) for partition-id 1, before the run goes on
-        relative = os.path.relpath(parts, str(tmp_path))
-        code, output = finish(submit(d, "--resume", relative))
-        assert code == 0, output[-3000:]
-    whole = metrics_rows(only_folder(tmp_path / "runs" / "whole"))
-    resumed = metrics_rows(parts)
-    assert [r["round"] for r in resumed] == ["1", "2", "3"]
-    for a, b in zip(whole, resumed):
-        assert {k: v for k, v in a.items() if k not in MEASURED} == {k: v for k, v in b.items() if k not in MEASURED}
+        code, output = finish(submit(d, "--resume", os.path.relpath(parts, str(tmp_path))))
+        assert code == 0 and "round 2/2" in output, output[-3000:]
+    ran = time.monotonic()
+    script = run_script("fedala.py", *flags, "--out", tmp_path / "script", timeout=300)
+    assert script.returncode == 0, script.stderr
+    expected, resumed = metrics_rows(run_dir(str(tmp_path / "script"))), metrics_rows(parts)
+    assert [r["round"] for r in resumed] == [r["round"] for r in expected] == ["1", "2"]
+    for e, g in zip(expected, resumed):
+        for key in set(e) - MEASURED:
+            assert float(g[key]) == pytest.approx(float(e[key]), abs=1e-4), (e["round"], key)
+    print(f"\ndeployment: {up - started:.1f} s to start, {ran - up:.1f} s for the two runs of a round each, "
+          f"{os.getloadavg()[0]:.1f} load")
 
 
 def test_a_failed_deployed_run_exits_non_zero_with_its_line(tmp_path):

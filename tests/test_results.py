@@ -3,8 +3,9 @@ as it stands for its first rounds in a process whose environment says OMP_NUM_TH
 thread the runs were made with: the command's --threads decides), gives the committed metrics.csv rows bit
 for bit (timing and memory columns aside). Only where the data lies, the rounds, the device and the output
 folder are given after it. Fashion-MNIST is read where test_real_data finds it.
-One subprocess per run. The default suite (CI) checks a fixed SAMPLE, 2 rounds each: one run of every
-table and of every script (sample_of); the whole re-check, every run's first 4 rounds, is
+One subprocess per run. The default suite (CI) checks a fixed SAMPLE, 2 rounds each (1 where the run's
+first round took SLOW_ROUND seconds or more when it was made): one run of every table and of every script
+(sample_of); the whole re-check, every run's first 4 rounds, is
 ``python -m pytest tests/test_results.py --recheck-all`` (about an hour on 2 cores; run it before committing
 a run); ``-k synthetic`` or ``-k fmnist`` picks a part.
 
@@ -38,6 +39,7 @@ RESULTS = os.path.join(ROOT, "results")
 RUNS = sorted(os.path.dirname(p) for p in glob.glob(os.path.join(RESULTS, "**", "config.json"), recursive=True))
 TIMING = {"seconds", "sec_per_round", "host_mb", "device_mb", "agg_seconds"}
 ROUNDS, SAMPLE_ROUNDS = 4, 2
+SLOW_ROUND = 10.0  # s: a sampled run this slow (Fashion-MNIST, ten local epochs) checks its first round only
 EXACT = {"round", "mb_down", "mb_up"}
 DRIFT = (1.0, 0.02)  # accuracy columns (%): absolute; every other column: relative (float sums in another order)
 HERE = torch.backends.cpu.get_cpu_capability()
@@ -84,6 +86,12 @@ def sample_of(runs):
 SAMPLE = sample_of(RUNS)
 
 
+def sample_rounds(folder):
+    """The rounds the default suite checks of a sampled run: SAMPLE_ROUNDS, or 1 where its first round took
+    SLOW_ROUND seconds or more when it was made (metrics.csv's seconds)."""
+    return 1 if float(metrics_rows(folder)[0].get("seconds") or 0) >= SLOW_ROUND else SAMPLE_ROUNDS
+
+
 def test_the_sample_covers_every_table_and_script():
     tables = {os.path.relpath(f, RESULTS).split(os.sep)[0] for f in RUNS
               if not str(read_config(f).get("device", "cpu")).startswith("cuda")}
@@ -97,7 +105,7 @@ def test_the_sample_covers_every_table_and_script():
                          ids=[os.path.relpath(f, RESULTS) for f in RUNS])
 def test_a_committed_run_s_command_repeats_its_first_rounds_at_another_omp_num_threads(folder, tmp_path, request):
     config = read_config(folder)
-    rounds = ROUNDS if request.config.getoption("--recheck-all") else SAMPLE_ROUNDS
+    rounds = ROUNDS if request.config.getoption("--recheck-all") else sample_rounds(folder)
     # Fashion-MNIST where test_real_data finds it (skipped without it, a failure under CI)
     if str(config.get("device", "cpu")).startswith("cuda"):
         pytest.skip(f"made on a GPU ({config.get('device_name')}): a CPU does not repeat GPU arithmetic (README: "

@@ -98,6 +98,7 @@ def test_a_stopped_server_resumes_to_the_script_s_metrics_and_a_node_can_come_ba
     assert script.returncode == 0, script.stderr
     expected, resumed = metrics_rows(run_dir(str(tmp_path / "script"))), metrics_rows(parts)
     assert [r["round"] for r in resumed] == [r["round"] for r in expected] == ["1", "2"]
+    assert [r["clients_answered"] for r in resumed] == ["2", "2"]  # the replaced node answered if asked
     for e, g in zip(expected, resumed):
         for key in set(e) - MEASURED:
             assert float(g[key]) == pytest.approx(float(e[key]), abs=1e-4), (e["round"], key)

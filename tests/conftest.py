@@ -12,20 +12,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
+BY_HAND = {"recheck": "--recheck-all", "flower_faults": "--flower-faults"}  # marker: the option that selects it
+
+
 def pytest_addoption(parser):
     parser.addoption("--recheck-all", action="store_true",
                      help="tests/test_results.py: re-run every committed run's first rounds, not only its sample "
                           "(run it before committing a run; about an hour on 2 cores)")
+    parser.addoption("--flower-faults", action="store_true",
+                     help="the Flower deployment's fault tests: a node killed mid-run, a failed run, the harness "
+                          "that kills and restarts nodes (run them after a change to flower/ or tests/deploy.py; "
+                          "about 5 minutes on 2 cores)")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Without --recheck-all the committed runs outside tests/test_results.py's sample are deselected."""
-    if config.getoption("--recheck-all"):
-        return
-    kept = [item for item in items if not item.get_closest_marker("recheck")]
-    if len(kept) < len(items):
-        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("recheck")])
-        items[:] = kept
+    """A test marked for a by-hand option (BY_HAND) is deselected unless the option is given."""
+    left_out = [marker for marker, option in BY_HAND.items() if not config.getoption(option)]
+    by_hand = [item for item in items if any(item.get_closest_marker(marker) for marker in left_out)]
+    if by_hand:
+        config.hook.pytest_deselected(items=by_hand)
+        items[:] = [item for item in items if not any(item.get_closest_marker(marker) for marker in left_out)]
 
 
 def run_script(script, *args, timeout=120, env=None):

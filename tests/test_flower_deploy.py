@@ -79,6 +79,7 @@ def test_secure_deployment_runs_and_lets_in_only_registered_nodes(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.flower_faults  # the harness under the fault tests: with --flower-faults
 @deployment
 def test_the_harness_kills_a_node_and_starts_it_again_and_leaves_nothing(tmp_path):
     """kill_node / start_node keep the partition and, with authentication, the node id. A node

@@ -2,7 +2,10 @@
 user runs it, ``python flower/app.py ALGORITHM --federation local ...``: a node killed in round
 2 is left out and the run finishes; a node started again takes its client back; a run stopped
 by the server resumes to the metrics of the script's uninterrupted run; a failed run exits non-zero.
-Minutes each (the SuperLink notices a dead node after two missed 30 s heartbeats)."""
+Minutes each (the SuperLink notices a dead node after two missed 30 s heartbeats): the stopped server runs
+with the suite; the killed node and the failed run only with ``python -m pytest -q --flower-faults
+tests/test_flower_deploy_faults.py tests/test_flower_deploy.py`` (after a change to flower/ or tests/deploy.py),
+their logic checked in the suite against a stand-in grid (tests/test_flower_resilience.py)."""
 import json
 import os
 import subprocess
@@ -59,6 +62,7 @@ def wait_for_round(folder, round_, timeout=600):
     raise AssertionError(f"round {round_} not reached in {timeout} s")
 
 
+@pytest.mark.flower_faults
 def test_a_node_killed_in_round_2_is_left_out_and_the_run_finishes(tmp_path):
     flags = ["fedavg", "--dataset", "synthetic", "--num-clients", "4", "--rounds", "3", "--out", "runs"]
     with Deployment(tmp_path, num_nodes=4) as d:
@@ -106,6 +110,7 @@ def test_a_stopped_server_resumes_to_the_script_s_metrics_and_a_node_can_come_ba
           f"{os.getloadavg()[0]:.1f} load")
 
 
+@pytest.mark.flower_faults
 def test_a_failed_deployed_run_exits_non_zero_with_its_line(tmp_path):
     with Deployment(tmp_path, num_nodes=2) as d:
         code, output = finish(submit(d, "fedavg", "--dataset", "synthetic", "--num-clients", "2", "--rounds", "2",

@@ -41,7 +41,8 @@ def fmnist_dir():
 @pytest.fixture(scope="module")
 def fmnist_subset(fmnist_dir, tmp_path_factory):
     """200 training images per class and 100 test images per class of the real data, as an .npz (400 per
-    class before: 200 halve the runs, and the claims keep wide margins, e.g. FedALA 88.1 against FedAvg's 60.8)."""
+    class before: 200 halve the runs, and the claims keep wide margins, e.g. FedALA 84.5 against FedAvg's 58.5
+    after 4 rounds)."""
     x, y, x_test, y_test = datasets.load_arrays("fmnist", fmnist_dir)
     assert x.shape == (60000, 1, 28, 28) and x_test.shape == (10000, 1, 28, 28)
     assert np.bincount(y).tolist() == [6000] * 10 and np.bincount(y_test).tolist() == [1000] * 10
@@ -76,8 +77,8 @@ def against_fedavg(module, flags, column, tmp_path, extra=()):
 # pFedLA Tables 1-2: under non-IID_1 the personalised models beat FedAvg's global model
 PFEDLA = ["--num-clients", "10", "--partition", "pfedla1", "--classes-per-client", "4", "--samples-per-client", "200",
           "--train-ratio", "0.7", "--local-epochs", "5", "--batch-size", "32", "--lr", "0.05", "--model", "pfedlacnn",
-          "--rounds", "8"]
-PFEDLA_MARGIN = 5  # points of test_acc_mean
+          "--rounds", "6"]
+PFEDLA_MARGIN = 5  # points of test_acc_mean: after 6 rounds pFedLA 74.7, FedAvg 60.7, without hypernetwork steps 61.2
 
 
 @pytest.mark.parametrize("extra, beats", [((), True), (("--hn-lr", "0"), False)],
@@ -90,8 +91,8 @@ def test_pfedla_personalised_models_beat_fedavg_under_non_iid_1(extra, beats, fm
 
 # FedALA Table 2: under Dir(0.1) the local models (after ALA) beat FedAvg's global model
 DIR = ["--num-clients", "10", "--partition", "dir", "--beta", "0.1", "--local-epochs", "1", "--batch-size", "10",
-       "--lr", "0.05", "--model", "cnn", "--rounds", "6"]
-FEDALA_MARGIN = 10  # points of test_acc (FedALA's metric: pooled over the clients' test data)
+       "--lr", "0.05", "--model", "cnn", "--rounds", "4"]
+FEDALA_MARGIN = 10  # points of test_acc (FedALA's metric, pooled over the clients' test data): 84.5 against 58.5
 
 
 @pytest.mark.parametrize("extra, beats", [((), True), (("--no-ala",), False)], ids=["fedala", "broken-no-ala"])
@@ -104,7 +105,7 @@ def test_fedala_local_models_beat_fedavg_under_dir_0_1(extra, beats, fmnist_subs
 # below FedAvg's by more than GLOBAL_MARGIN (both papers claim better than FedAvg at full scale; a few
 # rounds at this size cannot separate them)
 GLOBAL = [*DIR, "--test-split", "global", "--join-ratio", "1", "--momentum", "0", "--weight-decay", "0"]
-ABOVE_CHANCE, GLOBAL_MARGIN = 40, 10
+ABOVE_CHANCE, GLOBAL_MARGIN = 40, 10  # after 4 rounds: FedAvg 55.6, FedPake 53.4, FedACD 60.5; kept first: 28.4, 26.8
 
 
 def keep_first_client(module, monkeypatch):

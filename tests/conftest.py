@@ -25,8 +25,18 @@ def pytest_addoption(parser):
                           "about 5 minutes on 2 cores)")
 
 
+# Files that start Flower (a SuperLink, SuperNodes, a Ray cluster or node workers): one pytest-xdist worker runs them
+FLOWER_FILES = {"test_flower.py", "test_flower_deploy.py", "test_flower_deploy_faults.py", "test_flower_interrupt.py",
+                "test_flower_resilience.py", "test_pfllib_folder.py"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    """A test marked for a by-hand option (BY_HAND) is deselected unless the option is given."""
+    """A test marked for a by-hand option (BY_HAND) is deselected unless the option is given. Under
+    pytest-xdist (``-n 2 --dist loadgroup``, README) a file's tests share a worker, as its module fixtures
+    want, and the files of FLOWER_FILES share one, so that no two Flower deployments run at once."""
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("flower" if item.path.name in FLOWER_FILES else item.path.name))
     left_out = [marker for marker, option in BY_HAND.items() if not config.getoption(option)]
     by_hand = [item for item in items if any(item.get_closest_marker(marker) for marker in left_out)]
     if by_hand:

@@ -148,3 +148,21 @@ def test_the_scripts_and_the_shared_modules_stay_within_their_lengths():
     assert not over, over
     assert sum(length(f"{m}.py") for m in ("common", "datasets", "run_folder")) <= 3423
     assert length("together.py") <= 90
+
+
+def test_every_test_file_that_starts_flower_runs_on_the_flower_worker():
+    """Under ``pytest -n 2`` conftest.FLOWER_FILES share one worker: a test file that imports Flower,
+    tests/deploy.py or flower/, or starts flower/app.py, must be one of them (two SuperLinks or Ray
+    clusters at once would compete for ports and the node workers' sockets)."""
+    import re
+
+    import conftest
+    starts_flower = re.compile(r'importorskip\("flwr"|from deploy\s+import|from flower[ .]|"flower", "app\.py"')
+    folder = os.path.join(ROOT, "tests")
+    found = set()
+    for name in os.listdir(folder):
+        if name.startswith("test_") and name.endswith(".py"):
+            with open(os.path.join(folder, name)) as f:
+                if starts_flower.search(f.read()):
+                    found.add(name)
+    assert found == conftest.FLOWER_FILES

@@ -38,10 +38,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         item.add_marker(pytest.mark.xdist_group("flower" if item.path.name in FLOWER_FILES else item.path.name))
     left_out = [marker for marker, option in BY_HAND.items() if not config.getoption(option)]
-    by_hand = [item for item in items if any(item.get_closest_marker(marker) for marker in left_out)]
+    kept, by_hand = [], []
+    for item in items:
+        (by_hand if any(item.get_closest_marker(marker) for marker in left_out) else kept).append(item)
     if by_hand:
         config.hook.pytest_deselected(items=by_hand)
-        items[:] = [item for item in items if not any(item.get_closest_marker(marker) for marker in left_out)]
+        items[:] = kept
 
 
 def run_script(script, *args, timeout=120, env=None):

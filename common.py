@@ -1,16 +1,14 @@
 """What two or more of the algorithm scripts share, in reading order: the command line, the data
 (datasets.py, reached through here: loaded once into tensors on the training device; a client is
-a pair of index tensors, a batch an index slice), the models, and training and evaluation. The
-errors, ``atomic_write`` and the run folder are in run_folder.py; the start-up signal handling,
-which each script imports first, in startup.py. Imports go down only: common -> datasets ->
+a pair of index tensors, a batch an index slice), the models, one round (sampling, the clients'
+training, on threads at once, the server's average) and evaluation. The errors, ``atomic_write``
+and the run folder are in run_folder.py; the start-up signal handling in startup.py. Imports go down only: common -> datasets ->
 run_folder -> data_partition (docs/layout.md).
 """
 import argparse
 import math
 import os
 import queue
-import sys
-import threading
 
 import numpy as np
 import torch
@@ -19,7 +17,6 @@ import torch.nn.functional as F
 
 import datasets
 import run_folder
-import together
 from datasets import check_fits, synthetic_setting  # the scripts' too: common.check_fits
 from run_folder import DivergedError, UserError  # the scripts' too: common.UserError, their bad input
 
@@ -31,7 +28,8 @@ class _Parser(argparse.ArgumentParser):
         moved = [f"--{flag.replace('_', '-')} is {program}.py's now" for program, (script, flags) in
                  run_folder.MOVED.items() if self.prog == f"{script}.py" for flag in flags
                  if f"--{flag.replace('_', '-')}" in message.split()]  # a flag that left the script for tools/
-        raise UserError("; ".join([message, *moved]))
+        removed = [line for token in message.split() if (line := run_folder.removed_flag_line(token))]
+        raise UserError("; ".join([message, *moved, *removed]))
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -100,10 +98,6 @@ def base_parser(description, script=None, helps=None, **defaults):
       help="train this many clients at once on CPU threads, one torch thread each (1: one client at a time on "
       "all --threads threads; auto: one per --threads thread on CPU, up to 4 on a GPU); on a CPU results "
       "depend on whether this is 1, not on the schedule; on a GPU they do not depend on it")
-    a("--clients-together", action=argparse.BooleanOptionalAction, default=False,
-      help="train each round's clients as one stacked computation (torch.func; docs/speed.md): the loop's batches "
-      "and SGD, its results up to float rounding; not for models with BatchNorm, nor fedacd.py (its own local "
-      "training); --no-clients-together turns it off on --resume (default: off)")
     a("--threads", type=_thread_count, default="auto",
       help="CPU torch threads, which decide a CPU run's arithmetic (its results repeat bit for bit at the same "
       "count); auto (default): torch's own count, set by OMP_NUM_THREADS or the cores; config.json records the "
@@ -119,8 +113,8 @@ def base_parser(description, script=None, helps=None, **defaults):
 
 
 def fedala_learning_rate(args):
-    """FedALA's setup, the ``resolve`` of fedavg.py and fedala.py: --lr 0.005 for the 4-layer CNN,
-    0.1 on MNIST and for fastText and ResNet-18."""
+    """FedALA's setup, as a ``resolve`` of parse_args: --lr 0.005 for the 4-layer CNN, 0.1 on MNIST and for
+    fastText and ResNet-18."""
     if args.lr is None:
         fast = args.dataset in ("mnist", "agnews") or args.model in ("fasttext", "resnet18")
         args.lr = 0.1 if fast else 0.005
@@ -175,9 +169,6 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
          f"--classes-per-client must be >= 1, got {args.classes_per_client}"),
         (args.stop_after is None or args.stop_after >= 1, "--stop-after must be >= 1"),
         (bool(args.out.strip()), "--out must name a folder (. for the current one)"),
-        (not args.clients_together or parser.prog not in OWN_LOCAL_TRAINING, f"--clients-together: {parser.prog} "
-         "trains its clients with its own local training (mixup, its losses, P^m), not common.local_train, which "
-         "is what is stacked; leave the flag out"),
     ]
     for ok, message in [*shared, *(checks(args) if callable(checks) else checks)]:
         if not ok:  # with --resume, a value read from the run's config.json is named as such
@@ -418,8 +409,8 @@ def _model(name, data):
 
 
 def layers(model):
-    """Modules that own parameters, in registration (= forward) order: the "layers" that FedALA's
-    p and pFedLA's layer-wise weights count."""
+    """Modules that own parameters, in registration (= forward) order: the "layers" that layer-wise
+    methods count (a range of top layers, a weight per layer)."""
     return [(n, m) for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))]
 
 
@@ -500,11 +491,6 @@ def state_bytes(model):
     return sum(v.numel() * v.element_size() for v in model.state_dict().values())
 
 
-def as_rows(client_states):
-    """The clients' flat models as one (K x D) tensor: a tensor as it is, a list stacked."""
-    return client_states if torch.is_tensor(client_states) else torch.stack(list(client_states))
-
-
 # ----------------------------------------------------------------------------- one round (docs/layout.md)
 
 def sample_clients(rng, num_clients, join_ratio):
@@ -559,8 +545,6 @@ def epoch_batches(idx, batch_size, epochs, seed):
 def local_train(model, data, idx, args, seed):
     """--local-epochs of minibatch SGD with cross-entropy on the train indices ``idx``. Returns the mean
     training loss, 0-dim (no host sync inside the loop)."""
-    if getattr(_TOGETHER, "hand_over", None):  # --clients-together: the pool trains the round's clients stacked
-        return _TOGETHER.hand_over(model, data, idx, args, seed)
     model.train()
     optimizer = make_optimizer(model, args)
     total, steps = torch.zeros((), device=data.x.device), 0
@@ -573,21 +557,14 @@ def local_train(model, data, idx, args, seed):
     return total / max(steps, 1)
 
 
-def weighted_average(stacked, weights):
-    """FedAvg's aggregation: sum_k w_k theta_k / sum_k w_k over the rows of ``stacked`` (K x D)."""
-    weights = to_device(torch.as_tensor(weights, dtype=stacked.dtype), stacked.device)
-    return (weights / weights.sum()) @ stacked
-
-
 def client_update(model, global_state, data, client, args, round_):
-    """FedAvg's ClientUpdate(k, w), also FedPake's: local SGD from the global model (flat) on client k's
-    training data. Returns (the trained model, flat; the mean training loss, 0-dim)."""
+    """FedAvg's ClientUpdate(k, w): local SGD from the global model (flat) on client k's training data (fedavg.py
+    writes it out; tests/test_local_training.py holds the two equal). Returns (the trained model, flat; the mean
+    training loss, 0-dim)."""
     load_flat_state(model, global_state)
     loss = local_train(model, data, data.train_idx[client], args, client_seed(args.seed, round_, client))
     return flatten_state(model), loss
 
-
-# ----------------------------------------------------------------------------- evaluation
 
 def check_finite(loss, round_, client):
     """One host sync per client: stop the run when training diverged (the data was checked to be
@@ -598,6 +575,118 @@ def check_finite(loss, round_, client):
                             "lower --lr (metrics so far are in the run folder)")
     return value
 
+
+def weighted_average(stacked, weights):
+    """FedAvg's aggregation: sum_k w_k theta_k / sum_k w_k over the rows of ``stacked`` (K x D)."""
+    weights = to_device(torch.as_tensor(weights, dtype=stacked.dtype), stacked.device)
+    return (weights / weights.sum()) @ stacked
+
+
+def as_rows(client_states):
+    """The clients' flat models as one (K x D) tensor: a tensor as it is, a list stacked."""
+    return client_states if torch.is_tensor(client_states) else torch.stack(list(client_states))
+
+
+# the clients of a round trained at once (--parallel-clients)
+
+GPU_PARALLEL_CLIENTS = 4
+
+
+def host_cores():
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def parallel_clients(args, device):
+    """How many clients train at once: --parallel-clients, at most the round's clients. auto: one per
+    --threads thread on a CPU; on a GPU 4 (at most one per host core), since a step there is bound by
+    the host's kernel launches, which threads overlap, and the GPU's arithmetic does not depend on the
+    host's threads (docs/speed.md). Above 1, each client trains on one torch thread (ClientPool)."""
+    n = args.parallel_clients
+    if n == "auto":
+        threads = getattr(args, "threads", None)
+        if device.type == "cpu":
+            n = threads if isinstance(threads, int) else torch.get_num_threads()
+        else:
+            n = min(GPU_PARALLEL_CLIENTS, host_cores())
+    return max(1, min(n, clients_per_round(args)))
+
+
+def client_threads(args, device):
+    """The torch threads one client trains on in a run of ``args``: 1 when clients train in parallel, else
+    all --threads (None: a run that recorded no count, at torch's default)."""
+    return 1 if parallel_clients(args, device) > 1 else getattr(args, "threads", None)
+
+
+class ClientPool:
+    """The reusable models that run a round's client updates: ``map`` and ``train`` over the clients.
+
+    ``--parallel-clients`` models (auto: one per torch thread, --threads, on a CPU, where a small
+    batch leaves most cores idle; up to 4 on a GPU, whose steps wait on the host's launches). With
+    one model the clients run one after another on all --threads torch threads. With several, that
+    many clients run at once on threads, one torch thread each, the largest clients first so the
+    threads finish together; the server's work between rounds runs on all --threads. Client updates
+    are independent, so results do not depend on the schedule, only, on a CPU, on whether each
+    client ran on one torch thread or on all of them. No model is built or copied per client."""
+
+    def __init__(self, models, client_sizes):
+        self.models, self.client_sizes = models, client_sizes
+
+    @classmethod
+    def build(cls, args, build_model, device, data):
+        """A pool of ``--parallel-clients`` models made by ``build_model``, for ``data``'s clients."""
+        return cls([build_model().to(device) for _ in range(parallel_clients(args, device))],
+                   [len(i) for i in data.train_idx])
+
+    def __len__(self):
+        return len(self.models)
+
+    def map(self, client_update, clients):
+        """``[client_update(model, client) for client in clients]``, each call given a free model."""
+        if len(self.models) == 1:
+            return [client_update(self.models[0], client) for client in clients]
+        from concurrent.futures import ThreadPoolExecutor
+        free = queue.SimpleQueue()
+        for model in self.models:
+            free.put(model)
+
+        def run(client):
+            model = free.get()
+            try:
+                return client_update(model, client)
+            finally:
+                free.put(model)
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        executor = ThreadPoolExecutor(len(self.models))
+        try:
+            futures = {client: executor.submit(run, client)
+                       for client in sorted(clients, key=lambda c: -self.client_sizes[c])}
+            return [futures[client].result() for client in clients]
+        finally:  # after a second Ctrl-C or a failing client no queued client starts
+            executor.shutdown(wait=False, cancel_futures=True)
+            torch.set_num_threads(threads)
+
+    def train(self, client_update, clients):
+        """The round's client updates through ``map``: ``client_update(model, client)`` returns (the client's
+        trained model, flat; anything else). Returns the trained models as the rows of a new (K x D) tensor, in
+        the order of ``clients``, then each further return value as a list over the clients. Each model is
+        copied into its row when its client finishes, so a round holds no K models besides the rows (ResNet-18's
+        FedAvg round peaked at 3,010 MB instead of 2,100 when it did, docs/speed.md)."""
+        state = float_state(self.models[0])
+        rows = torch.empty(len(clients), sum(v.numel() for v in state), dtype=state[0].dtype, device=state[0].device)
+        position = {client: k for k, client in enumerate(clients)}
+
+        def update(model, client):
+            trained, *rest = client_update(model, client)
+            rows[position[client]] = trained
+            return rest
+
+        return (rows, *(list(column) for column in zip(*self.map(update, clients))))
+
+
+# ----------------------------------------------------------------------------- evaluation
 
 @torch.no_grad()
 def evaluate(model, data, idx_list, batch_size=2048):
@@ -643,192 +732,3 @@ def evaluate_global(model, data):
         uniform = accuracy_metrics(*evaluate(model, data, [data.global_test_idx]), prefix="global")
         metrics.update(global_acc=uniform["global_acc"], global_loss=uniform["global_loss"])
     return metrics
-
-
-# ----------------------------------------------------------------------------- clients trained at once
-
-GPU_PARALLEL_CLIENTS = 4
-
-
-def host_cores():
-    """The CPU cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def parallel_clients(args, device):
-    """How many clients train at once: --parallel-clients, at most the round's clients. auto: one per
-    --threads thread on a CPU; on a GPU 4 (at most one per host core), since a step there is bound by
-    the host's kernel launches, which threads overlap, and the GPU's arithmetic does not depend on the
-    host's threads (docs/speed.md). Above 1, each client trains on one torch thread (ClientPool)."""
-    n = args.parallel_clients
-    if n == "auto":
-        threads = getattr(args, "threads", None)
-        if device.type == "cpu":
-            n = threads if isinstance(threads, int) else torch.get_num_threads()
-        else:
-            n = min(GPU_PARALLEL_CLIENTS, host_cores())
-    return max(1, min(n, clients_per_round(args)))
-
-
-def client_threads(args, device):
-    """The torch threads one client trains on in a run of ``args``: 1 when clients train in parallel, else
-    all --threads (None: a run that recorded no count, at torch's default)."""
-    return 1 if parallel_clients(args, device) > 1 else getattr(args, "threads", None)
-
-
-# the programs whose clients train with their own local training, not local_train: --clients-together refuses them
-OWN_LOCAL_TRAINING = {"fedacd.py", "tools/fedacd_diagnostics.py"}
-_TOGETHER = threading.local()  # hand_over: local_train's, in a client thread of ClientPool.map_together
-_CANCEL = object()
-
-
-def _storage_holders(tensor):
-    """How many tensors share ``tensor``'s memory (itself and its views)."""
-    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata) - 1  # less the storage object asked
-
-
-class _Cancelled(BaseException):
-    """Ends a client thread that waits in local_train after another client failed."""
-
-
-class ClientPool:
-    """The reusable models that run a round's client updates: ``map`` and ``train`` over the clients.
-
-    ``--parallel-clients`` models (auto: one per torch thread, --threads, on a CPU, where a small
-    batch leaves most cores idle; up to 4 on a GPU, whose steps wait on the host's launches). With
-    one model the clients run one after another on all --threads torch threads. With several, that
-    many clients run at once on threads, one torch thread each, the largest clients first so the
-    threads finish together; the server's work between rounds runs on all --threads. Client updates
-    are independent, so results do not depend on the schedule, only, on a CPU, on whether each
-    client ran on one torch thread or on all of them. No model is built or copied per client.
-    With --clients-together one model, and ``map_together``."""
-
-    def __init__(self, models, client_sizes, together=False, at_once=None):
-        self.models, self.client_sizes, self.together, self.rows = models, client_sizes, together, None
-        self.at_once = at_once or len(models)
-
-    @classmethod
-    def build(cls, args, build_model, device, data):
-        """A pool of ``--parallel-clients`` models made by ``build_model``, for ``data``'s clients."""
-        sizes = [len(i) for i in data.train_idx]
-        if getattr(args, "clients_together", False):
-            model = build_model().to(device)
-            buffers = [name for name, b in model.named_buffers() if b.is_floating_point()]
-            if buffers:
-                raise UserError(f"--clients-together cannot stack --model {args.model} ({model.__class__.__name__}): "
-                                f"its BatchNorm statistics ({buffers[0]}, ...) would need one copy per client and "
-                                "batch statistics without the padded samples; leave the flag out")
-            return cls([model], sizes, together=True, at_once=clients_per_round(args))
-        return cls([build_model().to(device) for _ in range(parallel_clients(args, device))], sizes)
-
-    def __len__(self):
-        return self.at_once
-
-    def map(self, client_update, clients):
-        """``[client_update(model, client) for client in clients]``, each call given a free model."""
-        if self.together:
-            return self.map_together(client_update, clients)
-        if len(self.models) == 1:
-            return [client_update(self.models[0], client) for client in clients]
-        from concurrent.futures import ThreadPoolExecutor
-        free = queue.SimpleQueue()
-        for model in self.models:
-            free.put(model)
-
-        def run(client):
-            model = free.get()
-            try:
-                return client_update(model, client)
-            finally:
-                free.put(model)
-
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        executor = ThreadPoolExecutor(len(self.models))
-        try:
-            futures = {client: executor.submit(run, client)
-                       for client in sorted(clients, key=lambda c: -self.client_sizes[c])}
-            return [futures[client].result() for client in clients]
-        finally:  # after a second Ctrl-C or a failing client no queued client starts
-            executor.shutdown(wait=False, cancel_futures=True)
-            torch.set_num_threads(threads)
-
-    def map_together(self, client_update, clients):
-        """``map`` with --clients-together: each ``client_update`` runs in a thread of its own, one at a time
-        on the one model, until it calls ``local_train``, which hands over (the model's state, the batches
-        its seed gives) and waits; the round's clients then train stacked (together.train_together), and each
-        update continues, one at a time in the clients' order, with its trained model loaded into the model
-        and its loss returned by ``local_train``. Only one thread runs at any time: what runs before and after
-        local_train (FedALA's ALA, the flattening) runs as in the loop. A failing update ends the waiting ones."""
-        model, events, paused, results = self.models[0], queue.SimpleQueue(), {}, {}
-
-        def run(client, answers):
-            def hand_over(m, data, idx, args, seed):
-                if m is not model:
-                    raise RuntimeError("--clients-together trains the pool's model only")
-                events.put(("paused", (flatten_state(m), list(epoch_batches(idx, args.batch_size, args.local_epochs,
-                                                                            seed)), data, args)))
-                answer = answers.get()
-                if answer is _CANCEL:
-                    raise _Cancelled()
-                return answer
-            _TOGETHER.hand_over = hand_over
-            try:
-                events.put(("done", client_update(model, client)))
-            except BaseException as e:  # noqa: BLE001  re-raised in the pool's thread
-                events.put(("failed", e))
-
-        def next_event(client):
-            kind, payload = events.get()
-            if kind == "failed" and not isinstance(payload, _Cancelled):
-                raise payload
-            if kind == "paused" and client in paused:
-                raise RuntimeError("--clients-together: a client update called local_train twice")
-            if kind == "paused":
-                paused[client] = (answers, payload)
-            else:
-                results[client] = payload
-
-        try:
-            for client in clients:
-                answers = queue.SimpleQueue()
-                threading.Thread(target=run, args=(client, answers), daemon=True).start()
-                next_event(client)
-            if paused:
-                handed = [payload for _, payload in paused.values()]  # (start state, batches, data, args) each
-                _, _, data, args = handed[0]
-                trained, losses = together.train_together(model, torch.stack([h[0] for h in handed]),
-                                                          [h[1] for h in handed], data.x, data.y, args.lr,
-                                                          args.momentum, args.weight_decay)
-                for k, client in enumerate(list(paused)):
-                    answers, _ = paused.pop(client)
-                    load_flat_state(model, trained[k])
-                    answers.put(losses[k])
-                    next_event(client)
-            return [results[client] for client in clients]
-        finally:  # a failure or a Ctrl-C: the waiting updates end, none runs on
-            for answers, _ in paused.values():
-                answers.put(_CANCEL)
-                events.get()
-
-    def train(self, client_update, clients):
-        """The round's client updates through ``map``: ``client_update(model, client)`` returns (the client's
-        trained model, flat; anything else). Returns the trained models as the rows of one (K x D) tensor, in
-        the order of ``clients``, then each further return value as a list over the clients. Each model is
-        copied into its row when its client finishes (a round holds no K models besides them: ResNet-18's
-        FedAvg round peaked at 3,010 MB instead of 2,100 when it did, docs/speed.md). The rows may be kept:
-        those of the last call are reused only when nothing but the pool holds them any more (no name, no
-        view), a reuse nobody can observe; a script that is done with them drops them (``del``) for that."""
-        rows, self.rows, state = self.rows, None, float_state(self.models[0])  # rows: held here alone, unless kept
-        if rows is None or sys.getrefcount(rows) > 2 or _storage_holders(rows) > 1 or len(rows) != len(clients):
-            rows = torch.empty(len(clients), sum(v.numel() for v in state), dtype=state[0].dtype,
-                               device=state[0].device)
-        self.rows = rows
-        position = {client: k for k, client in enumerate(clients)}
-
-        def update(model, client):
-            trained, *rest = client_update(model, client)
-            rows[position[client]] = trained
-            return rest
-
-        return (rows, *(list(column) for column in zip(*self.map(update, clients))))

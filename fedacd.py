@@ -17,7 +17,8 @@ are a diagnostic built of this file's pieces: tools/fedacd_diagnostics.py.
     python fedacd.py --dataset synthetic --rounds 20        # offline quick start
     python fedacd.py --dataset cifar100 --beta 0.1          # Table 1, CIFAR-100, 46.24
 """
-import startup  # first, before torch loads (seconds): a Ctrl-C while starting ends in one line (startup.py)
+if __name__ == "__main__":  # run as a program, not imported: a Ctrl-C while torch loads ends in one line
+    import startup  # noqa: F401  first, before torch loads (seconds; startup.py)
 import common
 
 import math
@@ -299,6 +300,7 @@ def main(argv=None):
             model, global_state, data, client, classes, args, round_), clients)
         losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         common.load_flat_state(global_model, server_update(client_states, scores, args.uniform_agg))
+        del client_states  # frees the K x D rows before evaluation and the next round (peak memory: one round's rows)
         run.add_bytes(down=model_bytes * len(clients), up=(model_bytes + 8) * len(clients))  # + the score V_m
         if run.should_eval(round_):
             scores = torch.stack(scores)  # Table 9

@@ -26,7 +26,8 @@ is how FedPake's Tables 1-3 report FedALA (FedPake App. C.2: the global model of
     python fedala.py --dataset synthetic --rounds 20        # offline quick start
     python fedala.py --dataset cifar10 --beta 0.1           # Table 2, Dir(0.1) CIFAR-10
 """
-import startup  # first, before torch loads (seconds): a Ctrl-C while starting ends in one line (startup.py)
+if __name__ == "__main__":  # run as a program, not imported: a Ctrl-C while torch loads ends in one line
+    import startup  # noqa: F401  first, before torch loads (seconds; startup.py)
 import common
 
 import math
@@ -214,11 +215,13 @@ def main(argv=None):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)  # Alg. 1 l. 4-5
         evaluate = run.should_eval(round_)
         in_initial_stage = [c for c in clients if ala.initial_stage[c]]
-        local_models[clients], losses, ala_epochs, results = pool.train(lambda model, client: client_update(
+        client_states, losses, ala_epochs, results = pool.train(lambda model, client: client_update(
             model, global_model, local_models[client], ala, data, client, args, round_, evaluate), clients)  # l. 6-17
+        local_models[clients] = client_states  # each client's local model Theta_i, kept for its next round
         losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         num_samples = [len(data.train_idx[client]) for client in clients]
-        common.load_flat_state(global_model, common.weighted_average(local_models[clients], num_samples))  # l. 18
+        common.load_flat_state(global_model, common.weighted_average(client_states, num_samples))  # l. 18
+        del client_states  # frees the K x D rows before evaluation and the next round (peak memory: one round's rows)
         done = [c for c in in_initial_stage if not ala.initial_stage[c]]
         if done:
             print(f"[fedala] round {round_}: initial stage (Alg. 1 l. 8-11) done on {len(done)} client(s) after "

@@ -25,7 +25,8 @@ client's test data; the headline is last10_mean of test_acc (the paper's mean ov
     python fedpake.py --dataset synthetic --rounds 20      # offline quick start
     python fedpake.py --dataset cifar10                    # Table 1, Dir(0.1), ResNet-18
 """
-import startup  # first, before torch loads (seconds): a Ctrl-C while starting ends in one line (startup.py)
+if __name__ == "__main__":  # run as a program, not imported: a Ctrl-C while torch loads ends in one line
+    import startup  # noqa: F401  first, before torch loads (seconds; startup.py)
 import common
 
 import time
@@ -271,8 +272,8 @@ def main(argv=None):
         losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         num_samples = [len(data.train_idx[client]) for client in clients]
         new_global, stats = server_update(client_states, num_samples, args, round_)
-        del client_states  # done with them: their memory serves the next round (common.ClientPool.train)
         common.load_flat_state(global_model, new_global)
+        del client_states  # frees the K x D rows before evaluation and the next round (peak memory: one round's rows)
         run.add_bytes(down=model_bytes * len(clients), up=model_bytes * len(clients))
         if run.should_eval(round_):
             run.log(round_, {**common.evaluate_global(global_model, data), "train_loss": sum(losses) / len(losses),

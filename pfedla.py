@@ -25,7 +25,8 @@ reports the unweighted mean over clients (test_acc_mean).
     python pfedla.py --dataset cifar10                        # Table 1, 10 clients, non-IID_1
     python pfedla.py --dataset emnist --k 1                   # HeurpFedLA (Table 1 / 3)
 """
-import startup  # first, before torch loads (seconds): a Ctrl-C while starting ends in one line (startup.py)
+if __name__ == "__main__":  # run as a program, not imported: a Ctrl-C while torch loads ends in one line
+    import startup  # noqa: F401  first, before torch loads (seconds; startup.py)
 import common
 
 import math
@@ -254,6 +255,7 @@ def main(argv=None):
                                                                          client, args, round_), clients)  # l. 10-14
         losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         server_update(hypernetworks, stored_models, ids, theta_bar, received, trained, args.hn_lr)  # Alg. 1 l. 7-8
+        del trained  # frees the K x D rows before evaluation and the next round (peak memory: one round's rows)
         retained_params = int((is_retained.long() * torch.as_tensor(sizes, device=device)).sum())  # not sent
         run.add_bytes(down=(len(clients) * num_params - retained_params) * element,
                       up=len(clients) * num_params * element)

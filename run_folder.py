@@ -168,10 +168,9 @@ def run_main(main, argv=None):
 
 # flags that may differ on --resume: they do not change what is computed (--rounds extends the run)
 RESUME_MAY_CHANGE = {"rounds", "device", "parallel_clients", "data_dir", "out", "resume", "stop_after",
-                     "checkpoint_every", "clients_together"}  # --clients-together: the same SGD, other rounding
+                     "checkpoint_every"}
 # how a refusal on --resume names them (--resume itself aside), and what else may change
-MAY_CHANGE_LINE = ("only --rounds (to extend the run), --device, --parallel-clients, --clients-together, --data-dir, "
-                   "--checkpoint-every, "
+MAY_CHANGE_LINE = ("only --rounds (to extend the run), --device, --parallel-clients, --data-dir, --checkpoint-every, "
                    "--stop-after and --out may change, and --dataset to the new place of a dataset folder or .npz "
                    "file that moved (where config.json holds the data's fingerprint)")
 
@@ -194,8 +193,20 @@ ADDED_FLAGS = {"deterministic": "off",  # before the flag, torch's own settings
                "agnews_vocab": "train",  # AG News runs before the flag built the vocabulary from train texts
                "fedavg": False,  # fedacd.py before --fedavg: FedACD
                "log_risk": True, "log_kl": True,  # fedacd.py logged both at every evaluation before the flags
-               "clients_together": False,
                "threads": None}  # UNRECORDED: see below
+# flags removed from every script: flag -> (the value that runs today repeat, where what the flag did went). Runs
+# made before record the flag in config.json: one made with that value resumes, is rechecked and compares as if the
+# flag had never been; one made with another value is refused on --resume in one line
+REMOVED_FLAGS = {"clients_together": (False, "its stacked local SGD is the piece tools/together.py, which no script "
+                                             "runs (docs/speed.md, \"Clients together\")")}
+
+
+def removed_flag_line(flag):
+    """'--flag was removed: where it went' for a flag of REMOVED_FLAGS given as ``flag`` (--x or --no-x), else None."""
+    dest = flag.removeprefix("--").removeprefix("no-").replace("-", "_")
+    return f"{flag} was removed: {REMOVED_FLAGS[dest][1]}" if flag.startswith("--") and dest in REMOVED_FLAGS else None
+
+
 # flags that left a script for a program of tools/ (one mode per script): program -> (the script, its flags). A
 # run made with one of them set (config.json keeps the command as run) continues, and its command runs, there
 # with the same flags; the program also continues the script's own runs (docs/running.md)
@@ -525,6 +536,10 @@ def resumed_args(parser, argv):
     if f"{script}.py" != parser.prog and MOVED.get(parser.prog.removesuffix(".py"), (None,))[0] != script:
         raise UserError(f"cannot resume: {folder} is a run of {script}.py, not {parser.prog}; "
                         f"use python {script}.py --resume {folder}")
+    for dest, (value, where) in REMOVED_FLAGS.items():
+        if saved.get(dest, value) != value:
+            raise UserError(f"cannot resume: {folder} was trained with --{dest.replace('_', '-')} {saved[dest]}, a "
+                            f"flag since removed: {where}")
     defaults = vars(parser.parse_args([]))
     missing = sorted(set(defaults) - set(saved) - RESUME_MAY_CHANGE)
     if missing:
@@ -555,11 +570,6 @@ def resumed_args(parser, argv):
     if "dataset" in given and movable and moved_dataset(saved["dataset"], given["dataset"]):
         args.dataset = given["dataset"]  # the data's new place; Run checks the fingerprint
     args.resume, args.stop_after = folder, given.get("stop_after")
-    if "clients_together" in given and given["clients_together"] != saved.get("clients_together", False):
-        print(f"[resume] {folder} was trained {'without' if given['clients_together'] else 'with'} "
-              f"--clients-together; it continues {'with' if given['clients_together'] else 'without'} it: the same "
-              "SGD with other float rounding, so its results will not repeat an uninterrupted run bit for bit",
-              flush=True)
     with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):  # a summary.json that cannot say
         with open(os.path.join(folder, "summary.json")) as f:  # (checked a regular file above, with RUN_FILES)
             text = f.read(RUN_JSON_MAX_BYTES + 1)

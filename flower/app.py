@@ -78,9 +78,6 @@ class Job:
         self.algorithm, self.flags = algorithm, list(flags)
         self.module = importlib.import_module(algorithm)
         self.args = self.module.parse_args(self.flags)
-        if getattr(self.args, "clients_together", False):  # each ClientApp trains its one client
-            raise common.UserError("--clients-together stacks a round's clients in one process; on Flower each "
-                                   "client trains in its own ClientApp: leave the flag out")
         self.device = common.resolve_device(self.args.device)
         self.data = common.load_federated_data(self.args, self.device)
         self.models = {}

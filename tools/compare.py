@@ -27,6 +27,9 @@ import numpy as np  # noqa: E402
 # Flags that cannot change results: runs differing only in these (and the seed) are grouped.
 NO_EFFECT = {"seed", "out", "resume", "device", "data_dir", "parallel_clients", "stop_after",
              "eval_every", "checkpoint_every"}
+# run_folder.REMOVED_FLAGS's flags with the value that runs today repeat: a run that recorded it is grouped with
+# the runs made since, which record no such flag (tests/test_compare.py checks the two agree)
+REMOVED_FLAGS = {"clients_together": False}
 # metrics.csv columns that are bookkeeping, not metrics.
 BOOKKEEPING = {"round", "seconds", "sec_per_round", "mb_down", "mb_up", "host_mb", "device_mb"}
 SHOWN = {"algorithm", "dataset", "partition", "num_clients", "rounds"}  # already their own columns
@@ -469,10 +472,11 @@ FOLDER_RESPLIT_FLAGS = ("train_ratio", "test_split")  # datasets.PFLLIB_RESPLIT_
 
 
 def settings_of(run):
-    """The args that can change a run's results: all but the seed, NO_EFFECT and the flags its data did
-    not use (unused_flags); for a run on a folder, its folder's name and data fingerprint (load_run)."""
+    """The args that can change a run's results: all but the seed, NO_EFFECT, a removed flag at the value runs
+    repeat today (REMOVED_FLAGS) and the flags its data did not use (unused_flags); for a run on a folder, its folder's name and data fingerprint (load_run)."""
     ignored = NO_EFFECT | unused_flags(run)
-    return {k: v for k, v in run["args"].items() if k not in ignored}
+    return {k: v for k, v in run["args"].items()
+            if k not in ignored and not (k in REMOVED_FLAGS and v == REMOVED_FLAGS[k])}
 
 
 def group_runs(runs, metric_of):

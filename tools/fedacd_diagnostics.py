@@ -24,7 +24,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the scripts, by name
-import startup  # noqa: E402  first, before torch loads (seconds): a Ctrl-C while starting ends in one line
+if __name__ == "__main__":  # run as a program, not imported: a Ctrl-C while torch loads ends in one line
+    import startup  # noqa: F401  first, before torch loads (seconds; startup.py)
 import common  # noqa: E402
 
 import torch  # noqa: E402
@@ -147,6 +148,7 @@ def main(argv=None):
         else:
             new_global = fedacd.server_update(client_states, scores, args.uniform_agg)
         common.load_flat_state(global_model, new_global)
+        del client_states  # frees the K x D rows before evaluation and the next round (peak memory: one round's rows)
         score_bytes = 0 if args.fedavg else 8  # FedAvg's server does not need the score V_m
         run.add_bytes(down=model_bytes * len(clients), up=(model_bytes + score_bytes) * len(clients))
         if evaluate:

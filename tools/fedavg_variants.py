@@ -2,7 +2,7 @@
 
 --local-training is the "Local Training" baseline of pFedLA's Tables 1 and 2: FedAvg's server
 step is skipped and nothing is sent; each client trains its own model, from the common initial
-model on, on its own data (common.client_update), and is evaluated on its own test data.
+model on, on its own data (fedavg.client_update), and is evaluated on its own test data.
 
 --eval-local-models runs FedAvg (fedavg.server_update) and also evaluates each joining client's model
 after this round's local training, before aggregation, on its own test data (columns local_model_acc,
@@ -14,7 +14,7 @@ refused in one line; a fedavg.py run still continues here with --resume). These 
 made as ``fedavg.py --local-training`` (its config.json keeps that command) continues here with --resume, and its
 command runs here with the same flags (docs/running.md).
 
-main() copies fedavg.py's round loop (sampling, common.client_update, fedavg.server_update, evaluation, the run
+main() copies fedavg.py's round loop (sampling, fedavg.client_update, fedavg.server_update, evaluation, the run
 folder); a test keeps its FedAvg columns equal to fedavg.py's, bit for bit (tests/test_local_training.py,
 test_eval_local_models_reports_the_trained_models_before_aggregation_and_changes_nothing).
 
@@ -25,7 +25,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the scripts, by name
-import startup  # noqa: E402  first, before torch loads (seconds): a Ctrl-C while starting ends in one line
+if __name__ == "__main__":  # run as a program, not imported: a Ctrl-C while torch loads ends in one line
+    import startup  # noqa: F401  first, before torch loads (seconds; startup.py)
 import common  # noqa: E402
 
 import torch  # noqa: E402
@@ -93,7 +94,7 @@ def main(argv=None):
         # no server under --local-training: each client goes on from its own model
         start_state = state["local_models"] if args.local_training else dict.fromkeys(
             clients, common.flatten_state(global_model))
-        client_states, losses = pool.train(lambda model, client: common.client_update(
+        client_states, losses = pool.train(lambda model, client: fedavg.client_update(
             model, start_state[client], data, client, args, round_), clients)
         losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         if args.local_training:
@@ -109,6 +110,7 @@ def main(argv=None):
                 evaluated.update(evaluate_local(client_states, clients, pool.models[0], data,
                                                 prefix="local_model"))
             run.log(round_, {**evaluated, "train_loss": sum(losses) / len(losses)})
+        del client_states  # frees the K x D rows before the next round (peak memory: one round's rows)
         run.checkpoint(round_, state, rng)
         if run.stop_requested(round_):  # Ctrl-C: this round's checkpoint is written
             return run.stop(round_)

@@ -20,7 +20,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root: the scripts
 sys.path.insert(0, ROOT)  # python tools/reproduce.py: common, run_folder and tools.* by name from the root
-import startup  # noqa: E402, F401  first: its signal handling covers the seconds numpy and torch take to load
+if __name__ == "__main__":  # run as a program, not imported: a Ctrl-C while torch loads ends in one line
+    import startup  # noqa: F401  first, before torch loads (seconds; startup.py)
 import common  # noqa: E402
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
@@ -380,9 +381,10 @@ def same_value(a, b):
 # flags whose value is no setting of the table's run: those that may change on --resume, --threads, which
 # decides a CPU run's arithmetic and is recorded in its config.json (kept on --resume), but not what is run:
 # a seed folder's run keeps its own count whatever --workers gives new runs; and fedacd.py's diagnostics,
-# which add columns to the same training (tests/test_fedacd.py), and were on by default in its first runs
+# which add columns to the same training (tests/test_fedacd.py), and were on by default in its first runs; and the
+# flags removed since (run_folder.REMOVED_FLAGS: a run made with another value is refused when it resumes)
 DIAGNOSTICS = {"log_kl", "log_risk"}
-NOT_SETTINGS = run_folder.RESUME_MAY_CHANGE | {"threads"} | DIAGNOSTICS
+NOT_SETTINGS = run_folder.RESUME_MAY_CHANGE | {"threads"} | DIAGNOSTICS | set(run_folder.REMOVED_FLAGS)
 
 
 def other_settings(job, folder):

@@ -9,7 +9,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # not at the top
-import startup  # noqa: E402,F401  first, before torch loads (seconds): a Ctrl-C while starting ends in one line
+if __name__ == "__main__":  # run as a program, not imported: a Ctrl-C while torch loads ends in one line
+    import startup  # noqa: F401  first, before torch loads (seconds; startup.py)
 import common  # noqa: E402
 
 import torch  # noqa: E402

@@ -1,14 +1,16 @@
-"""Clients together (--clients-together; docs/speed.md, "Clients together"): the local SGD of a round's
-clients as one stacked computation with torch.func, the same arithmetic as training them one after
-another with common.local_train, up to the order of float sums. Needs only torch: common.ClientPool
-hands it each client's start state and minibatches (common.epoch_batches', so the batch order is the loop's).
+"""Clients together: the local SGD of a round's clients as one stacked computation with torch.func, the
+same arithmetic as training them one after another (common.local_train, FedAvg's ClientUpdate), up to the
+order of float sums. A tested piece to paste, needing only torch; no script runs it (docs/speed.md, "Clients
+together": on a CPU it takes 1.21x the loop's time, and no GPU measurement has shown the gain that would put
+it on the round's path). tests/test_together.py holds it equal to the loop; tests/bench_together.py times a
+FedAvg round's local training both ways on any device.
 
 Step s trains every client that still has a step s at once: ``vmap(grad(loss))`` over the clients'
 stacked parameters (K, ...), ``functional_call`` of the one model on each client's batch s. The clients
 are sorted by their number of steps, most first, so those still training at step s are the first k_s
 of the stack; a batch shorter than the widest is padded with weight-0 samples. The update is
 torch.optim.SGD's (weight decay, then momentum with its buffer set to the first gradient, then the
-step), on all k_s clients' parameters with one _foreach call each.
+step), on all k_s clients' parameters at once, one tensor per parameter of the model.
 """
 import torch
 import torch.nn.functional as F
@@ -37,9 +39,9 @@ def stack_batches(batches, device):
 
 def train_together(model, starts, batches, x, y, lr, momentum=0.0, weight_decay=0.0):
     """K clients' local SGD from their flat start states ``starts`` (K x D, ``model``'s parameters in
-    named_parameters order; a model without buffers), client k on its minibatches ``batches[k]`` (index
-    tensors into ``x``, ``y``). Returns (the trained states, K x D; each client's mean minibatch loss, (K,)),
-    what K calls of common.local_train return."""
+    named_parameters order; a model without buffers, e.g. no BatchNorm), client k on its minibatches
+    ``batches[k]`` (index tensors into ``x``, ``y``). Returns (the trained states, K x D; each client's mean
+    minibatch loss, (K,)), what K calls of common.local_train return."""
     names, shapes = zip(*[(n, p.shape) for n, p in model.named_parameters()])
     steps = [len(b) for b in batches]
     order = sorted(range(len(batches)), key=lambda k: -steps[k])  # most steps first: the active clients a prefix
@@ -63,18 +65,18 @@ def train_together(model, starts, batches, x, y, lr, momentum=0.0, weight_decay=
     for s, k in enumerate(training):
         rows, batch = [p[:k] for p in params], index[s, :k]
         grads, losses = step(rows, x[batch], y[batch], weight[s, :k])
-        grads = list(grads)
         if weight_decay:
-            grads = torch._foreach_add(grads, rows, alpha=weight_decay)
+            grads = [g.add(p, alpha=weight_decay) for g, p in zip(grads, rows)]
         if momentum:
             momentum_rows = [b[:k] for b in buffers]
-            if s == 0:
-                torch._foreach_copy_(momentum_rows, grads)
-            else:
-                torch._foreach_mul_(momentum_rows, momentum)
-                torch._foreach_add_(momentum_rows, grads)
+            for b, g in zip(momentum_rows, grads):
+                if s == 0:
+                    b.copy_(g)
+                else:
+                    b.mul_(momentum).add_(g)
             grads = momentum_rows
-        torch._foreach_add_(rows, grads, alpha=-lr)
+        for p, g in zip(rows, grads):
+            p.add_(g, alpha=-lr)
         total[:k] += losses.detach()
     back = torch.as_tensor(sorted(range(len(order)), key=order.__getitem__), device=starts.device)
     trained = torch.cat([p.reshape(len(order), -1) for p in params], 1)[back]

@@ -557,10 +557,15 @@ def local_train(model, data, idx, args, seed):
     return total / max(steps, 1)
 
 
+def weighted_average(stacked, weights):
+    """FedAvg's aggregation: sum_k w_k theta_k / sum_k w_k over the rows of ``stacked`` (K x D)."""
+    weights = to_device(torch.as_tensor(weights, dtype=stacked.dtype), stacked.device)
+    return (weights / weights.sum()) @ stacked
+
+
 def client_update(model, global_state, data, client, args, round_):
-    """FedAvg's ClientUpdate(k, w): local SGD from the global model (flat) on client k's training data (fedavg.py
-    writes it out; tests/test_local_training.py holds the two equal). Returns (the trained model, flat; the mean
-    training loss, 0-dim)."""
+    """FedAvg's ClientUpdate(k, w): local SGD from the global model (flat) on client k's training data. Returns
+    (the trained model, flat; the mean training loss, 0-dim)."""
     load_flat_state(model, global_state)
     loss = local_train(model, data, data.train_idx[client], args, client_seed(args.seed, round_, client))
     return flatten_state(model), loss
@@ -574,12 +579,6 @@ def check_finite(loss, round_, client):
         raise DivergedError(f"training loss became {value} in round {round_} on client {client}; "
                             "lower --lr (metrics so far are in the run folder)")
     return value
-
-
-def weighted_average(stacked, weights):
-    """FedAvg's aggregation: sum_k w_k theta_k / sum_k w_k over the rows of ``stacked`` (K x D)."""
-    weights = to_device(torch.as_tensor(weights, dtype=stacked.dtype), stacked.device)
-    return (weights / weights.sum()) @ stacked
 
 
 def as_rows(client_states):

@@ -1,6 +1,6 @@
 """A Ctrl-C, SIGTERM or SIGHUP while a program is still starting ends it with one line.
 
-A program (each script, python fedavg.py; tools/reproduce.py and the programs of tools/ that run a script's
+A program (each algorithm script; tools/reproduce.py and the programs of tools/ that run a script's
 rounds) imports this module first, before numpy and torch, whose import takes seconds, and only when it runs
 as the program (``if __name__ == "__main__"``): a signal that arrives then ends it with one line and exit
 status 128 + the signal's number (130, 143, 129), not with a traceback from inside an import. Importing a

@@ -24,7 +24,6 @@ import torch
 import common
 import fedavg
 import run_folder
-import startup
 from conftest import ROOT, metrics_rows, run_dir, run_in_process, sighup_as_in_a_terminal
 
 SMALL = ["--dataset", "synthetic", "--num-clients", "4"]
@@ -116,27 +115,84 @@ def folder_in_place_of(name):
 
 # ----------------------------------------------------------------------------- signals
 
-def test_every_program_imports_startup_first_which_handles_signals_before_numpy_and_torch_load():
-    """startup.py installs its handlers and imports nothing heavy; every program it names (the scripts,
-    tools/reproduce.py and the programs of tools/ that run a script's rounds) imports it before anything
-    of ours, numpy or torch."""
-    programs = [*startup.SCRIPTS, *(os.path.join("tools", name) for name in os.listdir(os.path.join(ROOT, "tools"))
-                                    if name in startup.STARTING)]
-    assert len(programs) == len(startup.STARTING)
-    for name in programs:
-        tree = ast.parse(open(os.path.join(ROOT, name)).read())
-        imports = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
-        first = next(i for i, node in enumerate(imports) if isinstance(node, ast.Import)
-                     and node.names[0].name == "startup")
-        before = {a.name.split(".")[0] for node in imports[:first] for a in node.names}
+SCRIPTS = ["fedavg.py", "fedala.py", "pfedla.py", "fedpake.py", "fedacd.py"]
+# every program that runs a script's rounds or starts runs: startup.py's handlers are theirs while they start
+PROGRAMS = [*SCRIPTS, "tools/reproduce.py", "tools/fedavg_variants.py", "tools/fedacd_diagnostics.py",
+            "docs/examples/fedprox.py"]
+
+
+def test_every_program_imports_startup_first_when_it_runs_as_the_program():
+    """startup.py installs its handlers when imported and imports nothing heavy; every program imports it under
+    ``if __name__ == "__main__":`` before anything of ours, numpy or torch (only os and sys before it)."""
+    for name in PROGRAMS:
+        body = ast.parse(open(os.path.join(ROOT, name)).read()).body
+        first = next(i for i, node in enumerate(body) if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test))
+        guarded = body[first]
+        assert ast.unparse(guarded.test) == "__name__ == '__main__'", name
+        assert [ast.unparse(n) for n in guarded.body] == ["import startup"], name
+        before = {a.name.split(".")[0] for node in body[:first] if isinstance(node, (ast.Import, ast.ImportFrom))
+                  for a in node.names}
         assert before <= {"os", "sys"}, (name, before)
     body = ast.parse(open(os.path.join(ROOT, "startup.py")).read()).body
     imported = {a.name.split(".")[0] for node in body if isinstance(node, (ast.Import, ast.ImportFrom))
                 for a in node.names}
-    assert imported == {"os", "signal", "sys"} and isinstance(body[-1], ast.If)  # the handlers, installed last
-    assert sorted(startup.SCRIPTS) == sorted(
+    assert imported == {"os", "signal"} and isinstance(body[-1], ast.For)  # the handlers, installed on import
+    assert sorted(SCRIPTS) == sorted(
         name for name in os.listdir(ROOT) if name.endswith(".py") and "run_folder.run_main(main)" in
         open(os.path.join(ROOT, name)).read())
+
+
+def test_importing_a_program_installs_no_handler():
+    """Tests, tools and flower/app.py import the scripts: their own handling of signals stays theirs."""
+    code = ("import signal; before = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]; "
+            "import fedavg, fedacd, tools.fedavg_variants, tools.fedacd_diagnostics, tools.reproduce; "
+            "print([signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "True", r.stderr
+
+
+def renamed_copies(tmp_path):
+    """A copy of the top-level modules in ``tmp_path`` with fedavg.py as my_fedavg.py and docs/examples/fedprox.py
+    as docs/examples/my_prox.py: programs of another name."""
+    (tmp_path / "docs" / "examples").mkdir(parents=True)
+    for name in os.listdir(ROOT):
+        if name.endswith(".py") and name not in SCRIPTS:
+            shutil.copy(os.path.join(ROOT, name), tmp_path / name)
+    shutil.copy(os.path.join(ROOT, "fedavg.py"), tmp_path / "my_fedavg.py")
+    shutil.copy(os.path.join(ROOT, "docs", "examples", "fedprox.py"), tmp_path / "docs" / "examples" / "my_prox.py")
+    return {"fedavg.py": tmp_path / "my_fedavg.py", "docs/examples/fedprox.py": tmp_path / "docs/examples/my_prox.py"}
+
+
+@pytest.mark.slow  # four short runs in subprocesses; in CI with the full suite
+def test_a_renamed_copy_of_a_script_gives_the_originals_metrics(tmp_path):
+    copies = renamed_copies(tmp_path / "copy")
+    for original, copy in copies.items():
+        runs = {}
+        for program in (os.path.join(ROOT, original), copy):
+            out = tmp_path / "runs" / os.path.basename(program)
+            r = subprocess.run([sys.executable, program, *SMALL, "--rounds", "2", "--parallel-clients", "1",
+                                "--out", out], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+            assert r.returncode == 0, r.stderr
+            runs[program] = [{k: v for k, v in row.items() if k not in {"seconds", "sec_per_round", "host_mb"}}
+                             for row in metrics_rows(run_dir(out))]
+        original_rows, copy_rows = runs.values()
+        assert len(original_rows) == 2 and original_rows == copy_rows, original
+
+
+@pytest.mark.parametrize("program", ["fedavg.py", "docs/examples/fedprox.py"])
+def test_a_sigint_while_a_renamed_copy_starts_is_one_line(program, tmp_path):
+    copy = renamed_copies(tmp_path / "copy")[program]
+    process = subprocess.Popen([sys.executable, copy, *SMALL, "--rounds", "2", "--out", tmp_path / "runs"],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not catches(process.pid, signal.SIGTERM):  # startup.py's handlers: torch is loading now
+        assert time.monotonic() < deadline and process.poll() is None, "the copy never installed the handlers"
+        time.sleep(0.005)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130 and err == "interrupted while starting; nothing was written\n", err
+    assert not os.path.exists(tmp_path / "runs")
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -561,7 +617,7 @@ def test_the_resume_refusal_names_the_flags_that_may_change_and_each_of_them_may
     expected = sorted(f"--{k.replace('_', '-')}" for k in run_folder.RESUME_MAY_CHANGE - {"resume"})
     assert named == expected
     values = {"--rounds": "3", "--device": "cpu", "--parallel-clients": "1", "--data-dir": "elsewhere",
-              "--checkpoint-every": "7", "--stop-after": "2", "--out": "elsewhere", "--clients-together": True}
+              "--checkpoint-every": "7", "--stop-after": "2", "--out": "elsewhere"}
     for flag in named:  # each flag the line names is one a resume takes
         given = [flag] if values[flag] is True else [flag, values[flag]]
         args = fedavg.parse_args(["--resume", folder, "--rounds", "3", *given])

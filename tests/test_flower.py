@@ -167,6 +167,6 @@ def test_server_setup_refuses_what_the_script_refuses_after_set_up(algorithm, fl
 
 
 def test_clients_together_is_refused_not_ignored():
-    """Each ClientApp trains one client: there is no round of clients in one process to stack."""
-    with pytest.raises(common.UserError, match="--clients-together stacks a round's clients in one process"):
+    """The removed flag is refused in one line naming where its piece went, not ignored."""
+    with pytest.raises(common.UserError, match="--clients-together was removed: .*tools/together.py"):
         flower_app.Job("fedavg", ["--dataset", "synthetic", "--num-clients", "4", "--clients-together"])

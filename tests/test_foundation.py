@@ -446,7 +446,7 @@ def test_huge_lr_stops_cleanly(tmp_path):
 def test_pool_train_stacks_the_returned_models_in_the_clients_order_and_transposes_the_rest():
     """ClientPool.train: the trained models (first return value) as rows in the order of ``clients``
     whatever order the threads finish in, and each further return value as a list over the clients;
-    the rows are new each call, so that a caller may keep them (issue 64; tests/test_together.py too)."""
+    the rows are new each call, so that a caller may keep them."""
     models = [torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)]  # rows of 3: the weight's 2 and the bias
     pool = common.ClientPool(models, [1, 5, 3, 2])  # sizes: client 1 starts first
 

@@ -144,3 +144,31 @@ def test_fedavg_py_points_to_the_moved_flags_and_their_old_runs_resume_here_only
     run_folder.run_main(fedavg_variants.main, ["--resume", run_dir(tmp_path / "old")])
     assert metrics_rows(run_dir(tmp_path / "old"))[-1]["test_acc_mean"] == \
         metrics_rows(run_dir(tmp_path / "full"))[-1]["test_acc_mean"]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fedavg_client_update_is_common_client_update_bit_for_bit(threads):
+    """fedavg.py writes out Alg. 1's ClientUpdate; the other scripts train with common.local_train (through
+    common.client_update): the two give the same trained model and loss, bit for bit, with momentum, weight
+    decay, several epochs and an uneven last batch, on one torch thread and on two. What holds them together."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        args = fedavg.parse_args(["--dataset", "synthetic", "--num-clients", "4", "--local-epochs", "3",
+                                  "--batch-size", "7", "--momentum", "0.9", "--weight-decay", "1e-3", "--lr", "0.05"])
+        data = common.load_federated_data(args, torch.device("cpu"))
+        assert any(len(data.train_idx[c]) % 7 not in (0, 1) for c in range(4))  # an uneven last batch
+        torch.manual_seed(3)
+        model = common.build_model(args.model, data)
+        start = common.flatten_state(model).detach().clone() + 0.01
+        for client in range(4):
+            ours, our_loss = fedavg.client_update(model, start, data, client, args, 2)
+            theirs, their_loss = common.client_update(model, start, data, client, args, 2)
+            assert torch.equal(ours, theirs) and torch.equal(our_loss, their_loss)
+            assert (ours - start).abs().max() > 1e-3  # it trained
+            common.load_flat_state(model, start)
+            by_hand = common.local_train(model, data, data.train_idx[client], args,
+                                         common.client_seed(args.seed, 2, client))
+            assert torch.equal(common.flatten_state(model), ours) and torch.equal(by_hand, our_loss)
+    finally:
+        torch.set_num_threads(previous)

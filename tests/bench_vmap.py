@@ -12,7 +12,7 @@ pytest runs a tiny case of it in tests/test_bench_gpu.py).
 order) on one reused model loaded with the start state. (ii) together: the K clients'
 parameters stacked (K, ...), one step for all of them at once,
 ``vmap(grad(loss))(params, x, y, weights)`` with ``functional_call`` on the same model, then
-``p -= lr * g`` in place on the stacked parameters (one ``_foreach_add_``). Step s of client k
+``p -= lr * g`` in place on the stacked parameters (one ``add_`` per parameter). Step s of client k
 uses the same indices as the loop's step s (the clients' batch lists are stacked; a shorter
 batch is padded with weight-0 samples). With clients of different sizes (``--ragged``) the
 clients are sorted by their number of steps, so those still training at step s are the first
@@ -108,7 +108,8 @@ def together(model, start, data, idx, args, seeds):
     for s, k in enumerate(training):
         x, y = data.x[index[s, :k]], data.y[index[s, :k]]  # (k, B, 3, 32, 32), (k, B): one gather
         rows = [p[:k] for p in params]
-        torch._foreach_add_(rows, list(step_grads(rows, x, y, weight[s, :k])), alpha=-args.lr)
+        for p, g in zip(rows, step_grads(rows, x, y, weight[s, :k])):
+            p.add_(g, alpha=-args.lr)
     result = torch.cat([p.reshape(len(idx), -1) for p in params], 1)
     return result[torch.argsort(order)]  # back to the clients' order
 

@@ -417,6 +417,19 @@ def test_synthetic_runs_are_labelled_by_what_applies(tmp_path):
     assert by[("cifar10", "1")]["settings"] == "beta=0.5"
 
 
+def test_a_run_that_recorded_a_removed_flag_at_its_kept_value_groups_with_runs_made_since(tmp_path):
+    """Runs made while --clients-together existed record clients_together: false; runs made since record no such
+    flag: one setting. A run recorded with it on stays a setting of its own."""
+    import run_folder
+    assert compare_tool.REMOVED_FLAGS == {k: value for k, (value, _) in run_folder.REMOVED_FLAGS.items()}
+    make_run(tmp_path, "fedavg-synthetic-s0", seed=0, clients_together=False)
+    make_run(tmp_path, "fedavg-synthetic-s1", seed=1)
+    make_run(tmp_path, "fedavg-synthetic-s2", seed=2, clients_together=True)
+    proc, rows = compare(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(r["seeds"] for r in rows) == ["0,1", "2"]
+
+
 def test_two_runs_of_one_seed_are_not_averaged_as_two_seeds(tmp_path):
     """The group counts each seed once, with the later run (folder names end in their start time); the
     earlier run of that seed is listed on its own row, flagged."""

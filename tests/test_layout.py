@@ -155,7 +155,9 @@ def test_shared_code_uses_no_private_torch_api_and_behaves_by_no_file_name():
     ``__main__``'s file (a renamed copy of a script behaves as the original: tests/test_faults.py runs one)."""
     import re
     private = re.compile(r"torch\._C\b|torch\._foreach|_storage_Use_Count|sys\.getrefcount")
-    for name, path in modules().items():
+    benches = {name: os.path.join(ROOT, "tests", name) for name in os.listdir(os.path.join(ROOT, "tests"))
+               if name.startswith("bench_") and name.endswith(".py")}
+    for name, path in {**modules(), **benches}.items():
         with open(path) as f:
             text = f.read()
         assert not private.search(text), (name, private.search(text).group())

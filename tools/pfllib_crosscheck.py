@@ -212,7 +212,7 @@ def main(argv=None):
     p.add_argument("--evaluations", type=int, default=31, help="PFLlib's evaluations 0..N-1 (default 31)")
     p.add_argument("--out", required=True, help="a new csv file")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                   help="cpu (one thread, the cross-check's) or a GPU (tests/bench_together.py's PFLlib round)")
+                   help="cpu (one thread, the cross-check's) or cuda (PFLlib's round timed on a GPU)")
     args = parser.parse_args(argv)
     if args.command == "report":
         report(args.results)

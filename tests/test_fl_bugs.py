@@ -59,7 +59,8 @@ def two_updates(script):
     start = common.flatten_state(global_model)
     worker = common.build_model(args.model, data)
     if script in ("fedavg", "fedpake"):
-        return start, global_model, lambda c: common.client_update(worker, start, data, c, args, 2)[0]
+        update = fedavg.client_update if script == "fedavg" else common.client_update  # FedPake's: FedAvg's
+        return start, global_model, lambda c: update(worker, start, data, c, args, 2)[0]
     if script == "fedala":
         ala = fedala.ALA(global_model, args.num_clients, batch_size=args.batch_size)
         local_models = (start + 0.01 * torch.randn(args.num_clients, len(start))).contiguous()  # older local models

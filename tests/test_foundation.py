@@ -414,19 +414,13 @@ def test_user_npz_runs(tmp_path):
 
 
 def test_nan_loss_stops_naming_round_and_client_keeping_metrics(tmp_path, monkeypatch, capsys):
-    real = common.local_train
+    real = fedavg.client_update
 
-    def diverging(model, data, idx, args, seed):
-        loss = real(model, data, idx, args, seed)
-        return loss * float("nan") if diverging.round == 3 else loss
+    def diverging(model, global_state, data, client, args, round_):
+        state, loss = real(model, global_state, data, client, args, round_)
+        return state, loss * float("nan") if round_ == 3 else loss
 
-    def sample(rng, n, ratio):  # records the round for the patched trainer
-        diverging.round += 1
-        return [0, 1, 2]
-
-    diverging.round = 0
-    monkeypatch.setattr(common, "local_train", diverging)
-    monkeypatch.setattr(common, "sample_clients", sample)
+    monkeypatch.setattr(fedavg, "client_update", diverging)
     with pytest.raises(SystemExit) as stop:
         run_folder.run_main(fedavg.main, ["--dataset", "synthetic", "--rounds", "5", "--num-clients", "3",
                                       "--out", str(tmp_path)])
@@ -459,3 +453,18 @@ def test_pool_train_stacks_the_returned_models_in_the_clients_order_and_transpos
     again, *_ = pool.train(update, [1])
     assert again.shape == (1, 3) and torch.equal(again[0], torch.ones(3))
     assert torch.equal(rows, torch.tensor([[0.] * 3, [2.] * 3, [3.] * 3, [1.] * 3]))  # the kept rows as they were
+
+
+@pytest.mark.parametrize("parallel", ["1", "2"])
+def test_rows_a_round_returned_are_kept_as_they_were_through_the_next_round(parallel, one_thread):
+    """A caller that keeps round r's rows (FedDyn, SCAFFOLD, a logged difference) reads round r's models after round
+    r+1 of the same clients: each call's rows are new."""
+    args = fedavg.parse_args(["--dataset", "synthetic", "--num-clients", "5", "--parallel-clients", parallel])
+    data = common.load_federated_data(args, torch.device("cpu"))
+    pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data), torch.device("cpu"), data)
+    start = common.flatten_state(pool.models[0]).detach().clone()
+    kept, _ = pool.train(lambda model, client: fedavg.client_update(model, start, data, client, args, 1), [0, 1, 2])
+    copy = kept.clone()
+    again, _ = pool.train(lambda model, client: fedavg.client_update(model, start + 1, data, client, args, 2),
+                          [0, 1, 2])
+    assert torch.equal(kept, copy) and not torch.equal(kept, again)

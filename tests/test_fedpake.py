@@ -469,3 +469,27 @@ def test_last10_mean_is_over_the_last_10_rounds_whatever_eval_every(tmp_path):
     summary = json.load(open(os.path.join(run_dir(tmp_path), "summary.json")))
     last10 = [float(r["test_acc"]) for r in rows[-10:]]
     assert summary["test_acc"]["last10_mean"] == pytest.approx(sum(last10) / 10, abs=1e-6)
+
+
+@pytest.mark.parametrize("made_before_the_flag", [True, False], ids=["config-without-aggregation", "auto"])
+def test_a_run_resumes_with_the_aggregation_form_it_ran(made_before_the_flag, tmp_path, one_thread, monkeypatch):
+    """A run folder made before --aggregation (config.json and checkpoint without it) resumes with the form such
+    runs ran, chunks of 2^20 values (run_folder.ADDED_FLAGS), and gives the rows of a whole run so; a run of today
+    resumes with its own (auto: one pass where it fits)."""
+    flags = ["--dataset", "synthetic", "--num-clients", "4", "--rounds", "3", "--checkpoint-every", "1"]
+    form = ["--aggregation", "chunked"] if made_before_the_flag else []
+    fedpake.main([*flags, *form, "--out", str(tmp_path / "whole")])
+    with pytest.raises(SystemExit):
+        fedpake.main([*flags, "--stop-after", "1", "--out", str(tmp_path / "parts")])
+    folder = run_dir(tmp_path / "parts")
+    if made_before_the_flag:
+        config_path, checkpoint_path = os.path.join(folder, "config.json"), os.path.join(folder, "checkpoint.pt")
+        config, blob = json.load(open(config_path)), torch.load(checkpoint_path, weights_only=False)
+        del config["args"]["aggregation"], blob["args"]["aggregation"]
+        json.dump(config, open(config_path, "w"))
+        torch.save(blob, checkpoint_path)
+    called = record_calls(monkeypatch)
+    fedpake.main(["--resume", folder])
+    expected = "fedpake_aggregate_chunked" if made_before_the_flag else "fedpake_aggregate"
+    assert [name for name, _ in called] == [expected] * 2
+    assert read_rows(folder, MEASURED) == read_rows(run_dir(tmp_path / "whole"), MEASURED)

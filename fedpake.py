@@ -235,22 +235,20 @@ def fedpake_aggregate_chunked(stacked, num_samples, kappa=0.2, n_micro=4, n_macr
 # ----------------------------------------------------------------------------- server step and main
 
 def one_pass_peak_bytes(num_clients, num_values, itemsize, n_micro):
-    """An upper estimate of the memory ``fedpake_aggregate`` takes beyond the K x D stack, for H = all columns (the
-    most): per value, H's values, the tendency weights and a Macro-Class's three products (5 x itemsize) and the
-    byte-wide classes and masks (3); per column, ``tendency``'s class counts and order statistics (4 n_micro + 48).
-    Peaks measured on a CPU (float32, n_micro 4, 2 and 4 million values), bytes a value: 20 to 21 at K = 50 and 100
-    (estimate 24), 17 to 20 at K = 20 (26), 22 to 25 at K = 5 (36), 43 to 46 at K = 2 (55)."""
-    return num_clients * num_values * (5 * itemsize + 3) + num_values * (4 * n_micro + 48)
+    """Upper estimate of what ``fedpake_aggregate`` takes beyond the K x D stack (H = every column: the most): per
+    value H's values, the tendency weights, a Macro-Class's three products, byte-wide classes and masks and the
+    allocator's slack; per column the class counts of ``tendency`` (measured: docs/fedpake.md)."""
+    return num_clients * num_values * (5 * itemsize + 8) + num_values * (4 * n_micro + 48)
 
 
 def aggregation_form(args, stacked):
-    """--aggregation for this round's ``stacked`` (K x D): with auto, "one-pass" where ``one_pass_peak_bytes`` is free
-    on its device now (or where the free memory cannot be read), else "chunked" (memory bounded by a chunk)."""
+    """--aggregation for this round's ``stacked``; auto: "one-pass" where its peak is free on the device now (or the
+    free memory cannot be read), else "chunked"."""
     if args.aggregation != "auto":
         return args.aggregation
     free = datasets.memory_available(stacked.device)
-    need = one_pass_peak_bytes(*stacked.shape, stacked.element_size(), args.n_micro)
-    return "one-pass" if free is None or need <= free else "chunked"
+    fits = free is None or one_pass_peak_bytes(*stacked.shape, stacked.element_size(), args.n_micro) <= free
+    return "one-pass" if fits else "chunked"
 
 
 def server_update(client_states, num_samples, args, round_):
@@ -258,14 +256,13 @@ def server_update(client_states, num_samples, args, round_):
     chunks where it does not fit in memory: ``aggregation_form``). Returns the new global model (flat) and the
     statistics, with the time in seconds."""
     stats, start, stacked = {}, time.perf_counter(), common.as_rows(client_states)
-    draws = {}
-    if "micro" in (args.ablate or ()):
-        draws["random_micro"] = torch.Generator().manual_seed(common.client_seed(args.seed, round_, 0, MICRO_TAG))
-    if "macro" in (args.ablate or ()):
-        draws["random_macro"] = torch.Generator().manual_seed(common.client_seed(args.seed, round_, 0, MACRO_TAG))
+    ablate = args.ablate or ()  # Table 4: random classes from two independent seeds of (seed, round); None: Eq. (6)-(8)
+    micro_seed, macro_seed = (common.client_seed(args.seed, round_, 0, tag) for tag in (MICRO_TAG, MACRO_TAG))
+    random_micro = torch.Generator().manual_seed(micro_seed) if "micro" in ablate else None
+    random_macro = torch.Generator().manual_seed(macro_seed) if "macro" in ablate else None
     aggregate = fedpake_aggregate if aggregation_form(args, stacked) == "one-pass" else fedpake_aggregate_chunked
     new_global = aggregate(stacked, num_samples, kappa=args.kappa, n_micro=args.n_micro, n_macro=args.n_macro,
-                           delta=args.delta, stats=stats, **draws)
+                           delta=args.delta, random_micro=random_micro, random_macro=random_macro, stats=stats)
     if new_global.is_cuda:
         torch.cuda.synchronize(new_global.device)
     stats["agg_seconds"] = time.perf_counter() - start

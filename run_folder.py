@@ -195,9 +195,7 @@ ADDED_FLAGS = {"deterministic": "off",  # before the flag, torch's own settings
                "fedavg": False,  # fedacd.py before --fedavg: FedACD
                "log_risk": True, "log_kl": True,  # fedacd.py logged both at every evaluation before the flags
                "clients_together": False,
-               # fedpake.py before --aggregation: chunks of 2^20 values, that is one chunk (the one-pass form's
-               # arithmetic, bit for bit) up to 2^20 values, the synthetic MLP's runs; the CNN's runs in chunks
-               "aggregation": "chunked",
+               "aggregation": "chunked",  # fedpake.py before the flag: chunks of 2^20 values (docs/fedpake.md)
                "threads": None}  # UNRECORDED: see below
 # flags that left a script for a program of tools/ (one mode per script): program -> (the script, its flags). A
 # run made with one of them set (config.json keeps the command as run) continues, and its command runs, there

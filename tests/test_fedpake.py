@@ -158,7 +158,7 @@ def test_fedpake_py_chunks_only_where_the_one_pass_form_does_not_fit(ablate, mon
         called.clear()
         fedpake.server_update(x, w, args, round_=3)
         assert [name for name, _ in called] == [form]
-    generators = {k: v for k, v in called[0][1].items() if k.startswith("random_")}
+    generators = {k: v for k, v in called[0][1].items() if k.startswith("random_") and v is not None}
     assert set(generators) == {f"random_{kind}" for kind in ablate}
     seeds = [g.initial_seed() for g in generators.values()]
     assert len(set(seeds)) == len(seeds)  # two seeds, not one feeding both
@@ -178,29 +178,34 @@ def test_aggregation_one_pass_or_chunked_is_the_form_whatever_the_memory(monkeyp
 
 
 PEAK = """
-import resource, sys, torch, fedpake
+import sys, torch, fedpake
+def status(key):  # kB of this process: VmRSS now, VmHWM the peak since the last reset
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(key + ":"))
 torch.manual_seed(0)
 x = 1 + 0.3 * torch.randn(int(sys.argv[1]), int(sys.argv[2]))
 x[:, ::2] *= -1  # means near zero everywhere: every column in H, the largest case
 fedpake.fedpake_aggregate(x[:, :1000], [1] * len(x), kappa=0.0)  # the code's pages: resident before the count
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-stats = {}
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # VmHWM := VmRSS (Linux)
+before, stats = status("VmRSS"), {}
 fedpake.fedpake_aggregate(x, torch.arange(1, len(x) + 1).tolist(), kappa=0.0, stats=stats)
 assert stats["high_fraction"] == 1
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+print(status("VmHWM") - before)
 """
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="measures the peak by Linux's /proc")
 @pytest.mark.parametrize("num_clients", [2, 50])
 def test_the_memory_estimate_bounds_the_one_pass_peak(num_clients):
-    """one_pass_peak_bytes bounds from above what fedpake_aggregate takes beyond its stack (the process's peak
-    resident memory, in a fresh process), and not loosely: a bound too low would run it where it does not fit."""
+    """one_pass_peak_bytes bounds from above what fedpake_aggregate takes beyond its stack (the peak resident
+    memory of a fresh process, reset before the call), within 2.5 times: a bound too low would run it where it
+    does not fit, one too high would chunk where it fits."""
     dim = 2_000_000 // num_clients
     done = subprocess.run([sys.executable, "-c", PEAK, str(num_clients), str(dim)], cwd=ROOT, capture_output=True,
                           text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     peak, need = int(done.stdout), fedpake.one_pass_peak_bytes(num_clients, dim, 4, 4)
-    assert 0.5 * need < peak <= need, (peak, need)
+    assert 0.4 * need < peak <= need, (peak, need)
 
 
 def test_kappa_inf_end_to_end_equals_fedavg(tmp_path, one_thread):

@@ -135,18 +135,20 @@ def test_one_fedala_round_reads_in_the_lines_of_common_py_that_docs_layout_names
 def test_the_scripts_and_the_shared_modules_stay_within_their_lengths():
     """The lengths the lean-scripts redesign brought them to, as upper bounds (lines, wc -l): each script
     shorter than it was before it, fedavg.py at most 100 and fedacd.py at most 320 lines; common.py,
-    datasets.py and run_folder.py together at most 3,423 (3,292 before issue 64 moved the older runs' forms out
+    datasets.py and run_folder.py together at most 3,424 (3,292 before issue 64 moved the older runs' forms out
     of the pieces into run_folder.py's resume, OLDER_FORM, RENAMED_STATE, list flags: 28 lines, and
     --clients-together added its flag, ClientPool.map_together and the --resume line, issue 61, and the reuse of
-    rows nothing holds, issue 64: 103 lines; its stacked SGD is together.py's, at most 90).
+    rows nothing holds, issue 64: 103 lines; its stacked SGD is together.py's, at most 90; run_folder.ADDED_FLAGS's
+    --aggregation, issue 76: 1 line); fedpake.py at most 312
+    (290 before --aggregation chose the one-pass or the chunked form by the memory free, issue 76: 22 lines).
     Growing past them is a decision to make explicitly, here."""
     def length(name):
         return sum(1 for _ in open(os.path.join(ROOT, name)))
 
-    limits = {"fedavg.py": 100, "fedala.py": 245, "pfedla.py": 281, "fedpake.py": 290, "fedacd.py": 320}
+    limits = {"fedavg.py": 100, "fedala.py": 245, "pfedla.py": 281, "fedpake.py": 312, "fedacd.py": 320}
     over = {name: length(name) for name, limit in limits.items() if length(name) > limit}
     assert not over, over
-    assert sum(length(f"{m}.py") for m in ("common", "datasets", "run_folder")) <= 3423
+    assert sum(length(f"{m}.py") for m in ("common", "datasets", "run_folder")) <= 3424
     assert length("together.py") <= 90
 
 

@@ -104,7 +104,7 @@ def draws(ablate, seed=5):
 
 @pytest.mark.parametrize("ablate", [(), ("micro",), ("macro",), ("micro", "macro")])
 def test_the_chunked_form_equals_the_one_pass_form(ablate):
-    """fedpake_aggregate_chunked, which fedpake.py runs on a stack of more than 2^20 values: the one-pass result for
+    """fedpake_aggregate_chunked, which fedpake.py runs where the one-pass form does not fit: the one-pass result for
     any chunk size, with the same H, Micro-Classes (random ones too, drawn column by column), Macro-Classes and
     statistics. Bit for bit with the whole stack in one chunk; with many, the columns' sums over clients (torch's
     sum over a (K x h) block) round in the last bits by h, so there to float32 rounding."""

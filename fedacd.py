@@ -269,8 +269,10 @@ def client_update(model, global_state, data, client, classes, args, round_):
 def server_update(client_states, scores, uniform=False):
     """The server's step: the score-weighted average of the local models (aggregation_weights); ``uniform``: their
     plain mean (FedACD_base, Table 8)."""
-    weights = torch.full((len(scores),), 1 / len(scores), dtype=torch.float64) if uniform else \
-        aggregation_weights(torch.stack(scores))
+    if uniform:
+        weights = torch.full((len(scores),), 1 / len(scores), dtype=torch.float64)
+    else:
+        weights = aggregation_weights(torch.stack(scores))
     return common.weighted_average(common.as_rows(client_states), weights)
 
 

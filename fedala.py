@@ -194,11 +194,11 @@ def main(argv=None):
     rng = common.seed_everything(args.seed)
     data = common.load_federated_data(args, device)
     global_model = common.build_model(args.model, data, auto_image=AUTO_IMAGE).to(device)
-    if args.p > len(common.layers(global_model)):
-        raise common.UserError(f"--p {args.p} is more than the {len(common.layers(global_model))} layers of "
-                               f"{global_model.__class__.__name__}")
-    ala = ALA(global_model, args.num_clients, p=args.p, eta=args.eta, s=args.s, batch_size=args.batch_size,
-              threshold=args.threshold, num_pre_loss=args.num_pre_loss, max_init_epochs=args.max_init_epochs)
+    try:  # ALA checks --p against the model's layers
+        ala = ALA(global_model, args.num_clients, p=args.p, eta=args.eta, s=args.s, batch_size=args.batch_size,
+                  threshold=args.threshold, num_pre_loss=args.num_pre_loss, max_init_epochs=args.max_init_epochs)
+    except ValueError as e:
+        raise common.UserError(f"--p {args.p}: {e}") from None
     common.check_client_models(global_model, args.num_clients)
     local_models = common.flatten_state(global_model).repeat(args.num_clients, 1)  # Alg. 1 l. 1
     pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=AUTO_IMAGE), device,

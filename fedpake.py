@@ -33,6 +33,7 @@ import time
 
 import torch
 
+import datasets
 import run_folder
 
 HEADLINE_METRIC = "test_acc"  # what the paper reports, in metrics.csv
@@ -41,7 +42,6 @@ AUTO_IMAGE = "resnet18"  # --model auto on images
 
 MICRO_MACRO = {"cifar10": 4, "cifar100": 5, "tinyimagenet": 8}  # Sec. 4.1; 4 (the smallest) elsewhere
 MICRO_TAG, MACRO_TAG = 7, 8  # client_seed tags of --ablate's per-round seeds: independent Micro and Macro draws
-ONE_PASS_ELEMS = 2 ** 20  # a larger stack (K x D values) is aggregated in chunks of this size: bounded memory
 
 
 def parse_args(argv=None):
@@ -58,6 +58,9 @@ def parse_args(argv=None):
     a("--delta", type=float, default=0.2, help="merge clusters whose dissimilarity D is at most this")
     a("--ablate", choices=["micro", "macro"], nargs="+", default=None, help="replace the Micro-Classes, the "
       "Macro-Classes or both (--ablate micro macro) by random ones (Table 4; default: none)")
+    a("--aggregation", choices=["auto", "one-pass", "chunked"], default="auto", help="auto: the one-pass "
+      "fedpake_aggregate where its memory is free on the device (each round), else fedpake_aggregate_chunked, the "
+      "same aggregation in chunks of 2^20 values, equal to float32 rounding (docs/fedpake.md)")
     return common.parse_args(parser, argv, resolve, checks=lambda args: [
         (args.kappa >= 0, f"--kappa must be >= 0 (inf for FedAvg), got {args.kappa}"),
         (1 <= args.n_micro <= 255, f"--n-micro must be in [1, 255], got {args.n_micro}"),
@@ -232,15 +235,35 @@ def fedpake_aggregate_chunked(stacked, num_samples, kappa=0.2, n_micro=4, n_macr
 
 # ----------------------------------------------------------------------------- server step and main
 
+def one_pass_peak_bytes(num_clients, num_values, itemsize, n_micro):
+    """Upper estimate of what ``fedpake_aggregate`` takes beyond the K x D stack (H = every column: the most): per
+    value H's values, the tendency weights, a Macro-Class's three products, byte-wide classes and masks and the
+    allocator's slack; per column the class counts of ``tendency`` (measured: docs/fedpake.md)."""
+    return num_clients * num_values * (5 * itemsize + 8) + num_values * (4 * n_micro + 48)
+
+
+def aggregation_form(args, stacked):
+    """--aggregation for this round's ``stacked``; auto: "one-pass" where its peak is free on the device now (or the
+    free memory cannot be read), else "chunked"."""
+    if args.aggregation != "auto":
+        return args.aggregation
+    free = datasets.memory_available(stacked.device)
+    fits = free is None or one_pass_peak_bytes(*stacked.shape, stacked.element_size(), args.n_micro) <= free
+    return "one-pass" if fits else "chunked"
+
+
 def server_update(client_states, num_samples, args, round_):
     """Alg. 1's server step: ``fedpake_aggregate`` of the clients' trained models in place of FedAvg's mean (in
-    chunks for a large stack). Returns the new global model (flat) and the statistics, with the time in seconds."""
+    chunks where it does not fit in memory: ``aggregation_form``). Returns the new global model (flat) and the
+    statistics, with the time in seconds."""
     stats, start, stacked = {}, time.perf_counter(), common.as_rows(client_states)
-    draws = {f"random_{kind}": torch.Generator().manual_seed(common.client_seed(args.seed, round_, 0, tag))
-             for kind, tag in (("micro", MICRO_TAG), ("macro", MACRO_TAG)) if kind in (args.ablate or ())}
-    aggregate = fedpake_aggregate if stacked.numel() <= ONE_PASS_ELEMS else fedpake_aggregate_chunked
+    ablate = args.ablate or ()  # Table 4: random classes from two independent seeds of (seed, round); None: Eq. (6)-(8)
+    micro_seed, macro_seed = (common.client_seed(args.seed, round_, 0, tag) for tag in (MICRO_TAG, MACRO_TAG))
+    random_micro = torch.Generator().manual_seed(micro_seed) if "micro" in ablate else None
+    random_macro = torch.Generator().manual_seed(macro_seed) if "macro" in ablate else None
+    aggregate = fedpake_aggregate if aggregation_form(args, stacked) == "one-pass" else fedpake_aggregate_chunked
     new_global = aggregate(stacked, num_samples, kappa=args.kappa, n_micro=args.n_micro, n_macro=args.n_macro,
-                           delta=args.delta, stats=stats, **draws)
+                           delta=args.delta, random_micro=random_micro, random_macro=random_macro, stats=stats)
     if new_global.is_cuda:
         torch.cuda.synchronize(new_global.device)
     stats["agg_seconds"] = time.perf_counter() - start

@@ -251,7 +251,8 @@ def main(argv=None):
         theta_bar = aggregate_layerwise(alpha, stored_models, sizes)             # Alg. 1 l. 5
         is_retained = retained_layers(alpha.detach(), ids, args.k)               # Alg. 2 l. 6
         received = with_retained_layers(theta_bar.detach(), stored_models, ids, sizes, is_retained)  # l. 7, 13
-        trained, losses = pool.train(lambda model, client: client_update(model, received[clients.index(client)], data,
+        row_of = {client: row for row, client in enumerate(clients)}
+        trained, losses = pool.train(lambda model, client: client_update(model, received[row_of[client]], data,
                                                                          client, args, round_), clients)  # l. 10-14
         losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         server_update(hypernetworks, stored_models, ids, theta_bar, received, trained, args.hn_lr)  # Alg. 1 l. 7-8

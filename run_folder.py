@@ -193,6 +193,7 @@ ADDED_FLAGS = {"deterministic": "off",  # before the flag, torch's own settings
                "agnews_vocab": "train",  # AG News runs before the flag built the vocabulary from train texts
                "fedavg": False,  # fedacd.py before --fedavg: FedACD
                "log_risk": True, "log_kl": True,  # fedacd.py logged both at every evaluation before the flags
+                "aggregation": "chunked",  # fedpake.py before the flag: chunks of 2^20 values (docs/fedpake.md)
                "threads": None}  # UNRECORDED: see below
 # flags removed from every script: flag -> (the value that runs today repeat, where what the flag did went). Runs
 # made before record the flag in config.json: one made with that value resumes, is rechecked and compares as if the

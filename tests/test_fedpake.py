@@ -4,6 +4,8 @@ import json
 import math
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -14,7 +16,7 @@ import torch
 import common
 import fedavg
 import fedpake
-from conftest import metrics_rows, run_dir, run_script
+from conftest import ROOT, metrics_rows, run_dir, run_script
 
 MEASURED = {"seconds", "sec_per_round", "host_mb", "device_mb", "agg_seconds"}  # differ between identical runs
 
@@ -102,7 +104,7 @@ def draws(ablate, seed=5):
 
 @pytest.mark.parametrize("ablate", [(), ("micro",), ("macro",), ("micro", "macro")])
 def test_the_chunked_form_equals_the_one_pass_form(ablate):
-    """fedpake_aggregate_chunked, which fedpake.py runs on a stack of more than 2^20 values: the one-pass result for
+    """fedpake_aggregate_chunked, which fedpake.py runs where the one-pass form does not fit: the one-pass result for
     any chunk size, with the same H, Micro-Classes (random ones too, drawn column by column), Macro-Classes and
     statistics. Bit for bit with the whole stack in one chunk; with many, the columns' sums over clients (torch's
     sum over a (K x h) block) round in the last bits by h, so there to float32 rounding."""
@@ -120,23 +122,90 @@ def test_the_chunked_form_equals_the_one_pass_form(ablate):
     assert torch.equal(changed, one) == (ablate == ())
 
 
-@pytest.mark.parametrize("ablate", [(), ("micro",), ("micro", "macro")])
-def test_fedpake_py_picks_the_one_pass_form_up_to_2_20_values(ablate, monkeypatch):
-    """server_update's choice, and the seeds it draws the ablations from: one generator each, independent."""
+def record_calls(monkeypatch):
+    """[(name, keyword arguments)] of the calls of fedpake_aggregate and fedpake_aggregate_chunked, which still run."""
     called = []
     for name in ("fedpake_aggregate", "fedpake_aggregate_chunked"):
         real = getattr(fedpake, name)
         monkeypatch.setattr(fedpake, name, lambda *a, real=real, name=name, **k: called.append((name, k)) or
                             real(*a, **k))
+    return called
+
+
+def test_fedpake_py_runs_the_one_pass_form_on_a_cnn_sized_stack(monkeypatch):
+    """server_update runs the readable fedpake_aggregate on a stack of the 4-layer CNN's size (Fashion-MNIST:
+    582,026 values a client, two clients: above 2^20 values) while its memory is free: its result, bit for bit."""
+    data = type("Data", (), {"x": torch.zeros(1, 1, 28, 28), "num_classes": 10})
+    x, w = skewed_stack(num_clients=2, dim=common.flatten_state(common.build_model("cnn", data)).numel())
+    assert x.numel() > 2 ** 20
+    called = record_calls(monkeypatch)
+    new_global, _ = fedpake.server_update(x, w, fedpake.parse_args(["--dataset", "synthetic"]), round_=3)
+    assert [name for name, _ in called] == ["fedpake_aggregate"]
+    assert torch.equal(new_global, fedpake.fedpake_aggregate(x, w))
+
+
+@pytest.mark.parametrize("ablate", [(), ("micro",), ("micro", "macro")])
+def test_fedpake_py_chunks_only_where_the_one_pass_form_does_not_fit(ablate, monkeypatch):
+    """The form by the memory free (monkeypatched): the chunked form only below one_pass_peak_bytes; and the
+    seeds server_update draws the ablations from: one generator each, independent."""
+    x, w = skewed_stack(num_clients=16, dim=300)
     args = fedpake.parse_args(["--dataset", "synthetic", *(["--ablate", *ablate] if ablate else [])])
-    for clients, dim in ((16, 2 ** 16), (16, 2 ** 16 + 1)):
-        x, _ = skewed_stack(num_clients=clients, dim=dim)
-        fedpake.server_update(x, [1] * clients, args, round_=3)
-    assert [name for name, _ in called] == ["fedpake_aggregate", "fedpake_aggregate_chunked"]
-    generators = {k: v for k, v in called[0][1].items() if k.startswith("random_")}
+    called = record_calls(monkeypatch)
+    need = fedpake.one_pass_peak_bytes(*x.shape, x.element_size(), args.n_micro)
+    for free, form in ((need, "fedpake_aggregate"), (need - 1, "fedpake_aggregate_chunked"),
+                       (None, "fedpake_aggregate")):  # None: the free memory cannot be read
+        monkeypatch.setattr(fedpake.datasets, "memory_available", lambda device, free=free: free)
+        called.clear()
+        fedpake.server_update(x, w, args, round_=3)
+        assert [name for name, _ in called] == [form]
+    generators = {k: v for k, v in called[0][1].items() if k.startswith("random_") and v is not None}
     assert set(generators) == {f"random_{kind}" for kind in ablate}
-    states = [g.initial_seed() for g in generators.values()]
-    assert len(set(states)) == len(states)  # two seeds, not one feeding both
+    seeds = [g.initial_seed() for g in generators.values()]
+    assert len(set(seeds)) == len(seeds)  # two seeds, not one feeding both
+
+
+def test_aggregation_one_pass_or_chunked_is_the_form_whatever_the_memory(monkeypatch):
+    x, w = skewed_stack(num_clients=6, dim=50)
+    called = record_calls(monkeypatch)
+    for free in (0, 2 ** 40):
+        monkeypatch.setattr(fedpake.datasets, "memory_available", lambda device, free=free: free)
+        for form in ("one-pass", "chunked", "auto"):
+            called.clear()
+            fedpake.server_update(x, w, fedpake.parse_args(["--dataset", "synthetic", "--aggregation", form]), 1)
+            expected = form if form != "auto" else ("one-pass" if free else "chunked")
+            assert [name for name, _ in called] == [{"one-pass": "fedpake_aggregate",
+                                                     "chunked": "fedpake_aggregate_chunked"}[expected]]
+
+
+PEAK = """
+import sys, torch, fedpake
+def status(key):  # kB of this process: VmRSS now, VmHWM the peak since the last reset
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(key + ":"))
+torch.manual_seed(0)
+x = 1 + 0.3 * torch.randn(int(sys.argv[1]), int(sys.argv[2]))
+x[:, ::2] *= -1  # means near zero everywhere: every column in H, the largest case
+fedpake.fedpake_aggregate(x[:, :1000], [1] * len(x), kappa=0.0)  # the code's pages: resident before the count
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # VmHWM := VmRSS (Linux)
+before, stats = status("VmRSS"), {}
+fedpake.fedpake_aggregate(x, torch.arange(1, len(x) + 1).tolist(), kappa=0.0, stats=stats)
+assert stats["high_fraction"] == 1
+print(status("VmHWM") - before)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="measures the peak by Linux's /proc")
+@pytest.mark.parametrize("num_clients", [2, 50])
+def test_the_memory_estimate_bounds_the_one_pass_peak(num_clients):
+    """one_pass_peak_bytes bounds from above what fedpake_aggregate takes beyond its stack (the peak resident
+    memory of a fresh process, reset before the call), within 2.5 times: a bound too low would run it where it
+    does not fit, one too high would chunk where it fits."""
+    dim = 2_000_000 // num_clients
+    done = subprocess.run([sys.executable, "-c", PEAK, str(num_clients), str(dim)], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    peak, need = int(done.stdout), fedpake.one_pass_peak_bytes(num_clients, dim, 4, 4)
+    assert 0.4 * need < peak <= need, (peak, need)
 
 
 def test_kappa_inf_end_to_end_equals_fedavg(tmp_path, one_thread):
@@ -405,3 +474,27 @@ def test_last10_mean_is_over_the_last_10_rounds_whatever_eval_every(tmp_path):
     summary = json.load(open(os.path.join(run_dir(tmp_path), "summary.json")))
     last10 = [float(r["test_acc"]) for r in rows[-10:]]
     assert summary["test_acc"]["last10_mean"] == pytest.approx(sum(last10) / 10, abs=1e-6)
+
+
+@pytest.mark.parametrize("made_before_the_flag", [True, False], ids=["config-without-aggregation", "auto"])
+def test_a_run_resumes_with_the_aggregation_form_it_ran(made_before_the_flag, tmp_path, one_thread, monkeypatch):
+    """A run folder made before --aggregation (config.json and checkpoint without it) resumes with the form such
+    runs ran, chunks of 2^20 values (run_folder.ADDED_FLAGS), and gives the rows of a whole run so; a run of today
+    resumes with its own (auto: one pass where it fits)."""
+    flags = ["--dataset", "synthetic", "--num-clients", "4", "--rounds", "3", "--checkpoint-every", "1"]
+    form = ["--aggregation", "chunked"] if made_before_the_flag else []
+    fedpake.main([*flags, *form, "--out", str(tmp_path / "whole")])
+    with pytest.raises(SystemExit):
+        fedpake.main([*flags, "--stop-after", "1", "--out", str(tmp_path / "parts")])
+    folder = run_dir(tmp_path / "parts")
+    if made_before_the_flag:
+        config_path, checkpoint_path = os.path.join(folder, "config.json"), os.path.join(folder, "checkpoint.pt")
+        config, blob = json.load(open(config_path)), torch.load(checkpoint_path, weights_only=False)
+        del config["args"]["aggregation"], blob["args"]["aggregation"]
+        json.dump(config, open(config_path, "w"))
+        torch.save(blob, checkpoint_path)
+    called = record_calls(monkeypatch)
+    fedpake.main(["--resume", folder])
+    expected = "fedpake_aggregate_chunked" if made_before_the_flag else "fedpake_aggregate"
+    assert [name for name, _ in called] == [expected] * 2
+    assert read_rows(folder, MEASURED) == read_rows(run_dir(tmp_path / "whole"), MEASURED)

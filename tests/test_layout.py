@@ -137,16 +137,17 @@ def test_the_scripts_and_the_shared_modules_stay_within_their_lengths():
     shorter than it was before it, fedavg.py at most 100 (with Alg. 1's ClientUpdate written out) and fedacd.py
     at most 320 lines, fedala.py 247 (its rows named and dropped after the server step, as in every loop);
     common.py at most 750 (834 before the stacked path left it for tools/together.py and the rows stopped being
-    reused), and common.py, datasets.py and run_folder.py together at most 3,340. Growing past them is a decision
+    reused), and common.py, datasets.py and run_folder.py together at most 3,341;
+    fedpake.py at most 312 (290 before --aggregation chose the one-pass or the chunked form by the memory free). Growing past them is a decision
     to make explicitly, here."""
     def length(name):
         return sum(1 for _ in open(os.path.join(ROOT, name)))
 
-    limits = {"fedavg.py": 100, "fedala.py": 247, "pfedla.py": 281, "fedpake.py": 290, "fedacd.py": 320,
+    limits = {"fedavg.py": 100, "fedala.py": 247, "pfedla.py": 281, "fedpake.py": 312, "fedacd.py": 320,
               "common.py": 750}
     over = {name: length(name) for name, limit in limits.items() if length(name) > limit}
     assert not over, over
-    assert sum(length(f"{m}.py") for m in ("common", "datasets", "run_folder")) <= 3340
+    assert sum(length(f"{m}.py") for m in ("common", "datasets", "run_folder")) <= 3341
 
 
 def test_shared_code_uses_no_private_torch_api_and_behaves_by_no_file_name():

@@ -32,6 +32,9 @@
 # Tables 1-2), FedACD's FedAvg baseline and diagnostics (FedACD's Tables 3, 5 and 9)
 FEDAVG_VARS = "tools/fedavg_variants.py"
 FEDACD_DIAG = "tools/fedacd_diagnostics.py"
+# fedpake.py's flag for the tables whose FedPake runs were made before --aggregation (synthetic, synthetic-sweep,
+# pfllib-fmnist): the form they ran, chunks of 2^20 values (run_folder.ADDED_FLAGS), so that they continue as made
+CHUNKED = ["--aggregation", "chunked"]
 # FedALA, Sec. "Experimental Setup": 20 clients, rho = 1, batch 10, 1 local epoch, 2000 iterations, 25% of
 # each client's data for testing; lr 0.005 for the 4-layer CNN (0.1 on MNIST), 0.1 for fastText and ResNet-18.
 _FEDALA_COMMON = ["--num-clients", "20", "--join-ratio", "1.0", "--local-epochs", "1", "--batch-size", "10",
@@ -141,8 +144,8 @@ TABLES = {
                  {"method": "FedALA --no-ala", "script": "fedala.py", "flags": ["--no-ala"], "paper": None},
                  {"method": "pFedLA", "script": "pfedla.py", "flags": ["--k", "0"], "paper": None},
                  {"method": "HeurpFedLA", "script": "pfedla.py", "flags": ["--k", "1"], "paper": None},
-                 {"method": "FedPake", "script": "fedpake.py", "flags": [], "paper": None},
-                 {"method": "FedPake --kappa inf", "script": "fedpake.py", "flags": ["--kappa", "inf"],
+                 {"method": "FedPake", "script": "fedpake.py", "flags": CHUNKED, "paper": None},
+                 {"method": "FedPake --kappa inf", "script": "fedpake.py", "flags": ["--kappa", "inf", *CHUNKED],
                   "paper": None},
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": None},
                  {"method": "FedACD --uniform-agg", "script": "fedacd.py", "flags": ["--uniform-agg"],
@@ -168,7 +171,7 @@ TABLES = {
                 {"method": "FedALA", "script": "fedala.py", "flags": [], "paper": None},
                 {"method": "pFedLA", "script": "pfedla.py", "flags": ["--k", "0"], "paper": None},
                 {"method": "HeurpFedLA", "script": "pfedla.py", "flags": ["--k", "1"], "paper": None},
-                {"method": "FedPake", "script": "fedpake.py", "flags": [], "paper": None},
+                {"method": "FedPake", "script": "fedpake.py", "flags": CHUNKED, "paper": None},
                 {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": None},
             ]},
             {"name": "0-0", "flags": ["--dataset", "synthetic(0,0)"], "methods": [
@@ -176,7 +179,7 @@ TABLES = {
                 {"method": "FedALA", "script": "fedala.py", "flags": [], "paper": None},
                 {"method": "pFedLA", "script": "pfedla.py", "flags": ["--k", "0"], "paper": None},
                 {"method": "HeurpFedLA", "script": "pfedla.py", "flags": ["--k", "1"], "paper": None},
-                {"method": "FedPake", "script": "fedpake.py", "flags": [], "paper": None},
+                {"method": "FedPake", "script": "fedpake.py", "flags": CHUNKED, "paper": None},
                 {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": None},
             ]},
             {"name": "0.5-0.5", "flags": ["--dataset", "synthetic(0.5,0.5)"], "methods": [
@@ -184,7 +187,7 @@ TABLES = {
                 {"method": "FedALA", "script": "fedala.py", "flags": [], "paper": None},
                 {"method": "pFedLA", "script": "pfedla.py", "flags": ["--k", "0"], "paper": None},
                 {"method": "HeurpFedLA", "script": "pfedla.py", "flags": ["--k", "1"], "paper": None},
-                {"method": "FedPake", "script": "fedpake.py", "flags": [], "paper": None},
+                {"method": "FedPake", "script": "fedpake.py", "flags": CHUNKED, "paper": None},
                 {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": None},
             ]},
             {"name": "1-1", "flags": ["--dataset", "synthetic(1,1)"], "methods": [
@@ -192,7 +195,7 @@ TABLES = {
                 {"method": "FedALA", "script": "fedala.py", "flags": [], "paper": None},
                 {"method": "pFedLA", "script": "pfedla.py", "flags": ["--k", "0"], "paper": None},
                 {"method": "HeurpFedLA", "script": "pfedla.py", "flags": ["--k", "1"], "paper": None},
-                {"method": "FedPake", "script": "fedpake.py", "flags": [], "paper": None},
+                {"method": "FedPake", "script": "fedpake.py", "flags": CHUNKED, "paper": None},
                 {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": None},
             ]},
         ],
@@ -229,7 +232,7 @@ TABLES = {
              "methods": [
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 85.85, "paper_std": 0.19},
                  {"method": "FedALA", "script": "fedala.py", "flags": [], "paper": 97.66, "paper_std": 0.02},
-                 {"method": "FedPake", "script": "fedpake.py", "flags": [], "paper": None},
+                 {"method": "FedPake", "script": "fedpake.py", "flags": CHUNKED, "paper": None},
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": None},
                  {"method": "pFedLA", "script": "pfedla.py", "flags": ["--k", "0"], "paper": None},
              ]},
@@ -239,7 +242,7 @@ TABLES = {
              "methods": [
                  {"method": "FedAvg", "script": "fedavg.py", "flags": [], "paper": 80.41, "paper_std": 0.08},
                  {"method": "FedALA", "script": "fedala.py", "flags": [], "paper": 99.57, "paper_std": 0.01},
-                 {"method": "FedPake", "script": "fedpake.py", "flags": [], "paper": None},
+                 {"method": "FedPake", "script": "fedpake.py", "flags": CHUNKED, "paper": None},
                  {"method": "FedACD", "script": "fedacd.py", "flags": [], "paper": None},
                  {"method": "pFedLA", "script": "pfedla.py", "flags": ["--k", "0"], "paper": None},
              ]},

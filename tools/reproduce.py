@@ -401,8 +401,9 @@ def other_settings(job, folder):
     for flags in (saved, now):  # a PFLlib folder is found under --data-dir, which may move: its name is the
         if os.sep in str(flags.get("dataset", "")):  # setting (its content is checked on --resume: data_sha256)
             flags["dataset"] = os.path.basename(os.path.normpath(flags["dataset"]))
+    took = {**run_folder.ADDED_FLAGS, **config["args"]}  # with the value a run made before a flag ran with
     for k in set(now) - set(saved):  # not given then: the value the run took is in config.json's args
-        if k in config["args"] and same_value(config["args"][k], now[k]):
+        if k in took and same_value(took[k], now[k]):
             saved[k] = now[k]
     differ = [f"--{k.replace('_', '-')} {saved.get(k, 'not given')} (now {now.get(k, 'not given')})"
               for k in sorted(set(saved) | set(now))

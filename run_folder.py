@@ -1066,14 +1066,18 @@ class Run:
     # -- checkpoints, stopping and resuming
 
     def stop_requested(self, round_):
-        """After a Ctrl-C, or at ``--stop-after`` (tests: a run killed after that round, no extra checkpoint)."""
-        return self.interrupted or (self.args.stop_after is not None and round_ >= self.args.stop_after)
+        """After a Ctrl-C, or at ``--stop-after``; never after the last round: a run whose rounds are all done
+        ends as finished (summary.json), however it was asked to stop."""
+        if round_ >= self.args.rounds:
+            return False
+        return bool(self.interrupted) or (self.args.stop_after is not None and round_ >= self.args.stop_after)
 
     def checkpoint(self, round_, state, rng):
-        """Every ``--checkpoint-every`` rounds, at the last round and before a requested stop: the algorithm ``state``
-        (modules and objects by state_dict, tensors as they are), every RNG state and the metrics so far."""
+        """Every ``--checkpoint-every`` rounds, at the last round and before a requested stop (a signal,
+        ``--stop-after``, so that the --resume command stop() prints works): the algorithm ``state`` (modules and
+        objects by state_dict, tensors as they are), every RNG state and the metrics so far."""
         self._latest = (round_, state, rng)  # for stop(), should a signal come after this call
-        if round_ % self.args.checkpoint_every == 0 or round_ == self.args.rounds or self.interrupted:
+        if round_ % self.args.checkpoint_every == 0 or round_ == self.args.rounds or self.stop_requested(round_):
             self._save_checkpoint(round_, state, rng)
 
     def _save_checkpoint(self, round_, state, rng):
@@ -1166,6 +1170,10 @@ class Run:
         if round_ > self.args.rounds:
             raise UserError(f"cannot resume: the run already has {round_} rounds; --rounds {self.args.rounds} "
                             f"must be at least that")
+        if self.args.stop_after is not None and round_ >= self.args.stop_after:  # nothing to train up to round N
+            raise UserError(f"cannot resume with --stop-after {self.args.stop_after}: {quoted(self.dir)} has its "
+                            f"checkpoint at round {round_} already; give a later round, or leave --stop-after out "
+                            "to go on to the end")
         self.rows, self.bytes_down, self.bytes_up, self.elapsed = rows, int(down), int(up), elapsed
         self._last_round = self.checkpoint_round = round_
         config = read_config(os.path.join(self.dir, "config.json"))

@@ -33,10 +33,8 @@ def test_stop_after_stops_every_run_at_round_n_with_a_checkpoint_and_the_same_co
         assert reproduce.folder_state(folder, 3) == "finished"
 
 
-def test_stop_after_between_checkpoints_brings_a_cadence_that_meets_it():
-    job = {"stop_after": 120}
-    assert reproduce.stop_after_flag(job) == ["--stop-after", "120", "--checkpoint-every", "10"]
-    assert reproduce.stop_after_flag({"stop_after": 100}) == ["--stop-after", "100"]  # 50 meets it
+def test_stop_after_is_passed_on_alone_the_runs_checkpoint_at_n_themselves():
+    assert reproduce.stop_after_flag({"stop_after": 120}) == ["--stop-after", "120"]
     assert reproduce.stop_after_flag({"stop_after": None}) == []
 
 

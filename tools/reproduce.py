@@ -258,16 +258,9 @@ def check_datasets(jobs):
 
 
 def stop_after_flag(job):
-    """--stop-after N, with a checkpoint at round N: the scripts checkpoint every 50 rounds (--checkpoint-every)
-    and at a signal, not at --stop-after, so a cadence that meets N comes with it."""
+    """--stop-after N: the run stops after round N with a checkpoint there (whatever its --checkpoint-every)."""
     n = job.get("stop_after")
-    if not n:
-        return []
-    return ["--stop-after", str(n)] + ([] if n % CHECKPOINT_EVERY == 0 else
-                                       ["--checkpoint-every", str(math.gcd(n, CHECKPOINT_EVERY))])
-
-
-CHECKPOINT_EVERY = 50  # the scripts' --checkpoint-every default (common.py)
+    return ["--stop-after", str(n)] if n else []
 
 
 def rounds_done(folder):

@@ -808,7 +808,7 @@ def test_no_value_in_a_run_folder_can_add_a_row_to_the_report(finished, tmp_path
     text = capsys.readouterr().out
     assert sorted(table_rows(text)) == ["FedALA", "FedAvg"]  # no FedProx row
     assert "Some CPU\\n\\| syn-4 \\| FedProx" in table_rows(text)["FedAvg"][9]
-    assert reproduce.table_cell("a|b\r\nc\x00") == "a\\|b\\r\\nc\\x00"
+    assert compare.one_line("a|b\r\nc\x00", markdown=True) == "a\\|b\\r\\nc\\x00"
 
 
 def test_the_reports_command_carries_data_dir_and_stop_after(finished, tmp_path, capsys):

@@ -36,10 +36,16 @@ PARTITION_FLAGS = ("partition", "beta", "classes_per_client", "balance", "sample
 OLD_NAME = re.compile(r"^([^-]+)-(.+)-s(\d+)(?:-.*)?$")  # <algo>-<dataset>-s<seed>-<time>
 
 
-def one_line(text):
-    """``text`` with each newline or other control character written escaped (as Python writes it in a
-    string), so that no value can end a line of a message or a row of a table and begin another."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+def one_line(text, markdown=False):
+    """The one escaping of every value written into a line of a message or a row of a table: each newline or
+    other control character written as Python writes it in a string (\\n, \\x00), so that no value can end a
+    line or a row and begin another. ``markdown``, for a cell of a markdown table: a backslash doubled first
+    (markdown's escape, which shows it as one) and '|' written '\\|', so that no value ends the cell or adds
+    one, and what a reader sees is the value itself."""
+    if markdown:
+        text = str(text).replace("\\", "\\\\")
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+    return text.replace("|", "\\|") if markdown else text
 
 
 def fail(message):
@@ -638,7 +644,7 @@ def cannot_write(path, error, existed):
     is kept, exit status 1."""
     message = f"cannot write {path} ({error.strerror or error}); " + \
         ("the previous file is kept as it was" if existed else "nothing was written")
-    print("error: " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in message), file=sys.stderr)
+    print("error: " + one_line(message), file=sys.stderr)
     sys.exit(1)
 
 

@@ -986,13 +986,7 @@ def report_row(table, cell, method, row, rounds, first=((), None), others=()):
     cells = [cell["name"], method["method"], paper_number(method, digits), ours,
              str(len(values)), diff, apart(values, others), f"{done_text}/{rounds}", "-" if not secs else f"{np.mean(secs):.3f}",
              "; ".join(sorted({s["hardware"] for s in seeds})) or "-", "; ".join(notes) or "-"]
-    return "| " + " | ".join(table_cell(c) for c in cells) + " |"
-
-
-def table_cell(text):
-    """A value as one cell of a markdown table: a newline or other control character written escaped and
-    '|' as '\\|', so that no value (a name from a config.json, a folder's name) can end the row or add one."""
-    return compare.one_line(text).replace("|", "\\|")
+    return "| " + " | ".join(compare.one_line(c, markdown=True) for c in cells) + " |"
 
 
 def reproduce_command(table_id, args, jobs=()):
@@ -1160,7 +1154,7 @@ def paper_tables_markdown(tables):
                 if "metric" in method:
                     paper += f" ({method['metric']['summary']} {method['metric']['column']})"
                 command = f"`python tools/reproduce.py {table_id} --only {cell['name']}`" if i == 0 else ""
-                lines.append("| " + " | ".join(x.replace("|", "\\|") for x in
+                lines.append("| " + " | ".join(compare.one_line(x, markdown=True) for x in
                                                [cell["name"] if i == 0 else "", method["method"], paper, command])
                              + " |")
         lines.append("")

@@ -152,3 +152,47 @@ def test_a_folder_that_is_no_clone_at_the_commit_and_a_python_without_torch_end_
     shutil.rmtree(bare)
     ends_in_one_line(run([dest], venv, env={"PFLLIB_FMNIST_RAW": str(tmp_path / "none")}), "dataset-fashion-mnist")
     assert os.listdir(tmp_path) == []
+
+
+# ----------------------------------------------------------------------------- tools/pfllib_venv.py
+
+VENV_TOOL = os.path.join(ROOT, "tools", "pfllib_venv.py")
+KILLED_AT_ITS_SECOND_STEP = ("import os, runpy, signal, subprocess, sys\n"  # SIGKILL once python -m venv is done
+                             "real, steps = subprocess.run, []\n"
+                             "def run(*a, **k):\n"
+                             "    steps.append(1)\n"
+                             "    if len(steps) == 2: os.kill(os.getpid(), signal.SIGKILL)\n"
+                             "    return real(*a, **k)\n"
+                             "subprocess.run = run\n"
+                             "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+def test_a_venv_a_killed_run_left_is_made_anew_by_the_next_and_any_other_is_refused(tmp_path):
+    venv = tmp_path / "venv"
+    killed = subprocess.run([sys.executable, "-c", KILLED_AT_ITS_SECOND_STEP, VENV_TOOL, str(venv)],
+                            capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -9 and (venv / ".pfllib-venv-incomplete").exists()
+    again = subprocess.run([sys.executable, VENV_TOOL, str(venv)], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[0] == f"removing {venv}: a run of this program that was killed left it incomplete"
+    assert not (venv / ".pfllib-venv-incomplete").exists()
+    seen = subprocess.run([str(venv / "bin" / "python"), "-c", "import importlib.util as u; print(bool("
+                           "u.find_spec('torch')))"], capture_output=True, text=True, timeout=60)
+    assert seen.stdout.strip() == "True"
+    whole = sorted(os.listdir(venv))
+    refused = subprocess.run([sys.executable, VENV_TOOL, str(venv)], capture_output=True, text=True, timeout=120)
+    assert (refused.returncode, refused.stderr) == (2, f"error: {venv} exists: give a new folder\n")
+    assert sorted(os.listdir(venv)) == whole and "pyvenv.cfg" in whole  # a whole venv is never removed
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="a read-only bind mount needs root")
+def test_a_venv_in_a_read_only_folder_names_that_cause_not_a_package(tmp_path):
+    (tmp_path / "ro").mkdir()
+    done = subprocess.run(["unshare", "-m", "sh", "-c", f'mount --bind -o ro "{tmp_path / "ro"}" "{tmp_path / "ro"}" '
+                           f'&& exec "{sys.executable}" "{VENV_TOOL}" "{tmp_path / "ro" / "venv"}" pkg==1'],
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode not in (1, 2):
+        pytest.skip(f"no private mount here: {done.stderr.strip()}")
+    assert done.returncode == 1 and done.stderr == \
+        f"error: cannot make {tmp_path / 'ro' / 'venv'} (Read-only file system); nothing was made\n"
+    assert os.listdir(tmp_path / "ro") == []

@@ -196,3 +196,63 @@ def test_a_venv_in_a_read_only_folder_names_that_cause_not_a_package(tmp_path):
     assert done.returncode == 1 and done.stderr == \
         f"error: cannot make {tmp_path / 'ro' / 'venv'} (Read-only file system); nothing was made\n"
     assert os.listdir(tmp_path / "ro") == []
+
+
+KILLING_MV = '''#!/bin/sh
+# mv, then SIGKILL to the script that called it (and its subshells) once a folder is copied in as
+# DEST/.FashionMNIST-P.partial
+"$REAL_MV" "$@" || exit
+case "$(eval echo \\${$#})" in *.partial)
+  p=$PPID; callers=""
+  while grep -q "tools/pfllib_fmnist.sh" "/proc/$p/cmdline" 2> /dev/null; do callers="$callers $p"; p=$(ps -o ppid= -p "$p" | tr -d " "); done
+  kill -9 $callers; exit 0;;
+esac
+'''
+
+
+@pytest.mark.slow  # the stand-in generator's cold start of torch, twice: 10-30 s
+def test_killed_between_its_renames_the_next_run_makes_the_folder_whole_not_into_what_was_left(stand_in, tmp_path):
+    repo, commit, raw, venv, _ = stand_in
+    dest, work, bin_ = tmp_path / "data", tmp_path / "work", tmp_path / "bin"
+    for folder in (work, bin_):
+        folder.mkdir()
+    (dest / "FashionMNIST-pat").mkdir(parents=True)  # there already: only FashionMNIST-dir is made
+    (dest / "FashionMNIST-pat" / "config.json").write_text("{}")
+    (bin_ / "mv").write_text(KILLING_MV)
+    os.chmod(bin_ / "mv", 0o755)
+    env = {"PFLLIB_COMMIT": commit, "PFLLIB_FMNIST_RAW": str(raw), "TMPDIR": str(work)}
+    killed = run([dest, repo], venv, env={**env, "REAL_MV": shutil.which("mv"),
+                                          "PATH": f"{bin_}:{venv}/bin:{os.environ['PATH']}"})
+    assert killed.returncode == -9 or killed.returncode == 137, (killed.returncode, killed.stderr)
+    assert sorted(os.listdir(dest)) == [".FashionMNIST-dir.partial", "FashionMNIST-pat"]  # what a kill leaves
+    again = run([dest, repo], venv, env=env)
+    assert again.returncode == 0, again.stderr
+    assert sorted(os.listdir(dest)) == ["FashionMNIST-dir", "FashionMNIST-pat"]
+    assert sorted(os.listdir(dest / "FashionMNIST-dir")) == ["config.json", "test", "train"]  # nothing moved into
+    assert again.stdout.splitlines() == [f"{dest}/FashionMNIST-pat is there already (skipped)",
+                                         f"removed {dest}/.FashionMNIST-dir.partial (left by a killed run)",
+                                         f"wrote {dest}/FashionMNIST-dir"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="a small tmpfs needs root")
+def test_a_full_disk_while_unpacking_names_that_cause_not_the_dataset_package(stand_in, tmp_path):
+    """The raw files are whole, but the temporary folder's disk fills while they are unpacked: the line says so,
+    and does not send the user to reinstall dataset-fashion-mnist."""
+    repo, commit, _, venv, _ = stand_in
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for name in RAW_FILES:
+        (raw / f"{name}.gz").write_bytes(gzip.compress(bytes(4 * 2 ** 20)))
+    small = tmp_path / "small"
+    small.mkdir()
+    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "PYTHONPATH")}
+    environ.update({"PATH": f"{venv}/bin:{os.environ['PATH']}", "VIRTUAL_ENV": str(venv), "PFLLIB_GENERATOR_PACKAGES":
+                    "", "PFLLIB_COMMIT": commit, "PFLLIB_FMNIST_RAW": str(raw), "TMPDIR": str(small)})
+    done = subprocess.run(["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size=1m tmpfs "{small}" && '
+                           f'exec bash "{SCRIPT}" "{tmp_path / "data"}" "{repo}"'], capture_output=True, text=True,
+                          env=environ, timeout=300)
+    if "mount" in done.stderr and "error:" not in done.stderr:
+        pytest.skip(f"no private mount here: {done.stderr.strip()}")
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "error: cannot unpack" in done.stderr and "No space left on device" in done.stderr
+    assert "apt-get" not in done.stderr and not (tmp_path / "data").exists()

@@ -501,7 +501,7 @@ def read_config(path, doing="cannot resume"):
             config = json.load(f)
     except FileNotFoundError:
         raise UserError(f"{doing}: {quoted(path)} is missing") from None
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: nested too deeply to be a run's
         reason = e.strerror if isinstance(e, OSError) else "not JSON: cut short or damaged"
         raise UserError(f"{doing}: {quoted(path)} cannot be read ({reason})") from None
     return check_config(config, path, doing=doing)

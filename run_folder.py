@@ -560,7 +560,7 @@ def resumed_args(parser, argv):
               f"--clients-together; it continues {'with' if given['clients_together'] else 'without'} it: the same "
               "SGD with other float rounding, so its results will not repeat an uninterrupted run bit for bit",
               flush=True)
-    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):  # a summary.json that cannot say
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError, RecursionError):  # a summary.json that cannot say
         with open(os.path.join(folder, "summary.json")) as f:  # (checked a regular file above, with RUN_FILES)
             text = f.read(RUN_JSON_MAX_BYTES + 1)
         summary = json.loads(text) if len(text) <= RUN_JSON_MAX_BYTES else {}

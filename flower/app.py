@@ -562,7 +562,7 @@ def saved_flower_run(folder):
         algorithm, flags = flower["algorithm"], [str(f) for f in flower["flags"]]
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {algorithm!r}")
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise common.UserError(f"cannot resume: {run_folder.quoted(path)} is missing or not the config of a "
                                f"flower/app.py run ({e.__class__.__name__}: {str(e)[:100]!r})") from None
     return algorithm, flags

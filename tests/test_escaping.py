@@ -78,3 +78,15 @@ def test_each_column_of_compare_s_table_keeps_its_row(tmp_path, capsys):
     for line in out[2:]:
         assert line.startswith("fed" + SHOWN) and " " + column + " " in line
     assert any("lr=lr" + SHOWN in line for line in out[2:])
+
+
+def test_a_run_file_nested_too_deeply_is_a_damaged_run_not_a_traceback(tmp_path, capsys):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "metrics.csv").write_text("round,test_acc,seconds,mb_down,mb_up\n1,10,1,1,1\n")
+    deep = "[" * 100000 + "]" * 100000
+    for name in ("config.json", "summary.json"):
+        (folder / name).write_text('{"args": ' + deep + "}")
+    compare.main([str(tmp_path)])
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 3 and "unreadable config.json" in out[2] and "damaged: summary.json" in out[2], out

@@ -170,3 +170,11 @@ def test_clients_together_is_refused_not_ignored():
     """Each ClientApp trains one client: there is no round of clients in one process to stack."""
     with pytest.raises(common.UserError, match="--clients-together stacks a round's clients in one process"):
         flower_app.Job("fedavg", ["--dataset", "synthetic", "--num-clients", "4", "--clients-together"])
+
+
+def test_resume_of_a_config_json_nested_too_deeply_is_one_line(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"flower": ' + "[" * 100000 + "]" * 100000 + "}")
+    with pytest.raises(common.UserError, match="is missing or not the config of a flower/app.py run"):
+        flower_app.plan(["fedavg", "--resume", str(folder)])

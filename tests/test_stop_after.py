@@ -56,3 +56,13 @@ def test_stop_after_at_the_last_round_finishes_the_run_with_its_summary(tmp_path
         summary = json.load(f)
     assert summary["status"] == "finished" and summary["rounds_done"] == 4
     assert "(--stop-after)" not in capsys.readouterr().out
+
+
+def test_resume_past_a_summary_json_nested_too_deeply_goes_on(tmp_path):
+    assert run_in_process("fedavg.py", *TINY, "--out", tmp_path, "--stop-after", "1") == 0
+    folder = run_dir(tmp_path)
+    with open(os.path.join(folder, "summary.json"), "w") as f:
+        f.write('{"status": ' + "[" * 100000 + "]" * 100000 + "}")
+    assert run_in_process("fedavg.py", "--resume", folder) == 0
+    with open(os.path.join(folder, "summary.json")) as f:
+        assert json.load(f)["rounds_done"] == 4

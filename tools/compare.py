@@ -133,7 +133,7 @@ def read_json(path):
         return None, problem
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply to be a run's
         return None, "unreadable"
     return (data, None) if isinstance(data, dict) else (None, "unreadable")
 

@@ -322,6 +322,39 @@ def atomic_write(path, content):
                 os.remove(tmp)
 
 
+def atomic_write_all(contents, prefix=".tmp-"):
+    """atomic_write of several files, all or nothing: each ``{path: content}`` is written to a temporary file (named
+    ``prefix``...) in its folder before any takes its name, so a failed write leaves every file as it was and no
+    temporary file (an OSError naming the file it was for)."""
+    staged, path = {}, None
+    try:
+        for path, content in contents.items():
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=prefix)
+            staged[path] = tmp
+            with os.fdopen(fd, "wb") as f:
+                f.write(content.encode() if isinstance(content, str) else content)
+            os.chmod(tmp, 0o666 & ~_UMASK)
+        for path, tmp in staged.items():
+            os.replace(tmp, path)
+        staged = {}
+    except OSError as e:
+        raise OSError(e.errno, e.strerror or str(e), path) from None
+    finally:
+        for tmp in staged.values():
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+
+
+def remove_leftovers(folder, prefix):
+    """Remove the temporary files named ``prefix``... in ``folder`` that a killed earlier run left (a prefix of
+    one program's own, so no other program's file in progress); returns their paths."""
+    found = [os.path.join(folder, n) for n in (os.listdir(folder) if os.path.isdir(folder) else [])
+             if n.startswith(prefix)]
+    for path in found:
+        os.remove(path)
+    return found
+
+
 RUN_FILES = ("config.json", "partition.json", "metrics.csv", "summary.json", "checkpoint.pt")  # by atomic_write
 
 

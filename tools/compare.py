@@ -588,9 +588,23 @@ def print_table(lines):
             print("  ".join("-" * w for w in widths))
 
 
+PLOT_TEMPORARY = ".tmp-compare-plot-"  # --plot's temporary file: what a killed run left is found by it
+
+
 def plot(runs, rows, metric_of, table, path):
-    """Metric against round and against MB communicated, one line per row, with a min..max band
-    over the seeds of a group."""
+    """Write plot_bytes to ``path``, whole or not at all: a full disk leaves the previous file as it was (an
+    OSError naming path); the temporary file a killed earlier run left beside it is removed."""
+    import run_folder  # here, not at the top: it loads torch, which the table does not need
+    drawn = plot_bytes(runs, rows, metric_of, table, os.path.splitext(path)[1].lower()[1:])
+    for left in run_folder.remove_leftovers(os.path.dirname(path) or ".", PLOT_TEMPORARY):
+        print(f"removed {one_line(left)} (left by a killed --plot)", file=sys.stderr)
+    run_folder.atomic_write_all({path: drawn}, prefix=PLOT_TEMPORARY)
+
+
+def plot_bytes(runs, rows, metric_of, table, kind):
+    """The figure, as a file of format ``kind`` (png, pdf, ...): metric against round and against MB communicated,
+    one line per row, with a min..max band over the seeds of a group."""
+    import io
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -629,14 +643,14 @@ def plot(runs, rows, metric_of, table, path):
         ax.grid(alpha=0.3)
     by_round.legend(fontsize=6.5, loc="best")
     fig.tight_layout()
-    import run_folder  # here, not at the top: it loads torch, which the table does not need
-    kind = os.path.splitext(path)[1].lower().lstrip(".")
-    try:  # whole or not at all: a full disk leaves the previous file as it was (an OSError naming path)
-        run_folder.atomic_write(path, lambda f: fig.savefig(f, format=kind))
+    drawn = io.BytesIO()
+    try:
+        fig.savefig(drawn, format=kind)
     except ValueError as e:
-        fail(f"cannot write {path}: {e}")
+        fail(f"cannot draw the plot as .{kind}: {e}")
     finally:
         plt.close(fig)
+    return drawn.getvalue()
 
 
 def cannot_write(path, error, existed):

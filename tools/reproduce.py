@@ -1029,7 +1029,7 @@ def report(table_id, table, jobs, args):
     rows = collect(jobs)
     rounds = args.rounds or table["rounds"]
     cells = [c for c in table["cells"] if not args.only or c["name"] in args.only]
-    curves = write_curves(table_id, table, cells, rows, args.out)
+    curves = drawn_curves(table_id, table, cells, rows, args.out)
     lines = [f"# {table_id}: {table['title']}", "",
              f"- metric: {metric_words(table['metric'])}",
              f"- protocol: {table['metric']['protocol']}",
@@ -1059,21 +1059,26 @@ def report(table_id, table, jobs, args):
     text = "\n".join(lines) + "\n"
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"{table_id}.md")
-    run_folder.atomic_write(path, text)
+    for left in run_folder.remove_leftovers(args.out, REPORT_TEMPORARY):
+        print(f"removed {run_folder.quoted(left)} (left by a killed report)", file=sys.stderr)
+    run_folder.atomic_write_all({**curves, path: text}, prefix=REPORT_TEMPORARY)  # all or nothing
     print(text)
     print(f"report written to {path}")
     return sum(bool(s["problem"]) for row in rows.values() for s in row["seeds"])
 
 
-def write_curves(table_id, table, cells, rows, out):
-    """OUT/TABLE-CELL.png per cell with results: compare.py's plot, one curve per method (mean over
-    its seeds, band min..max). Returns the paths written."""
+REPORT_TEMPORARY = ".tmp-report-"  # the report's and curves' temporary files in OUT: what a killed report left
+
+
+def drawn_curves(table_id, table, cells, rows, out):
+    """{OUT/TABLE-CELL.png: its bytes} per cell with results: compare.py's plot, one curve per method (mean over
+    its seeds, band min..max); report() writes them with the report, all or nothing."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         print("curves left out: pip install matplotlib", file=sys.stderr)
-        return []
-    written = []
+        return {}
+    written = {}
     for cell in cells:
         runs, groups, columns, names = [], [], [], []
         for method, mslug in zip(cell["methods"], method_slugs(cell)):
@@ -1090,10 +1095,8 @@ def write_curves(table_id, table, cells, rows, out):
         lines = compare.table_rows(runs, groups, columns)
         for line, name in zip(lines[1:], names):
             line[0], line[12] = name, "-"  # the legend names the table's method
-        os.makedirs(out, exist_ok=True)
-        path = os.path.join(out, f"{table_id}-{slug(cell['name'])}.png")
-        compare.plot(runs, groups, columns, lines, path)
-        written.append(path)
+        written[os.path.join(out, f"{table_id}-{slug(cell['name'])}.png")] = compare.plot_bytes(runs, groups, columns,
+                                                                                              lines, "png")
     return written
 
 

@@ -588,6 +588,9 @@ def resumed_args(parser, argv):
     if "dataset" in given and movable and moved_dataset(saved["dataset"], given["dataset"]):
         args.dataset = given["dataset"]  # the data's new place; Run checks the fingerprint
     args.resume, args.stop_after = folder, given.get("stop_after")
+    round_ = checkpoint_round(folder) if args.stop_after is not None else None
+    if round_ is not None and round_ >= args.stop_after:  # before any data is loaded or an engine starts
+        raise UserError(stop_after_refusal(folder, args.stop_after, round_))
     if "clients_together" in given and given["clients_together"] != saved.get("clients_together", False):
         print(f"[resume] {folder} was trained {'without' if given['clients_together'] else 'with'} "
               f"--clients-together; it continues {'with' if given['clients_together'] else 'without'} it: the same "
@@ -758,6 +761,39 @@ def _remove_empty_folders(folders):
         except OSError as e:
             if e.errno != errno.ENAMETOOLONG:  # a folder that holds something: so do its parents
                 break
+
+
+def check_out_folder(out):
+    """Refuse an --out that cannot hold a new run folder, before any data is loaded or an engine (Ray) starts: a
+    file in its place or in a parent's place (exit 2), or a folder that cannot be written to (a FileFault, exit 1).
+    Creates nothing."""
+    path = os.path.abspath(out)
+    while not os.path.lexists(path):
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        raise UserError(f"cannot create a run folder under --out {_short(out)} ({quoted(path)} is not a folder)")
+    if not os.access(path, os.W_OK | os.X_OK):
+        with contextlib.suppress(OSError):
+            if os.statvfs(path).f_flag & os.ST_RDONLY:
+                raise FileFault(path, OSError(errno.EROFS, os.strerror(errno.EROFS)), "; nothing was made",
+                                verb="create a run folder under")
+        raise FileFault(path, OSError(errno.EACCES, os.strerror(errno.EACCES)), "; nothing was made",
+                        verb="create a run folder under")
+
+
+def checkpoint_round(folder):
+    """The round of ``folder``'s checkpoint.pt, read without loading its tensors (mmap); None if it cannot say
+    (Run.resume then reads and checks the file in full)."""
+    try:
+        blob = torch.load(os.path.join(folder, "checkpoint.pt"), map_location="cpu", weights_only=True, mmap=True)
+        return blob["round"] if isinstance(blob, dict) and isinstance(blob.get("round"), int) else None
+    except Exception:  # noqa: BLE001  a damaged file: Run.resume says so
+        return None
+
+
+def stop_after_refusal(folder, stop_after, round_):
+    return (f"cannot resume with --stop-after {stop_after}: {quoted(folder)} has its checkpoint at round {round_} "
+            "already; give a later round, or leave --stop-after out to go on to the end")
 
 
 def _check_path_fits(out, folder):
@@ -1204,9 +1240,7 @@ class Run:
             raise UserError(f"cannot resume: the run already has {round_} rounds; --rounds {self.args.rounds} "
                             f"must be at least that")
         if self.args.stop_after is not None and round_ >= self.args.stop_after:  # nothing to train up to round N
-            raise UserError(f"cannot resume with --stop-after {self.args.stop_after}: {quoted(self.dir)} has its "
-                            f"checkpoint at round {round_} already; give a later round, or leave --stop-after out "
-                            "to go on to the end")
+            raise UserError(stop_after_refusal(self.dir, self.args.stop_after, round_))
         self.rows, self.bytes_down, self.bytes_up, self.elapsed = rows, int(down), int(up), elapsed
         self._last_round = self.checkpoint_round = round_
         config = read_config(os.path.join(self.dir, "config.json"))

@@ -611,6 +611,7 @@ def invalid_saved_value(parser, argv, message):
     keeps the check's message; one read from the run's config.json is named as that file's (edited or damaged)."""
     given = _given_flags(parser, argv)
     flag, _, rest = message.partition(" ")
+    flag = flag.rstrip(":,;")  # '--flag: why', '--flag, ...' name the flag too
     action = next((a for a in parser._actions if flag in a.option_strings), None)
     if action is not None and action.dest in given and action.dest in RESUME_MAY_CHANGE:
         return message

@@ -31,3 +31,16 @@ def test_resume_with_a_stop_after_the_checkpoint_reached_is_refused_before_the_d
     monkeypatch.setattr(common, "load_federated_data", lambda *a, **k: pytest.fail("data loaded before the refusal"))
     with pytest.raises(common.UserError, match=f"{folder} has its checkpoint at round 2 already"):
         fedavg.parse_args(["--resume", folder, "--stop-after", "2"])
+
+
+def test_a_flag_given_now_is_named_as_the_command_line_s_not_as_config_json_s(tmp_path):
+    """A check's message that names a flag given with --resume ('--flag: why') is the command line's fault, whatever
+    punctuation follows the flag's name; one that names a saved value is config.json's."""
+    import run_folder
+    parser = common.base_parser("fedavg", script="fedavg", lr=None)
+    argv = ["--resume", str(tmp_path), "--stop-after", "5"]
+    assert run_folder.invalid_saved_value(parser, argv, "--stop-after: 5 is past the end") == \
+        "--stop-after: 5 is past the end"
+    assert run_folder.invalid_saved_value(parser, argv, "--lr must be > 0, got -1") == \
+        f"cannot resume: {tmp_path / 'config.json'} has an invalid lr: must be > 0, got -1 (the file was edited or " \
+        "damaged)"

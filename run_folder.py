@@ -358,6 +358,18 @@ def remove_leftovers(folder, prefix):
 RUN_FILES = ("config.json", "partition.json", "metrics.csv", "summary.json", "checkpoint.pt")  # by atomic_write
 
 
+ATOMIC_TEMPORARY = re.compile(r"\.tmp-[a-z0-9_]{8}")  # atomic_write's temporary files (mkstemp's names)
+
+
+def _remove_killed_writes(folder):
+    """Remove what a run killed in the middle of atomic_write left in its folder (the folder is locked by this
+    process: no write of another run is in progress there)."""
+    for name in os.listdir(folder):
+        if ATOMIC_TEMPORARY.fullmatch(name):
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(folder, name))
+
+
 def check_regular(path, doing="cannot resume"):
     """Refuse ``path`` unless it is a regular file or absent: a named pipe in its place would block a read
     forever, a device would be read without end. Returns whether the file exists."""
@@ -968,6 +980,7 @@ class Run:
         self._previous_handlers = handle_stop_signals(self._on_signal)
         if args.resume:  # a resumed run keeps its record (resume() updates --rounds)
             self.dir, self.lock = args.resume, _lock(args.resume)
+            _remove_killed_writes(self.dir)
             self._check_data()
         else:
             self._new_dir()

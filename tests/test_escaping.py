@@ -90,3 +90,16 @@ def test_a_run_file_nested_too_deeply_is_a_damaged_run_not_a_traceback(tmp_path,
     compare.main([str(tmp_path)])
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 3 and "unreadable config.json" in out[2] and "damaged: summary.json" in out[2], out
+
+
+def test_markdown_paper_tables_into_a_file_that_is_not_utf8_is_one_line_and_leaves_it(tmp_path, capsys):
+    doc = tmp_path / "results.md"
+    doc.write_bytes(b"x\xff\n")
+    try:
+        reproduce.main(["--markdown-paper-tables", str(doc)])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and err == f"error: {doc} is not UTF-8 text (damaged?): it was not changed\n"
+    assert doc.read_bytes() == b"x\xff\n"

@@ -1171,10 +1171,12 @@ def write_paper_tables(tables, target):
         print(text, end="")
         return
     try:
-        with open(target) as f:
+        with open(target, encoding="utf-8") as f:
             doc = f.read()
     except OSError as e:
         fail(f"cannot read {target} ({e.strerror})")
+    except UnicodeDecodeError:
+        fail(f"{target} is not UTF-8 text (damaged?): it was not changed")
     begin, end = doc.find(DOC_BEGIN), doc.find(DOC_END)
     if begin < 0 or end < begin:
         fail(f"{target} lacks the markers of the paper tables section ({DOC_BEGIN[:40]}... and {DOC_END})")

@@ -524,8 +524,10 @@ def action(job):
     if state in ("finished", "diverged"):
         return ("done" if state == "finished" else "diverged"), folder
     if state in ("short", "resumable"):
-        if job.get("stop_after") and rounds_done(folder) >= job["stop_after"]:
-            return "stopped", folder  # --stop-after: as far as asked
+        # --stop-after: as far as asked, by its checkpoint (metrics.csv may end before it, with --eval-every)
+        if job.get("stop_after") and max(rounds_done(folder), run_folder.checkpoint_round(folder) or 0) \
+                >= job["stop_after"]:
+            return "stopped", folder
         return "resume", folder
     return "new", None
 

@@ -138,7 +138,9 @@ def test_the_scripts_and_the_shared_modules_stay_within_their_lengths():
     datasets.py and run_folder.py together at most 3,423 (3,292 before issue 64 moved the older runs' forms out
     of the pieces into run_folder.py's resume, OLDER_FORM, RENAMED_STATE, list flags: 28 lines, and
     --clients-together added its flag, ClientPool.map_together and the --resume line, issue 61, and the reuse of
-    rows nothing holds, issue 64: 103 lines; its stacked SGD is together.py's, at most 90).
+    rows nothing holds, issue 64: 103 lines; its stacked SGD is together.py's, at most 90), 3,514 since the tools
+    became all or nothing and refuse before starting anything, issue 80 (run_folder.py: atomic_write_all, leftover
+    removal, the --out and --stop-after checks before data: 91 lines).
     Growing past them is a decision to make explicitly, here."""
     def length(name):
         return sum(1 for _ in open(os.path.join(ROOT, name)))
@@ -146,7 +148,7 @@ def test_the_scripts_and_the_shared_modules_stay_within_their_lengths():
     limits = {"fedavg.py": 100, "fedala.py": 245, "pfedla.py": 281, "fedpake.py": 290, "fedacd.py": 320}
     over = {name: length(name) for name, limit in limits.items() if length(name) > limit}
     assert not over, over
-    assert sum(length(f"{m}.py") for m in ("common", "datasets", "run_folder")) <= 3423
+    assert sum(length(f"{m}.py") for m in ("common", "datasets", "run_folder")) <= 3514
     assert length("together.py") <= 90
 
 

@@ -1,7 +1,8 @@
 """Every value read from a run's files and written into a table row or a one-line message goes through one escaping
 (tools/compare.py's one_line): a newline, a pipe and a backslash in each column of tools/reproduce.py's report,
 its paper-tables section and tools/compare.py's table leave every row one line with its cells, and the reader sees
-the value itself (markdown shows a doubled backslash as one and '\\|' as '|'). Fabricated inputs only."""
+the value itself (markdown shows a doubled backslash as one and '\\|' as '|'). Also the report tools' damaged
+inputs: a run file nested too deeply, a paper-tables target that is not UTF-8. Fabricated inputs only."""
 import json
 import os
 import re

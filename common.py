@@ -173,6 +173,8 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
     for ok, message in [*shared, *(checks(args) if callable(checks) else checks)]:
         if not ok:  # with --resume, a value read from the run's config.json is named as such
             raise UserError(run_folder.invalid_saved_value(parser, argv, message) if args.resume else message)
+    if not args.resume:  # before any data is loaded: an --out that cannot hold a run folder
+        run_folder.check_out_folder(args.out)
     if not args.resume and synthetic_setting(args.dataset) is not None:
         given = run_folder._given_flags(parser, argv)
         ignored = [f"--{dest.replace('_', '-')}" for dest in PARTITION_FLAGS if dest in given]

@@ -334,7 +334,52 @@ def atomic_write(path, content):
                 os.remove(tmp)
 
 
+def atomic_write_all(contents, prefix=".tmp-"):
+    """atomic_write of several files, all or nothing: each ``{path: content}`` is written to a temporary file (named
+    ``prefix``...) in its folder before any takes its name, so a failed write leaves every file as it was and no
+    temporary file (an OSError naming the file it was for)."""
+    staged, path = {}, None
+    try:
+        for path, content in contents.items():
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=prefix)
+            staged[path] = tmp
+            with os.fdopen(fd, "wb") as f:
+                f.write(content.encode() if isinstance(content, str) else content)
+            os.chmod(tmp, 0o666 & ~_UMASK)
+        for path, tmp in staged.items():
+            os.replace(tmp, path)
+        staged = {}
+    except OSError as e:
+        raise OSError(e.errno, e.strerror or str(e), path) from None
+    finally:
+        for tmp in staged.values():
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+
+
+def remove_leftovers(folder, prefix):
+    """Remove the temporary files named ``prefix``... in ``folder`` that a killed earlier run left (a prefix of
+    one program's own, so no other program's file in progress); returns their paths."""
+    found = [os.path.join(folder, n) for n in (os.listdir(folder) if os.path.isdir(folder) else [])
+             if n.startswith(prefix)]
+    for path in found:
+        os.remove(path)
+    return found
+
+
 RUN_FILES = ("config.json", "partition.json", "metrics.csv", "summary.json", "checkpoint.pt")  # by atomic_write
+
+
+ATOMIC_TEMPORARY = re.compile(r"\.tmp-[a-z0-9_]{8}")  # atomic_write's temporary files (mkstemp's names)
+
+
+def _remove_killed_writes(folder):
+    """Remove what a run killed in the middle of atomic_write left in its folder (the folder is locked by this
+    process: no write of another run is in progress there)."""
+    for name in os.listdir(folder):
+        if ATOMIC_TEMPORARY.fullmatch(name):
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(folder, name))
 
 
 def check_regular(path, doing="cannot resume"):
@@ -513,7 +558,7 @@ def read_config(path, doing="cannot resume"):
             config = json.load(f)
     except FileNotFoundError:
         raise UserError(f"{doing}: {quoted(path)} is missing") from None
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: nested too deeply to be a run's
         reason = e.strerror if isinstance(e, OSError) else "not JSON: cut short or damaged"
         raise UserError(f"{doing}: {quoted(path)} cannot be read ({reason})") from None
     return check_config(config, path, doing=doing)
@@ -571,7 +616,10 @@ def resumed_args(parser, argv):
     if "dataset" in given and movable and moved_dataset(saved["dataset"], given["dataset"]):
         args.dataset = given["dataset"]  # the data's new place; Run checks the fingerprint
     args.resume, args.stop_after = folder, given.get("stop_after")
-    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):  # a summary.json that cannot say
+    round_ = checkpoint_round(folder) if args.stop_after is not None else None
+    if round_ is not None and round_ >= args.stop_after:  # before any data is loaded or an engine starts
+        raise UserError(stop_after_refusal(folder, args.stop_after, round_))
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError, RecursionError):  # a summary.json that cannot say
         with open(os.path.join(folder, "summary.json")) as f:  # (checked a regular file above, with RUN_FILES)
             text = f.read(RUN_JSON_MAX_BYTES + 1)
         summary = json.loads(text) if len(text) <= RUN_JSON_MAX_BYTES else {}
@@ -586,6 +634,7 @@ def invalid_saved_value(parser, argv, message):
     keeps the check's message; one read from the run's config.json is named as that file's (edited or damaged)."""
     given = _given_flags(parser, argv)
     flag, _, rest = message.partition(" ")
+    flag = flag.rstrip(":,;")  # '--flag: why', '--flag, ...' name the flag too
     action = next((a for a in parser._actions if flag in a.option_strings), None)
     if action is not None and action.dest in given and action.dest in RESUME_MAY_CHANGE:
         return message
@@ -736,6 +785,39 @@ def _remove_empty_folders(folders):
         except OSError as e:
             if e.errno != errno.ENAMETOOLONG:  # a folder that holds something: so do its parents
                 break
+
+
+def check_out_folder(out):
+    """Refuse an --out that cannot hold a new run folder, before any data is loaded or an engine (Ray) starts: a
+    file in its place or in a parent's place (exit 2), or a folder that cannot be written to (a FileFault, exit 1).
+    Creates nothing."""
+    path = os.path.abspath(out)
+    while not os.path.lexists(path):
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        raise UserError(f"cannot create a run folder under --out {_short(out)} ({quoted(path)} is not a folder)")
+    if not os.access(path, os.W_OK | os.X_OK):
+        with contextlib.suppress(OSError):
+            if os.statvfs(path).f_flag & os.ST_RDONLY:
+                raise FileFault(path, OSError(errno.EROFS, os.strerror(errno.EROFS)), "; nothing was made",
+                                verb="create a run folder under")
+        raise FileFault(path, OSError(errno.EACCES, os.strerror(errno.EACCES)), "; nothing was made",
+                        verb="create a run folder under")
+
+
+def checkpoint_round(folder):
+    """The round of ``folder``'s checkpoint.pt, read without loading its tensors (mmap); None if it cannot say
+    (Run.resume then reads and checks the file in full)."""
+    try:
+        blob = torch.load(os.path.join(folder, "checkpoint.pt"), map_location="cpu", weights_only=True, mmap=True)
+        return blob["round"] if isinstance(blob, dict) and isinstance(blob.get("round"), int) else None
+    except Exception:  # noqa: BLE001  a damaged file: Run.resume says so
+        return None
+
+
+def stop_after_refusal(folder, stop_after, round_):
+    return (f"cannot resume with --stop-after {stop_after}: {quoted(folder)} has its checkpoint at round {round_} "
+            "already; give a later round, or leave --stop-after out to go on to the end")
 
 
 def _check_path_fits(out, folder):
@@ -909,6 +991,7 @@ class Run:
         self._previous_handlers = handle_stop_signals(self._on_signal)
         if args.resume:  # a resumed run keeps its record (resume() updates --rounds)
             self.dir, self.lock = args.resume, _lock(args.resume)
+            _remove_killed_writes(self.dir)
             self._check_data()
         else:
             self._new_dir()
@@ -1077,14 +1160,18 @@ class Run:
     # -- checkpoints, stopping and resuming
 
     def stop_requested(self, round_):
-        """After a Ctrl-C, or at ``--stop-after`` (tests: a run killed after that round, no extra checkpoint)."""
-        return self.interrupted or (self.args.stop_after is not None and round_ >= self.args.stop_after)
+        """After a Ctrl-C, or at ``--stop-after``; never after the last round: a run whose rounds are all done
+        ends as finished (summary.json), however it was asked to stop."""
+        if round_ >= self.args.rounds:
+            return False
+        return bool(self.interrupted) or (self.args.stop_after is not None and round_ >= self.args.stop_after)
 
     def checkpoint(self, round_, state, rng):
-        """Every ``--checkpoint-every`` rounds, at the last round and before a requested stop: the algorithm ``state``
-        (modules and objects by state_dict, tensors as they are), every RNG state and the metrics so far."""
+        """Every ``--checkpoint-every`` rounds, at the last round and before a requested stop (a signal,
+        ``--stop-after``, so that the --resume command stop() prints works): the algorithm ``state`` (modules and
+        objects by state_dict, tensors as they are), every RNG state and the metrics so far."""
         self._latest = (round_, state, rng)  # for stop(), should a signal come after this call
-        if round_ % self.args.checkpoint_every == 0 or round_ == self.args.rounds or self.interrupted:
+        if round_ % self.args.checkpoint_every == 0 or round_ == self.args.rounds or self.stop_requested(round_):
             self._save_checkpoint(round_, state, rng)
 
     def _save_checkpoint(self, round_, state, rng):
@@ -1177,6 +1264,8 @@ class Run:
         if round_ > self.args.rounds:
             raise UserError(f"cannot resume: the run already has {round_} rounds; --rounds {self.args.rounds} "
                             f"must be at least that")
+        if self.args.stop_after is not None and round_ >= self.args.stop_after:  # nothing to train up to round N
+            raise UserError(stop_after_refusal(self.dir, self.args.stop_after, round_))
         self.rows, self.bytes_down, self.bytes_up, self.elapsed = rows, int(down), int(up), elapsed
         self._last_round = self.checkpoint_round = round_
         config = read_config(os.path.join(self.dir, "config.json"))

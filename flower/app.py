@@ -559,7 +559,7 @@ def saved_flower_run(folder):
         algorithm, flags = flower["algorithm"], [str(f) for f in flower["flags"]]
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {algorithm!r}")
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise common.UserError(f"cannot resume: {run_folder.quoted(path)} is missing or not the config of a "
                                f"flower/app.py run ({e.__class__.__name__}: {str(e)[:100]!r})") from None
     return algorithm, flags
@@ -711,6 +711,13 @@ def descendants():
             found[pid] = start
             parents.append(pid)
     return found
+
+
+def check_options(options, args):
+    """flower/app.py's options against the script's parsed flags ``args``."""
+    if options.min_clients > args.num_clients:
+        raise common.UserError(f"--min-clients {options.min_clients} is more than the run's {args.num_clients} "
+                               "clients (--num-clients): no round could go on")
 
 
 def plan(argv):
@@ -973,11 +980,13 @@ def main(argv=None):
         return 0
     options, rest = flower_options(argv)
     if options.federation:  # a --resume folder is on the SuperLink's machine, not necessarily here
-        if rest and rest[0] in ALGORITHMS and not resume_folder(rest):
-            importlib.import_module(rest[0]).parse_args(rest[1:])  # bad flags: one line, before submitting
+        if rest and rest[0] in ALGORITHMS and not resume_folder(rest):  # bad flags: one line, before submitting
+            check_options(options, importlib.import_module(rest[0]).parse_args(rest[1:]))
         return submit(argv)
     algorithm, options, flags = plan(argv)
-    importlib.import_module(algorithm).parse_args(flags)  # bad flags: one line and exit 2, before Ray starts
+    # every check that needs no data, one line and exit 2 before Ray starts (and leaves its session folder): the
+    # script's flags and --out, a --resume folder and its --stop-after, flower/app.py's options against them
+    check_options(options, importlib.import_module(algorithm).parse_args(flags))
     from flower import app as flower_app  # the apps by module name: Ray's workers import them, not copy __main__
     previous = run_folder.handle_stop_signals(flower_app.on_stop_signal)
     try:

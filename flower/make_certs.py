@@ -17,14 +17,21 @@ Writes, into --out (default certificates/; existing files are kept unless --forc
 
 The CA certificate goes to every SuperNode (--root-certificates) and to every machine that
 submits runs (root-certificates in config.toml). For a network with its own CA, use its
-certificates instead. Bad input: one line ``error: ...`` and exit status 2.
+certificates instead. Bad input: one line ``error: ...`` and exit status 2. All or nothing: every file
+is made in memory and written as a temporary file (prefix ``.tmp-make-certs-``) in --out (or, for a new --out,
+into a temporary folder beside it) before any takes its name, so a write that fails (a full disk, a read-only
+folder) is one line and exit status 1 with the files as they were, nothing half-written and no temporary file
+left; what a killed earlier run left there is removed.
 """
 import argparse
+import contextlib
 import datetime
 import ipaddress
 import os
 import re
+import shutil
 import sys
+import tempfile
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -39,11 +46,12 @@ class Parser(argparse.ArgumentParser):
         fail(message)
 
 
-def fail(message):
-    """One line and exit status 2; a newline or control character in a name is written escaped."""
+def fail(message, status=2):
+    """One line and exit status 2 (1: a write that failed); a newline or control character in a name is written
+    escaped."""
     message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message))
     print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(status)
 
 
 def san(host):
@@ -97,6 +105,58 @@ def write(path, data, private=False, force=False):
 
 
 MAX_NODES = 10000
+TEMPORARY = ".tmp-make-certs-"  # this program's temporary files and folders: what a killed run left has it
+
+
+def remove_leftovers(out):
+    """Remove the temporary files in ``out`` and folders beside it that a killed earlier run left."""
+    parent = os.path.dirname(os.path.abspath(out))
+    for folder in (out, parent):
+        if os.path.isdir(folder):
+            for name in os.listdir(folder):
+                if name.startswith(TEMPORARY) and (folder == out or name.startswith(TEMPORARY + "folder-")):
+                    path = os.path.join(folder, name)
+                    shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+
+
+def write_all(out, contents):
+    """Write {name: (bytes, private)} into ``out``, all or nothing: a new ``out`` is filled as a temporary folder
+    beside it and renamed; in an existing one each file is a temporary file first, then all are renamed."""
+    umask = os.umask(0)
+    os.umask(umask)
+    made, name = [], None
+    try:
+        if os.path.isdir(out):
+            staged = []
+            for name, (data, private) in contents.items():
+                fd, tmp = tempfile.mkstemp(dir=out, prefix=TEMPORARY)
+                made.append(tmp)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.chmod(tmp, 0o600 if private else 0o644 & ~umask)
+                staged.append((tmp, os.path.join(out, name)))
+            for tmp, path in staged:
+                os.replace(tmp, path)
+            made = []
+            return
+        folder = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(out)), prefix=TEMPORARY + "folder-")
+        made.append(folder)
+        os.chmod(folder, 0o777 & ~umask)
+        for name, (data, private) in contents.items():
+            with os.fdopen(os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                                   0o600 if private else 0o644), "wb") as f:
+                f.write(data)
+        name = None
+        os.rename(folder, out)  # a folder made meanwhile in its place: the rename fails, nothing is moved into it
+        made = []
+    except OSError as e:  # named by the file it was to be, not its temporary name
+        raise OSError(e.errno, e.strerror or str(e), os.path.join(out, name) if name else out) from None
+    finally:
+        for path in made:
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            elif os.path.lexists(path):
+                os.remove(path)
 
 
 def make(out="certificates", hosts=(), nodes=0, days=365, force=False):
@@ -118,25 +178,36 @@ def make(out="certificates", hosts=(), nodes=0, days=365, force=False):
     files = ["ca.crt", "ca.key", "server.pem", "server.key"]
     files += [f"supernode-{i}{end}" for i in range(nodes) for end in ("", ".pub")]
     paths = {name: os.path.join(out, name) for name in files}
-    if os.path.exists(out) and not os.path.isdir(out):
+    if os.path.lexists(out) and not os.path.isdir(out):
         raise ValueError(f"{out} exists and is not a folder")
+    remove_leftovers(out)
     existing = [p for p in paths.values() if os.path.lexists(p)]
     if existing and not force:
         raise ValueError(f"{existing[0]} exists; use --force to replace the files in {out}")
-    os.makedirs(out, exist_ok=True)
+    parents, parent = [], os.path.dirname(os.path.abspath(out))
+    while not os.path.lexists(parent):  # the folders above a new --out that are made for it, deepest first
+        parents.append(parent)
+        parent = os.path.dirname(parent)
     ca_key, server_key = ec.generate_private_key(ec.SECP384R1()), ec.generate_private_key(ec.SECP384R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedref test CA")])
     server_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedref SuperLink")])
     ca = certificate(ca_name, ca_key, ca_name, ca_key, days, ca=True)
     server = certificate(server_name, server_key, ca_name, ca_key, days, ca=False, names=names)
-    write(paths["ca.crt"], ca.public_bytes(serialization.Encoding.PEM), force=force)
-    write(paths["ca.key"], pem_key(ca_key), private=True, force=force)
-    write(paths["server.pem"], server.public_bytes(serialization.Encoding.PEM), force=force)
-    write(paths["server.key"], pem_key(server_key), private=True, force=force)
+    contents = {"ca.crt": (ca.public_bytes(serialization.Encoding.PEM), False), "ca.key": (pem_key(ca_key), True),
+                "server.pem": (server.public_bytes(serialization.Encoding.PEM), False),
+                "server.key": (pem_key(server_key), True)}
     for i in range(nodes):
         private, public = node_key_pair(f"supernode-{i}")
-        write(paths[f"supernode-{i}"], private, private=True, force=force)
-        write(paths[f"supernode-{i}.pub"], public, force=force)
+        contents[f"supernode-{i}"], contents[f"supernode-{i}.pub"] = (private, True), (public, False)
+    try:
+        if parents:
+            os.makedirs(parents[0])
+        write_all(out, contents)
+    except OSError:
+        for folder in parents:  # nothing of this run is left
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        raise
     return paths
 
 
@@ -150,10 +221,14 @@ def main(argv=None):
     parser.add_argument("--days", type=int, default=365, help="validity of the certificates (default: 365)")
     parser.add_argument("--force", action="store_true", help="replace existing files (default: refuse)")
     args = parser.parse_args(argv)
+    existed = os.path.isdir(args.out)
     try:
         paths = make(args.out, args.host, args.nodes, args.days, args.force)
-    except (ValueError, OSError) as e:
-        fail(f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename else str(e))
+    except ValueError as e:
+        fail(str(e))
+    except OSError as e:  # a full disk, a read-only folder: nothing of this run is left
+        kept = f"the files in {args.out} are as they were" if existed else f"{args.out} was not made"
+        fail(f"cannot write {e.filename or args.out} ({e.strerror or e}); {kept}", status=1)
     print(f"wrote {len(paths)} files to {args.out}/: {', '.join(paths)}")
     return 0
 

@@ -4,8 +4,11 @@ its data's new place. The committed runs are so written."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+
+import pytest
 
 from conftest import ROOT, metrics_rows, run_dir, run_in_process
 from test_pfllib_folder import make_folder
@@ -101,3 +104,87 @@ def test_reproduce_py_takes_the_committed_runs_as_its_cells_from_any_data_dir(tm
     for job, folder in folders:
         assert reproduce.other_settings(job, folder) == [], folder
         assert json.load(open(os.path.join(folder, "config.json")))["args"]["data_dir"] == "DIR"
+
+
+# ----------------------------------------------------------------------------- all or nothing
+
+MACHINE = {"args": {"dataset": "/m/pfllib-data/FashionMNIST-dir", "data_dir": "/m/pfllib-data"},
+           "command": ["fedavg.py", "--dataset", "/m/pfllib-data/FashionMNIST-dir"]}
+
+
+def three_runs(tmp_path):
+    """runs/a and runs/b name a machine path; runs/c is the one a case damages. Returns (runs, {path: bytes})."""
+    runs = tmp_path / "runs"
+    for name in "abc":
+        os.makedirs(runs / name)
+        (runs / name / "config.json").write_text(json.dumps(MACHINE, indent=1) + "\n")
+    return runs, {p: open(p, "rb").read() for p in map(str, runs.glob("*/config.json"))}
+
+
+def files_now(runs):
+    """Every file under ``runs`` with its bytes (a named pipe: None, never opened)."""
+    paths = [os.path.join(d, n) for d, _, ns in os.walk(runs) for n in ns]
+    return {p: open(p, "rb").read() if os.path.isfile(p) else None for p in paths}
+
+
+DAMAGED = [  # (name, what runs/c/config.json becomes, words of the one line)
+    ("not UTF-8", lambda p: p.write_bytes(b'{"args": {"dataset": "/m/\xff"}}'), "is not UTF-8 text"),
+    ("absurd nesting", lambda p: p.write_text('{"args": ' + "[" * 100000 + "]" * 100000 + "}"), "nested too deeply"),
+    ("launches of a wrong type", lambda p: p.write_text('{"launches": 5}'), "has launches of type int, not a list"),
+    ("args of a wrong type", lambda p: p.write_text('{"args": "x"}'), "has args of type str, not an object"),
+    ("cut short", lambda p: p.write_text('{"args": {"dataset": "/m/'), "is not JSON"),
+    ("a named pipe", lambda p: (os.remove(p), os.mkfifo(p)), "is not a regular file"),
+]
+
+
+@pytest.mark.parametrize("name, damage, words", DAMAGED, ids=[c[0] for c in DAMAGED])
+def test_a_damaged_file_is_one_line_and_nothing_is_changed(name, damage, words, tmp_path):
+    runs, before = three_runs(tmp_path)
+    damage(runs / "c" / "config.json")
+    before = {p: b for p, b in files_now(runs).items() if not p.endswith("c/config.json")}
+    done = tool(runs)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and str(runs / "c" / "config.json") in done.stderr and words in done.stderr
+    assert "nothing was changed" in done.stderr and done.stdout == ""
+    assert {p: b for p, b in files_now(runs).items() if not p.endswith("c/config.json")} == before
+
+
+def test_a_full_disk_is_one_line_exit_1_and_every_file_as_it_was(tmp_path):
+    from test_files_written import ON_A_FULL_DISK
+    runs, before = three_runs(tmp_path)
+    done = subprocess.run([sys.executable, "-c", ON_A_FULL_DISK.replace("'.tmp-'", "'.tmp-data-paths-'"), TOOL,
+                           str(runs)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "(No space left on device); every file is as it was" in done.stderr
+    assert files_now(runs) == before  # no file changed, no temporary file left
+
+
+KILLED_ON_FIRST_RENAME = ("import os, runpy, signal, sys\n"
+                          "os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)\n"
+                          "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+def test_killed_mid_write_changes_no_file_and_the_next_run_removes_what_it_left(tmp_path):
+    runs, before = three_runs(tmp_path)
+    killed = subprocess.run([sys.executable, "-c", KILLED_ON_FIRST_RENAME, TOOL, str(runs)], capture_output=True,
+                            text=True, cwd=ROOT, timeout=120)
+    assert killed.returncode == -signal.SIGKILL
+    left = sorted(p for p in files_now(runs) if os.path.basename(p).startswith(".tmp-data-paths-"))
+    assert len(left) == 3 and {p: b for p, b in files_now(runs).items() if p not in left} == before
+    again = tool(runs)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("(left by a killed earlier run of this program)") == 3
+    assert again.stdout.count("rewritten: ") == 3 and sorted(files_now(runs)) == sorted(before)
+    assert all(b"DIR/FashionMNIST-dir" in b for b in files_now(runs).values())
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="a read-only bind mount needs root")
+def test_a_read_only_folder_is_one_line_exit_1_and_every_file_as_it_was(tmp_path):
+    runs, before = three_runs(tmp_path)
+    done = subprocess.run(["unshare", "-m", "sh", "-c", f'mount --bind -o ro "{runs / "b"}" "{runs / "b"}" && '
+                           f'exec "{sys.executable}" "{TOOL}" "{runs}"'], capture_output=True, text=True, timeout=120)
+    if "mount" in done.stderr and "Traceback" not in done.stderr and done.returncode not in (1, 2):
+        pytest.skip(f"no private mount here: {done.stderr.strip()}")
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert f"cannot write {runs / 'b' / 'config.json'} (Read-only file system); every file is as it was" in done.stderr
+    assert files_now(runs) == before

@@ -617,7 +617,7 @@ def test_the_resume_refusal_names_the_flags_that_may_change_and_each_of_them_may
     expected = sorted(f"--{k.replace('_', '-')}" for k in run_folder.RESUME_MAY_CHANGE - {"resume"})
     assert named == expected
     values = {"--rounds": "3", "--device": "cpu", "--parallel-clients": "1", "--data-dir": "elsewhere",
-              "--checkpoint-every": "7", "--stop-after": "2", "--out": "elsewhere"}
+              "--checkpoint-every": "7", "--stop-after": "3", "--out": "elsewhere"}
     for flag in named:  # each flag the line names is one a resume takes
         given = [flag] if values[flag] is True else [flag, values[flag]]
         args = fedavg.parse_args(["--resume", folder, "--rounds", "3", *given])

@@ -482,7 +482,7 @@ def test_resume_gives_the_uninterrupted_result(tmp_path, capsys):
         run_folder.run_main(fedacd.main, [*flags, "--out", str(tmp_path / "part"), "--stop-after", "3"])
     assert stop.value.code == 0
     folder = run_dir(tmp_path / "part")
-    assert len(metrics_rows(folder)) == 3  # round 3 was logged after the last checkpoint (round 2)
+    assert len(metrics_rows(folder)) == 3  # and round 3 has its checkpoint: --stop-after writes one
     run_folder.run_main(fedacd.main, ["--resume", folder])
     assert "resumed" in capsys.readouterr().out
     metrics = lambda rows: [[r[k] for k in METRICS if k != "local_risk"] for r in rows]  # all but time and memory

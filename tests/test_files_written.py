@@ -123,3 +123,24 @@ def test_compare_plot_on_a_full_disk_as_a_user_runs_it(tmp_path):
     assert proc.stderr.count("\n") == 1 and f"cannot write {png} (No space left on device)" in proc.stderr
     assert "fedavg" in proc.stdout and "plot written" not in proc.stdout
     assert png.read_bytes() == b"the previous plot" and leftovers(tmp_path) == []
+
+
+@pytest.mark.slow  # two starts of compare.py with torch (its plot writes through run_folder): 6-15 s
+def test_compare_plot_killed_mid_write_keeps_the_previous_plot_and_the_next_run_clears_up(tmp_path):
+    """SIGKILL as the new plot would take its name: the previous plot is whole; the next --plot removes the
+    temporary file the killed one left, and writes the plot."""
+    import signal
+    make_run(tmp_path / "runs", "fedavg-synthetic-s0")
+    png = tmp_path / "curves.png"
+    png.write_bytes(b"the previous plot")
+    killed = subprocess.run([sys.executable, "-c", "import os, runpy, signal, sys\n"
+                             "os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)\n"
+                             "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')\n",
+                             os.path.join(ROOT, "tools", "compare.py"), str(tmp_path / "runs"), "--plot", str(png)],
+                            cwd=ROOT, capture_output=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL and png.read_bytes() == b"the previous plot"
+    assert len(leftovers(tmp_path)) == 1
+    again = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "compare.py"), str(tmp_path / "runs"),
+                            "--plot", str(png)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "(left by a killed --plot)" in again.stderr, again.stderr
+    assert leftovers(tmp_path) == [] and png.read_bytes()[:4] == b"\x89PNG"

@@ -170,3 +170,38 @@ def test_clients_together_is_refused_not_ignored():
     """The removed flag is refused in one line naming where its piece went, not ignored."""
     with pytest.raises(common.UserError, match="--clients-together was removed: .*tools/together.py"):
         flower_app.Job("fedavg", ["--dataset", "synthetic", "--num-clients", "4", "--clients-together"])
+
+
+def test_resume_of_a_config_json_nested_too_deeply_is_one_line(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"flower": ' + "[" * 100000 + "]" * 100000 + "}")
+    with pytest.raises(common.UserError, match="is missing or not the config of a flower/app.py run"):
+        flower_app.plan(["fedavg", "--resume", str(folder)])
+
+
+def test_checks_that_need_no_data_refuse_before_ray_starts(tmp_path, monkeypatch):
+    """An --out that cannot hold a run folder, --min-clients above --num-clients, and --resume with a --stop-after
+    the run's checkpoint has reached: one line, before the simulation (Ray and its session folder) starts, and
+    nothing is made."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(flower_app, "simulate", lambda *a, **k: pytest.fail("Ray started before the refusal"))
+    (tmp_path / "afile").write_text("")
+    small = ["fedavg", "--dataset", "synthetic", "--num-clients", "2", "--rounds", "2"]
+    with pytest.raises(common.UserError, match="cannot create a run folder under --out afile/x"):
+        flower_app.main([*small, "--out", "afile/x"])
+    with pytest.raises(common.UserError, match="--min-clients 3 is more than the run's 2 clients"):
+        flower_app.main([*small, "--min-clients", "3"])
+    assert sorted(os.listdir(tmp_path)) == ["afile"]
+    from conftest import run_in_process
+    assert run_in_process("fedavg.py", "--dataset", "synthetic", "--num-clients", "2", "--rounds", "3",
+                          "--out", "runs", "--stop-after", "2") == 0
+    folder = run_dir(str(tmp_path / "runs"))
+    config = json.loads(open(os.path.join(folder, "config.json")).read())
+    config["flower"] = {"algorithm": "fedavg", "flags": config["command"][1:]}  # as flower/app.py records it
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
+    before = sorted(os.listdir(folder))
+    with pytest.raises(common.UserError, match="has its checkpoint at round 2 already"):
+        flower_app.main(["--resume", folder, "--stop-after", "2"])
+    assert sorted(os.listdir(folder)) == before  # no lock left

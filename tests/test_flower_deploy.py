@@ -142,3 +142,73 @@ def test_make_certs_refuses_bad_input_with_one_line_and_exit_2(tmp_path, args, m
     assert (result.returncode, result.stdout, result.stderr.count("\n")) == (2, "", 1) and \
         result.stderr.startswith(f"error: {message}"), result.stderr
     assert {p: open(tmp_path / "certs" / p, "rb").read() for p in os.listdir(tmp_path / "certs")} == before
+
+
+def _files(folder):
+    return {name: open(os.path.join(folder, name), "rb").read() for name in sorted(os.listdir(folder))}
+
+
+MAKE_CERTS = os.path.join(ROOT, "flower", "make_certs.py")
+KILLED_AT_THE_THIRD_FILE = ("import os, runpy, signal, sys\n"  # SIGKILL as the third file is opened for writing
+                            "real, opened = os.fdopen, []\n"
+                            "def fdopen(*a, **k):\n"
+                            "    opened.append(1)\n"
+                            "    if len(opened) == 3: os.kill(os.getpid(), signal.SIGKILL)\n"
+                            "    return real(*a, **k)\n"
+                            "os.fdopen = fdopen\n"
+                            "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+def test_make_certs_on_a_full_disk_is_one_line_exit_1_and_keeps_the_files(tmp_path):
+    from test_files_written import ON_A_FULL_DISK
+    make_certs.make(tmp_path / "certs", nodes=1)
+    before = _files(tmp_path / "certs")
+    result = subprocess.run([sys.executable, "-c", ON_A_FULL_DISK, MAKE_CERTS, "--out", "certs", "--nodes", "1",
+                             "--force"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout, result.stderr.count("\n")) == (1, "", 1), result.stderr
+    assert result.stderr == ("error: cannot write certs/ca.crt (No space left on device); the files in certs are "
+                             "as they were\n")
+    assert _files(tmp_path / "certs") == before  # nothing half-written, no temporary file left
+
+
+@pytest.mark.parametrize("new", [False, True], ids=["into certificates there", "a new folder"])
+def test_make_certs_killed_mid_write_leaves_the_files_whole_and_the_next_run_clears_up(new, tmp_path):
+    """SIGKILL as the third file is written: the files are as they were (a new --out is not made), and the same
+    command run again removes what the killed run left and writes every file."""
+    if not new:
+        make_certs.make(tmp_path / "certs")
+    before = _files(tmp_path / "certs") if not new else None
+    argv = [MAKE_CERTS, "--out", "certs", "--nodes", "1", *([] if new else ["--force"])]
+    killed = subprocess.run([sys.executable, "-c", KILLED_AT_THE_THIRD_FILE, *argv], cwd=tmp_path, capture_output=True,
+                            timeout=60)
+    assert killed.returncode == -signal.SIGKILL
+    if new:
+        assert not os.path.exists(tmp_path / "certs")
+        assert [n for n in os.listdir(tmp_path) if n.startswith(".tmp-make-certs-")] != []
+    else:
+        left = {n: b for n, b in _files(tmp_path / "certs").items() if n.startswith(".tmp-make-certs-")}
+        assert len(left) == 3 and {n: b for n, b in _files(tmp_path / "certs").items() if n not in left} == before
+    again = subprocess.run([sys.executable, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert sorted(os.listdir(tmp_path)) == ["certs"]
+    assert sorted(_files(tmp_path / "certs")) == ["ca.crt", "ca.key", "server.key", "server.pem", "supernode-0",
+                                                  "supernode-0.pub"]
+    server = x509.load_pem_x509_certificate(open(tmp_path / "certs" / "server.pem", "rb").read())
+    server.verify_directly_issued_by(x509.load_pem_x509_certificate(open(tmp_path / "certs" / "ca.crt", "rb").read()))
+    for name in ("ca.key", "server.key", "supernode-0"):
+        assert stat.S_IMODE(os.stat(tmp_path / "certs" / name).st_mode) == 0o600, name
+
+
+def test_make_certs_that_fails_leaves_nothing_of_its_own(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")
+    result = subprocess.run([sys.executable, MAKE_CERTS, "--out", "file/x/certs"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60)
+    assert (result.returncode, result.stderr.count("\n")) == (1, 1) and "file/x/certs was not made" in result.stderr
+
+    def full(*args):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "rename", full)
+    with pytest.raises(OSError) as caught:
+        make_certs.make(str(tmp_path / "a" / "b" / "certs"))
+    assert caught.value.filename == str(tmp_path / "a" / "b" / "certs")
+    assert sorted(os.listdir(tmp_path)) == ["file"]  # a/b/ made for it and its temporary folder removed again

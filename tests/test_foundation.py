@@ -355,7 +355,7 @@ def test_resume_ends_with_uninterrupted_metrics(tmp_path):
     r = run_script("fedavg.py", *args, "--out", tmp_path / "cut", "--stop-after", "3")
     assert r.returncode == 0 and "stopping after round 3" in r.stdout
     cut = run_dir(tmp_path / "cut")
-    assert len(read_metrics(cut)) == 3  # round 3 was logged after the last checkpoint (round 2)
+    assert len(read_metrics(cut)) == 3  # and round 3 has its checkpoint: --stop-after writes one
     r = run_script("fedavg.py", "--resume", cut)
     assert r.returncode == 0, r.stderr
     assert "resumed" in r.stdout

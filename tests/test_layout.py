@@ -137,7 +137,8 @@ def test_the_scripts_and_the_shared_modules_stay_within_their_lengths():
     shorter than it was before it, fedavg.py at most 100 (with Alg. 1's ClientUpdate written out) and fedacd.py
     at most 320 lines, fedala.py 247 (its rows named and dropped after the server step, as in every loop);
     common.py at most 750 (834 before the stacked path left it for tools/together.py and the rows stopped being
-    reused), and common.py, datasets.py and run_folder.py together at most 3,341;
+    reused), and common.py, datasets.py and run_folder.py together at most 3,432 (91 lines since the tools became all or nothing
+    and refuse before starting anything: atomic_write_all, leftover removal, the --out and --stop-after checks);
     fedpake.py at most 312 (290 before --aggregation chose the one-pass or the chunked form by the memory free). Growing past them is a decision
     to make explicitly, here."""
     def length(name):
@@ -147,7 +148,7 @@ def test_the_scripts_and_the_shared_modules_stay_within_their_lengths():
               "common.py": 750}
     over = {name: length(name) for name, limit in limits.items() if length(name) > limit}
     assert not over, over
-    assert sum(length(f"{m}.py") for m in ("common", "datasets", "run_folder")) <= 3341
+    assert sum(length(f"{m}.py") for m in ("common", "datasets", "run_folder")) <= 3432
 
 
 def test_shared_code_uses_no_private_torch_api_and_behaves_by_no_file_name():

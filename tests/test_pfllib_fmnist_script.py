@@ -152,3 +152,107 @@ def test_a_folder_that_is_no_clone_at_the_commit_and_a_python_without_torch_end_
     shutil.rmtree(bare)
     ends_in_one_line(run([dest], venv, env={"PFLLIB_FMNIST_RAW": str(tmp_path / "none")}), "dataset-fashion-mnist")
     assert os.listdir(tmp_path) == []
+
+
+# ----------------------------------------------------------------------------- tools/pfllib_venv.py
+
+VENV_TOOL = os.path.join(ROOT, "tools", "pfllib_venv.py")
+KILLED_AT_ITS_SECOND_STEP = ("import os, runpy, signal, subprocess, sys\n"  # SIGKILL once python -m venv is done
+                             "real, steps = subprocess.run, []\n"
+                             "def run(*a, **k):\n"
+                             "    steps.append(1)\n"
+                             "    if len(steps) == 2: os.kill(os.getpid(), signal.SIGKILL)\n"
+                             "    return real(*a, **k)\n"
+                             "subprocess.run = run\n"
+                             "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+def test_a_venv_a_killed_run_left_is_made_anew_by_the_next_and_any_other_is_refused(tmp_path):
+    venv = tmp_path / "venv"
+    killed = subprocess.run([sys.executable, "-c", KILLED_AT_ITS_SECOND_STEP, VENV_TOOL, str(venv)],
+                            capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -9 and (venv / ".pfllib-venv-incomplete").exists()
+    again = subprocess.run([sys.executable, VENV_TOOL, str(venv)], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[0] == f"removing {venv}: a run of this program that was killed left it incomplete"
+    assert not (venv / ".pfllib-venv-incomplete").exists()
+    seen = subprocess.run([str(venv / "bin" / "python"), "-c", "import importlib.util as u; print(bool("
+                           "u.find_spec('torch')))"], capture_output=True, text=True, timeout=60)
+    assert seen.stdout.strip() == "True"
+    whole = sorted(os.listdir(venv))
+    refused = subprocess.run([sys.executable, VENV_TOOL, str(venv)], capture_output=True, text=True, timeout=120)
+    assert (refused.returncode, refused.stderr) == (2, f"error: {venv} exists: give a new folder\n")
+    assert sorted(os.listdir(venv)) == whole and "pyvenv.cfg" in whole  # a whole venv is never removed
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="a read-only bind mount needs root")
+def test_a_venv_in_a_read_only_folder_names_that_cause_not_a_package(tmp_path):
+    (tmp_path / "ro").mkdir()
+    done = subprocess.run(["unshare", "-m", "sh", "-c", f'mount --bind -o ro "{tmp_path / "ro"}" "{tmp_path / "ro"}" '
+                           f'&& exec "{sys.executable}" "{VENV_TOOL}" "{tmp_path / "ro" / "venv"}" pkg==1'],
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode not in (1, 2):
+        pytest.skip(f"no private mount here: {done.stderr.strip()}")
+    assert done.returncode == 1 and done.stderr == \
+        f"error: cannot make {tmp_path / 'ro' / 'venv'} (Read-only file system); nothing was made\n"
+    assert os.listdir(tmp_path / "ro") == []
+
+
+KILLING_MV = '''#!/bin/sh
+# mv, then SIGKILL to the script that called it (and its subshells) once a folder is copied in as
+# DEST/.FashionMNIST-P.partial
+"$REAL_MV" "$@" || exit
+case "$(eval echo \\${$#})" in *.partial)
+  p=$PPID; callers=""
+  while grep -q "tools/pfllib_fmnist.sh" "/proc/$p/cmdline" 2> /dev/null; do callers="$callers $p"; p=$(ps -o ppid= -p "$p" | tr -d " "); done
+  kill -9 $callers; exit 0;;
+esac
+'''
+
+
+@pytest.mark.slow  # the stand-in generator's cold start of torch, twice: 10-30 s
+def test_killed_between_its_renames_the_next_run_makes_the_folder_whole_not_into_what_was_left(stand_in, tmp_path):
+    repo, commit, raw, venv, _ = stand_in
+    dest, work, bin_ = tmp_path / "data", tmp_path / "work", tmp_path / "bin"
+    for folder in (work, bin_):
+        folder.mkdir()
+    (dest / "FashionMNIST-pat").mkdir(parents=True)  # there already: only FashionMNIST-dir is made
+    (dest / "FashionMNIST-pat" / "config.json").write_text("{}")
+    (bin_ / "mv").write_text(KILLING_MV)
+    os.chmod(bin_ / "mv", 0o755)
+    env = {"PFLLIB_COMMIT": commit, "PFLLIB_FMNIST_RAW": str(raw), "TMPDIR": str(work)}
+    killed = run([dest, repo], venv, env={**env, "REAL_MV": shutil.which("mv"),
+                                          "PATH": f"{bin_}:{venv}/bin:{os.environ['PATH']}"})
+    assert killed.returncode == -9 or killed.returncode == 137, (killed.returncode, killed.stderr)
+    assert sorted(os.listdir(dest)) == [".FashionMNIST-dir.partial", "FashionMNIST-pat"]  # what a kill leaves
+    again = run([dest, repo], venv, env=env)
+    assert again.returncode == 0, again.stderr
+    assert sorted(os.listdir(dest)) == ["FashionMNIST-dir", "FashionMNIST-pat"]
+    assert sorted(os.listdir(dest / "FashionMNIST-dir")) == ["config.json", "test", "train"]  # nothing moved into
+    assert again.stdout.splitlines() == [f"{dest}/FashionMNIST-pat is there already (skipped)",
+                                         f"removed {dest}/.FashionMNIST-dir.partial (left by a killed run)",
+                                         f"wrote {dest}/FashionMNIST-dir"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="a small tmpfs needs root")
+def test_a_full_disk_while_unpacking_names_that_cause_not_the_dataset_package(stand_in, tmp_path):
+    """The raw files are whole, but the temporary folder's disk fills while they are unpacked: the line says so,
+    and does not send the user to reinstall dataset-fashion-mnist."""
+    repo, commit, _, venv, _ = stand_in
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for name in RAW_FILES:
+        (raw / f"{name}.gz").write_bytes(gzip.compress(bytes(4 * 2 ** 20)))
+    small = tmp_path / "small"
+    small.mkdir()
+    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "PYTHONPATH")}
+    environ.update({"PATH": f"{venv}/bin:{os.environ['PATH']}", "VIRTUAL_ENV": str(venv), "PFLLIB_GENERATOR_PACKAGES":
+                    "", "PFLLIB_COMMIT": commit, "PFLLIB_FMNIST_RAW": str(raw), "TMPDIR": str(small)})
+    done = subprocess.run(["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size=1m tmpfs "{small}" && '
+                           f'exec bash "{SCRIPT}" "{tmp_path / "data"}" "{repo}"'], capture_output=True, text=True,
+                          env=environ, timeout=300)
+    if "mount" in done.stderr and "error:" not in done.stderr:
+        pytest.skip(f"no private mount here: {done.stderr.strip()}")
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "error: cannot unpack" in done.stderr and "No space left on device" in done.stderr
+    assert "apt-get" not in done.stderr and not (tmp_path / "data").exists()

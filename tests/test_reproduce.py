@@ -808,7 +808,7 @@ def test_no_value_in_a_run_folder_can_add_a_row_to_the_report(finished, tmp_path
     text = capsys.readouterr().out
     assert sorted(table_rows(text)) == ["FedALA", "FedAvg"]  # no FedProx row
     assert "Some CPU\\n\\| syn-4 \\| FedProx" in table_rows(text)["FedAvg"][9]
-    assert reproduce.table_cell("a|b\r\nc\x00") == "a\\|b\\r\\nc\\x00"
+    assert compare.one_line("a|b\r\nc\x00", markdown=True) == "a\\|b\\r\\nc\\x00"
 
 
 def test_the_reports_command_carries_data_dir_and_stop_after(finished, tmp_path, capsys):
@@ -876,3 +876,54 @@ def test_only_the_end_of_a_long_log_is_read_for_its_last_line(tmp_path):
     finally:
         tracemalloc.stop()
     assert peak < 4 * reproduce.LOG_TAIL_BYTES, peak
+
+
+# ----------------------------------------------------------------------------------------- the report: all or nothing
+
+def test_a_report_whose_last_file_cannot_be_written_changes_none_of_its_files(finished, tmp_path, monkeypatch):
+    """The curves and the report are written together: the report's own file failing (a full disk after the
+    curve) leaves the curve as it was too, and no temporary file."""
+    import tempfile
+    out, _ = _damage_copy(finished, tmp_path)
+    for name in ("tiny.md", "tiny-syn-4.png"):
+        (out / name).write_bytes(b"the previous " + name.encode())
+    real, made = tempfile.mkstemp, []
+
+    def mkstemp(*args, **kwargs):  # the second temporary file (the report's) is on a full disk
+        fd, path = real(*args, **kwargs)
+        made.append(path)
+        if len(made) == 2:
+            full = os.open("/dev/full", os.O_WRONLY)
+            os.dup2(full, fd)
+            os.close(full)
+        return fd, path
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    with pytest.raises(OSError) as caught:
+        call(["tiny", "--seeds", *SEEDS, "--out", out, "--report"], tiny_tables())
+    assert caught.value.filename == str(out / "tiny.md") and caught.value.errno == 28
+    assert {n: (out / n).read_bytes() for n in ("tiny.md", "tiny-syn-4.png")} == \
+        {n: b"the previous " + n.encode() for n in ("tiny.md", "tiny-syn-4.png")}
+    assert _tmp_files(out) == []
+
+
+@pytest.mark.slow  # a report in a subprocess (torch's start-up), then one in this process: about 15 s
+def test_a_report_killed_mid_write_keeps_its_files_and_the_next_report_clears_up(finished, tmp_path, capsys):
+    out, _ = _damage_copy(finished, tmp_path)
+    for name in ("tiny.md", "tiny-syn-4.png"):
+        (out / name).write_bytes(b"the previous " + name.encode())
+    tables = ("from tools import paper_tables; import json, signal; paper_tables.TABLES.clear(); "
+              "paper_tables.TABLES.update(json.loads(os.environ['TABLES']))\n"
+              "os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-c", "import os, sys; sys.path.insert(0, os.environ['ROOT'])\n" + tables
+                           + "sys.argv = sys.argv[1:]; import runpy; runpy.run_path(sys.argv[0], run_name='__main__')\n",
+                           os.path.join(ROOT, "tools", "reproduce.py"), "tiny", "--seeds", *SEEDS, "--out", str(out),
+                           "--report"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "ROOT": ROOT, "TABLES": json.dumps(tiny_tables())})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    left = [n for n in os.listdir(out) if n.startswith(".tmp-report-")]
+    assert len(left) == 2 and (out / "tiny.md").read_bytes() == b"the previous tiny.md"
+    assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--report"], tiny_tables()) == 0
+    assert capsys.readouterr().err.count("(left by a killed report)") == 2
+    assert [n for n in os.listdir(out) if n.startswith(".tmp")] == []
+    assert (out / "tiny.md").read_text().startswith("# tiny: ") and (out / "tiny-syn-4.png").read_bytes()[:4] == \
+        b"\x89PNG"

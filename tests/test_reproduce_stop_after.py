@@ -33,10 +33,8 @@ def test_stop_after_stops_every_run_at_round_n_with_a_checkpoint_and_the_same_co
         assert reproduce.folder_state(folder, 3) == "finished"
 
 
-def test_stop_after_between_checkpoints_brings_a_cadence_that_meets_it():
-    job = {"stop_after": 120}
-    assert reproduce.stop_after_flag(job) == ["--stop-after", "120", "--checkpoint-every", "10"]
-    assert reproduce.stop_after_flag({"stop_after": 100}) == ["--stop-after", "100"]  # 50 meets it
+def test_stop_after_is_passed_on_alone_the_runs_checkpoint_at_n_themselves():
+    assert reproduce.stop_after_flag({"stop_after": 120}) == ["--stop-after", "120"]
     assert reproduce.stop_after_flag({"stop_after": None}) == []
 
 
@@ -72,3 +70,18 @@ def test_an_unfinished_row_names_its_slope_and_a_finished_one_does_not(tmp_path)
     assert call(["tiny", "--seeds", "0", "--out", out], tables) == 0
     with open(out / "tiny.md") as f:
         assert "slope" not in table_rows(f.read())["FedAvg"][10]
+
+
+@pytest.mark.slow  # the tiny table's two runs, twice: about 20 s
+def test_a_run_stopped_between_evaluations_is_taken_as_stopped_not_resumed_past(tmp_path, capsys):
+    """With --eval-every, metrics.csv ends before the round --stop-after stopped at; its checkpoint says how far
+    the run is, so the same command skips it (before: resumed, and refused by the script, exit 1)."""
+    tables = tiny_tables(rounds=12, fedavg_flags=["--eval-every", "5"], fedala_flags=["--eval-every", "5"])
+    argv = ["tiny", "--seeds", "0", "--out", tmp_path / "out", "--stop-after", "1"]
+    assert call(argv, tables) == 0
+    for job in jobs_of(tables, tmp_path / "out", seeds=[0]):
+        (folder,) = reproduce.run_folders(job["dir"])
+        assert reproduce.rounds_done(folder) == 0  # round 1 was not evaluated
+    capsys.readouterr()
+    assert call(argv, tables) == 0
+    assert "2 of 2 runs stopped at round 1 or later already (skipped)" in capsys.readouterr().out

@@ -293,3 +293,77 @@ def test_a_damaged_continued_on_is_one_line_naming_the_file(damaged, tmp_path):
     made_elsewhere(folder, continued_on=damaged)
     with pytest.raises(run_folder.UserError, match=r"config\.json.*continued_on"):
         fedavg.parse_args(["--resume", folder])
+
+
+# ----------------------------------------------------------------------------- record_threads.py: all or nothing
+
+RECORD_THREADS = os.path.join(ROOT, "tools", "record_threads.py")
+PRE_FLAG = {"algorithm": "fedavg", "script": "fedavg", "args": {"dataset": "synthetic", "seed": 0, "rounds": 2},
+            "command": ["fedavg.py", "--dataset", "synthetic"]}
+
+
+def two_runs(tmp_path):
+    """Two runs made before --threads, in one seed folder; returns (seed folder, {path: bytes} of every file)."""
+    seed = tmp_path / "seed0"
+    for name in ("run1", "run2"):
+        os.makedirs(seed / name)
+        (seed / name / "config.json").write_text(json.dumps(PRE_FLAG))
+    return seed, every_file(seed)
+
+
+def every_file(top):
+    paths = [os.path.join(d, n) for d, _, ns in os.walk(top) for n in ns]
+    return {p: open(p, "rb").read() if os.path.isfile(p) else None for p in paths}
+
+
+@pytest.mark.parametrize("name, damage", [
+    ("nested too deeply", lambda p: p.write_text('{"args": ' + "[" * 100000 + "]" * 100000 + "}")),
+    ("not UTF-8", lambda p: p.write_bytes(b'{"args": "\xff"}')),
+    ("a named pipe", lambda p: (os.remove(p), os.mkfifo(p))),
+    ("reproduce.json of a wrong type", lambda p: (p.parent.parent / "reproduce.json").write_text('{"launches": 3}')),
+    ("reproduce.json nested too deeply", lambda p: (p.parent.parent / "reproduce.json").write_text(
+        '{"launches": ' + "[" * 100000 + "]" * 100000 + "}")),
+])
+def test_record_threads_on_a_damaged_file_is_one_line_and_changes_nothing(name, damage, tmp_path, capsys):
+    seed, _ = two_runs(tmp_path)
+    damage(seed / "run2" / "config.json")
+    before = every_file(seed)
+    with pytest.raises(SystemExit) as e:
+        record_threads.main([str(seed), "--threads", "1"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.endswith("; nothing was changed\n"), err
+    assert every_file(seed) == before  # run1 not rewritten either
+
+
+def test_record_threads_on_a_full_disk_is_one_line_exit_1_and_every_file_as_it_was(tmp_path):
+    from test_files_written import ON_A_FULL_DISK
+    seed, before = two_runs(tmp_path)
+    done = subprocess.run([sys.executable, "-c", ON_A_FULL_DISK, RECORD_THREADS, str(seed), "--threads", "1"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "(No space left on device); every config.json is as it was" in done.stderr
+    assert every_file(seed) == before
+
+
+def test_record_threads_killed_mid_write_changes_nothing_and_the_next_run_clears_up(tmp_path):
+    seed, before = two_runs(tmp_path)
+    killed = subprocess.run([sys.executable, "-c", "import os, runpy, signal, sys\n"
+                             "os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)\n"
+                             "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')\n",
+                             RECORD_THREADS, str(seed), "--threads", "1"], capture_output=True, cwd=ROOT, timeout=120)
+    assert killed.returncode == -9
+    left = [p for p in every_file(seed) if os.path.basename(p).startswith(".tmp-record-threads-")]
+    assert len(left) == 2 and {p: b for p, b in every_file(seed).items() if p not in left} == before
+    again = subprocess.run([sys.executable, RECORD_THREADS, str(seed), "--threads", "1"], capture_output=True,
+                           text=True, cwd=ROOT, timeout=120)
+    assert again.returncode == 0 and again.stdout.count("(left by a killed run of this program)") == 2, again.stderr
+    assert sorted(every_file(seed)) == sorted(before)
+    assert [config(seed / name)["args"]["threads"] for name in ("run1", "run2")] == [1, 1]
+
+
+def test_resume_of_a_config_json_nested_too_deeply_is_one_line(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"args": ' + "[" * 100000 + "]" * 100000 + "}")
+    with pytest.raises(run_folder.UserError, match="config.json cannot be read"):
+        fedavg.parse_args(["--resume", str(folder)])

@@ -39,10 +39,16 @@ PARTITION_FLAGS = ("partition", "beta", "classes_per_client", "balance", "sample
 OLD_NAME = re.compile(r"^([^-]+)-(.+)-s(\d+)(?:-.*)?$")  # <algo>-<dataset>-s<seed>-<time>
 
 
-def one_line(text):
-    """``text`` with each newline or other control character written escaped (as Python writes it in a
-    string), so that no value can end a line of a message or a row of a table and begin another."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+def one_line(text, markdown=False):
+    """The one escaping of every value written into a line of a message or a row of a table: each newline or
+    other control character written as Python writes it in a string (\\n, \\x00), so that no value can end a
+    line or a row and begin another. ``markdown``, for a cell of a markdown table: a backslash doubled first
+    (markdown's escape, which shows it as one) and '|' written '\\|', so that no value ends the cell or adds
+    one, and what a reader sees is the value itself."""
+    if markdown:
+        text = str(text).replace("\\", "\\\\")
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+    return text.replace("|", "\\|") if markdown else text
 
 
 def fail(message):
@@ -130,7 +136,7 @@ def read_json(path):
         return None, problem
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply to be a run's
         return None, "unreadable"
     return (data, None) if isinstance(data, dict) else (None, "unreadable")
 
@@ -586,9 +592,23 @@ def print_table(lines):
             print("  ".join("-" * w for w in widths))
 
 
+PLOT_TEMPORARY = ".tmp-compare-plot-"  # --plot's temporary file: what a killed run left is found by it
+
+
 def plot(runs, rows, metric_of, table, path):
-    """Metric against round and against MB communicated, one line per row, with a min..max band
-    over the seeds of a group."""
+    """Write plot_bytes to ``path``, whole or not at all: a full disk leaves the previous file as it was (an
+    OSError naming path); the temporary file a killed earlier run left beside it is removed."""
+    import run_folder  # here, not at the top: it loads torch, which the table does not need
+    drawn = plot_bytes(runs, rows, metric_of, table, os.path.splitext(path)[1].lower()[1:])
+    for left in run_folder.remove_leftovers(os.path.dirname(path) or ".", PLOT_TEMPORARY):
+        print(f"removed {one_line(left)} (left by a killed --plot)", file=sys.stderr)
+    run_folder.atomic_write_all({path: drawn}, prefix=PLOT_TEMPORARY)
+
+
+def plot_bytes(runs, rows, metric_of, table, kind):
+    """The figure, as a file of format ``kind`` (png, pdf, ...): metric against round and against MB communicated,
+    one line per row, with a min..max band over the seeds of a group."""
+    import io
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -627,14 +647,14 @@ def plot(runs, rows, metric_of, table, path):
         ax.grid(alpha=0.3)
     by_round.legend(fontsize=6.5, loc="best")
     fig.tight_layout()
-    import run_folder  # here, not at the top: it loads torch, which the table does not need
-    kind = os.path.splitext(path)[1].lower().lstrip(".")
-    try:  # whole or not at all: a full disk leaves the previous file as it was (an OSError naming path)
-        run_folder.atomic_write(path, lambda f: fig.savefig(f, format=kind))
+    drawn = io.BytesIO()
+    try:
+        fig.savefig(drawn, format=kind)
     except ValueError as e:
-        fail(f"cannot write {path}: {e}")
+        fail(f"cannot draw the plot as .{kind}: {e}")
     finally:
         plt.close(fig)
+    return drawn.getvalue()
 
 
 def cannot_write(path, error, existed):
@@ -642,7 +662,7 @@ def cannot_write(path, error, existed):
     is kept, exit status 1."""
     message = f"cannot write {path} ({error.strerror or error}); " + \
         ("the previous file is kept as it was" if existed else "nothing was written")
-    print("error: " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in message), file=sys.stderr)
+    print("error: " + one_line(message), file=sys.stderr)
     sys.exit(1)
 
 

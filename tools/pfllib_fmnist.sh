@@ -8,7 +8,8 @@
 #       the tests' PFLLIB_DATA_DIR). PFLLIB: a clone of TsingZ0/PFLlib (default: cloned into a
 #       temporary folder, which needs the network); its files at commit d832e76 are read, yours is left as it is.
 # Runs from any folder, leaves nothing behind but DEST/FashionMNIST-{dir,pat}, and skips a folder
-# that is there already (run it twice: the second run does nothing). Run it from the project's
+# that is there already (run it twice: the second run does nothing). Each folder is copied into DEST as
+# .FashionMNIST-P.partial and then renamed: whole or not there; what a killed run left is removed first. Run it from the project's
 # environment (an activated virtual environment or a plain interpreter): the generator runs in a
 # temporary venv (tools/pfllib_venv.py) that sees this Python's numpy, torch and torchvision and
 # adds only the generator's own imports, pinned. Bad input, no clone or no network: one line, exit status 2.
@@ -45,6 +46,13 @@ for p in dir pat; do
   fi
 done
 [ ${#todo[@]} -gt 0 ] || exit 0
+for p in "${todo[@]}"; do  # what a killed run left between its two renames: never taken for output or moved into
+  if [ -e "$DEST/.FashionMNIST-$p.partial" ] || [ -L "$DEST/.FashionMNIST-$p.partial" ]; then
+    rm -rf "$DEST/.FashionMNIST-$p.partial" 2> /dev/null \
+      || fail "cannot remove $DEST/.FashionMNIST-$p.partial, left by a killed run: remove it yourself"
+    echo "removed $DEST/.FashionMNIST-$p.partial (left by a killed run)"
+  fi
+done
 REPO=${2:-}
 if [ -n "$REPO" ]; then
   [ -d "$REPO" ] || fail "$REPO is not a folder: give a clone of TsingZ0/PFLlib"
@@ -52,7 +60,7 @@ if [ -n "$REPO" ]; then
   git -C "$REPO" rev-parse -q --verify "$PFLLIB_COMMIT^{commit}" > /dev/null 2>&1 \
     || fail "$REPO is no clone of TsingZ0/PFLlib holding commit $PFLLIB_COMMIT (git -C $REPO fetch, or clone it anew)"
 fi
-WORK=$(mktemp -d)
+WORK=$(mktemp -d -t pfllib-fmnist.XXXXXXXX)
 trap 'rm -rf "$WORK" "$DEST"/.FashionMNIST-*.partial' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
@@ -74,8 +82,11 @@ for p in "${todo[@]}"; do
   mkdir -p "$WORK/$p/FashionMNIST/rawdata/FashionMNIST/raw"
   cp "$WORK/PFLlib/dataset/generate_FashionMNIST.py" "$WORK/$p/" && cp -r "$WORK/PFLlib/dataset/utils" "$WORK/$p/"
   for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
-    gunzip -c "$RAW/$f.gz" > "$WORK/$p/FashionMNIST/rawdata/FashionMNIST/raw/$f" 2> /dev/null \
-      || fail "$RAW/$f.gz is no readable gzip file: apt-get install --reinstall dataset-fashion-mnist"
+    if ! said=$(gunzip -c "$RAW/$f.gz" 2>&1 > "$WORK/$p/FashionMNIST/rawdata/FashionMNIST/raw/$f"); then
+      gzip -t "$RAW/$f.gz" 2> /dev/null || fail "$RAW/$f.gz is no readable gzip file: apt-get install --reinstall dataset-fashion-mnist"
+      echo "error: cannot unpack $RAW/$f.gz into $WORK (${said##*$'\n'}); nothing was written to $DEST" >&2
+      exit 1
+    fi
   done
   if ! (cd "$WORK/$p" && "$WORK/venv/bin/python" generate_FashionMNIST.py noniid - "$p" > generate.log 2>&1); then
     echo "error: PFLlib's generate_FashionMNIST.py noniid - $p failed: $(tail -n 1 "$WORK/$p/generate.log")" >&2
@@ -83,7 +94,14 @@ for p in "${todo[@]}"; do
   fi
   mkdir "$WORK/$p/out" && mv "$WORK/$p/FashionMNIST/"{config.json,train,test} "$WORK/$p/out/"
   mkdir -p "$DEST"
-  mv "$WORK/$p/out" "$DEST/.FashionMNIST-$p.partial"  # then a rename: whole or not at all
-  mv "$DEST/.FashionMNIST-$p.partial" "$DEST/FashionMNIST-$p"
+  rm -rf "$DEST/.FashionMNIST-$p.partial"  # never moved into: the copy below makes it anew
+  # a copy (WORK may be another file system), then a rename: DEST/FashionMNIST-$p is whole or not there
+  said=$(mv "$WORK/$p/out" "$DEST/.FashionMNIST-$p.partial" 2>&1) || {
+    echo "error: cannot write $DEST/.FashionMNIST-$p.partial (${said##*$'\n'}); $DEST/FashionMNIST-$p was not made" >&2
+    exit 1; }
+  said=$("$PYTHON" -c 'import os, sys; os.rename(sys.argv[1], sys.argv[2])' \
+         "$DEST/.FashionMNIST-$p.partial" "$DEST/FashionMNIST-$p" 2>&1) || {  # never into a folder there
+    echo "error: cannot rename $DEST/.FashionMNIST-$p.partial to $DEST/FashionMNIST-$p (${said##*$'\n'}); it was not made" >&2
+    exit 1; }
   echo "wrote $DEST/FashionMNIST-$p"
 done

@@ -9,7 +9,9 @@ site-packages; a file `caller.pth` in its site-packages names the folders this P
 from (its sys.path without the standard library), so VENV finds torch where this Python finds it, a
 virtual environment included. The PACKAGEs are installed by pip into VENV itself (pin them, as
 `scikit-learn==1.9.1`); what this Python has is seen, not copied: no second torch. Bad input or a failed
-step is one line and exit status 2, and VENV is removed again.
+step is one line and exit status 2 (a folder that cannot be written: 1), and VENV is removed again. VENV holds
+the file ``.pfllib-venv-incomplete`` until it is whole: a VENV that a killed run left with it is removed and made
+anew by the next run; any other VENV that exists is refused.
 """
 import argparse
 import importlib.util
@@ -20,9 +22,12 @@ import sys
 import sysconfig
 
 
-def fail(message):
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+INCOMPLETE = ".pfllib-venv-incomplete"  # in VENV until it is whole: what a killed run left is known by it
+
+
+def fail(message, status=2):
+    print("error: " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message)), file=sys.stderr)
+    sys.exit(status)
 
 
 def package_folders():
@@ -47,12 +52,19 @@ def last_line(completed):
     return lines[-1] if lines else f"exit status {completed.returncode}"
 
 
+# what pip says when it cannot reach the package registry (no network, a proxy, DNS)
+NO_REGISTRY = ("no matching distribution", "could not find a version", "connection", "network is unreachable",
+               "temporary failure in name resolution", "max retries exceeded", "proxy")
+
+
 def make_venv(venv, packages):
     python = os.path.join(venv, "bin", "python")
     made = subprocess.run([sys.executable, "-m", "venv", *([] if packages else ["--without-pip"]), venv],
                           capture_output=True, text=True)
-    if made.returncode:
-        return f"python -m venv {venv} failed ({last_line(made)}; Debian: apt-get install python3-venv)"
+    if made.returncode:  # the Debian package is named only where it is the cause: this Python lacks ensurepip
+        without = packages and importlib.util.find_spec("ensurepip") is None
+        return f"python -m venv {venv} failed ({last_line(made)}" + \
+            ("; Debian: apt-get install python3-venv)" if without else ")")
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True)
     if site.returncode:
@@ -63,7 +75,9 @@ def make_venv(venv, packages):
         pip = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *packages],
                              capture_output=True, text=True)
         if pip.returncode:
-            return f"pip install {' '.join(packages)} failed (it needs the package registry): {last_line(pip)}"
+            offline = any(w in (pip.stdout + pip.stderr).lower() for w in NO_REGISTRY)
+            return f"pip install {' '.join(packages)} failed" + (" (it needs the package registry)" if offline
+                                                                   else "") + f": {last_line(pip)}"
     seen = subprocess.run([python, "-c", "import importlib.util as u; assert u.find_spec('numpy') and u.find_spec('torch')"],
                           capture_output=True, text=True)  # found, not imported: torch takes seconds to load
     if seen.returncode:
@@ -77,6 +91,11 @@ def main(argv=None):
     parser.add_argument("packages", metavar="PACKAGE", nargs="*", help="what pip installs into VENV, pinned")
     args = parser.parse_args(argv)
     venv = os.path.abspath(args.venv)
+    if os.path.isdir(venv) and not os.path.islink(venv) and os.path.isfile(os.path.join(venv, INCOMPLETE)):
+        print(f"removing {venv}: a run of this program that was killed left it incomplete")
+        shutil.rmtree(venv, ignore_errors=True)
+        if os.path.lexists(venv):
+            fail(f"cannot remove {venv}, left incomplete by a killed run: remove it yourself", status=1)
     if os.path.lexists(venv):
         fail(f"{venv} exists: give a new folder")
     missing = [m for m in ("numpy", "torch") if importlib.util.find_spec(m) is None]
@@ -84,7 +103,16 @@ def main(argv=None):
         fail(f"{sys.executable} cannot import {' and '.join(missing)}: run this with the project's Python "
              "(the one requirements.txt was installed into)")
     try:
+        os.mkdir(venv)
+        with open(os.path.join(venv, INCOMPLETE), "w") as f:
+            f.write("removed when this virtual environment is whole\n")
+    except OSError as e:
+        shutil.rmtree(venv, ignore_errors=True)
+        fail(f"cannot make {venv} ({e.strerror or e}); nothing was made", status=1)
+    try:
         error = make_venv(venv, args.packages)
+        if not error:
+            os.remove(os.path.join(venv, INCOMPLETE))
     except KeyboardInterrupt:
         error = "interrupted"
     except OSError as e:

@@ -12,25 +12,38 @@ config.json's args and ``--threads N`` at the end of its command, which then rep
 whatever the environment's thread count; --resume keeps it. A count given with --threads (what you know of
 a run made by hand) is recorded where reproduce.json is absent, and refused where it says otherwise. A run
 without evidence is left unchanged and named. A run that records a count already is left as it is.
-config.json is replaced whole (atomic_write); nothing else of the run is touched, so a run may be running
+config.json is replaced whole (a rename); nothing else of the run is touched, so a run may be running
 (it writes config.json only when it starts or resumes).
+
+All or nothing: every config.json and reproduce.json is read and checked before any file changes; a damaged
+one (not JSON or UTF-8, wrong types, absurd nesting or size, not a regular file) is one line naming it, exit
+status 2, nothing changed. The new config.json files are all written beside theirs first (temporary files,
+prefix ``.tmp-record-threads-``) and only then renamed, so a write that fails (a read-only folder, a full disk)
+is one line, exit status 1, with every file as it was and no temporary file left; what a killed earlier run
+left is removed.
 
 Exit status 0 (every run found records a count, or is named as left unchanged), 2 for bad input (one
 line), 1 for a config.json that cannot be written.
 """
 import argparse
+import contextlib
 import json
 import os
+import stat
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import run_folder  # noqa: E402
 
 
-def fail(message):
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+TEMPORARY = ".tmp-record-threads-"  # this program's temporary files: what a killed run left is found by it
+
+
+def fail(message, status=2):
+    print("error: " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message)), file=sys.stderr)
+    sys.exit(status)
 
 
 def run_folders(paths):
@@ -55,10 +68,15 @@ def launch_evidence(folder):
     if not os.path.lexists(path):
         return None, None
     try:
-        with open(path) as f:
+        run_folder.check_regular(path, doing="cannot record the thread count")
+        if os.path.getsize(path) > run_folder.RUN_JSON_MAX_BYTES:
+            raise ValueError("larger than a launch record may be")
+        with open(path, encoding="utf-8") as f:
             launches = run_folder.check_launches(json.load(f), path)["launches"]
-    except (OSError, ValueError, run_folder.UserError) as e:
-        return None, f"{run_folder.quoted(path)} cannot be read ({run_folder.shortened(str(e), 120)})"
+    except (OSError, ValueError, RecursionError, run_folder.UserError) as e:  # damaged: nothing may change
+        why = "nested too deeply" if isinstance(e, RecursionError) else run_folder.shortened(str(e), 120)
+        raise run_folder.UserError(f"cannot record the thread count: {run_folder.quoted(path)} cannot be read "
+                                   f"({why})") from None
     counts = [launch.get("threads") for launch in launches]
     if not counts or None in counts:
         return None, f"{run_folder.quoted(path)} has a launch without a thread count"
@@ -68,44 +86,71 @@ def launch_evidence(folder):
     return counts[0], f"reproduce.json: {n} launch{'es' if n > 1 else ''} at {counts[0]} thread{'s' * (counts[0] > 1)}"
 
 
-def record(folder, threads, dry_run=False):
-    """Record ``threads`` in ``folder``'s config.json (args and command); returns what was done, in words."""
-    path = os.path.join(folder, "config.json")
-    config = run_folder.read_config(path, doing="cannot record the thread count")
+def recorded(config, threads):
+    """``config`` (a run's config.json) with ``threads`` recorded in its args and command."""
     config["args"]["threads"] = threads
     if isinstance(config.get("command"), list):
         config["command"] = run_folder.with_threads(config["command"], threads)
     flower = config.get("flower")
     if isinstance(flower, dict) and isinstance(flower.get("flags"), list):  # flower/app.py's nodes resume with these
         flower["flags"] = run_folder.with_threads(flower["flags"], threads)
-    if not dry_run:
-        try:
-            run_folder.atomic_write(path, run_folder._json(config))
-        except OSError as e:
-            print(f"error: cannot write {run_folder.quoted(path)} ({e.strerror or e}); it is as it was",
-                  file=sys.stderr)
-            sys.exit(1)
+    return config
+
+
+def write_all(texts):
+    """Write every {path: text}: each into a temporary file beside it first, then each replaces its file. A write
+    that fails leaves every file as it was and no temporary file: one line, exit status 1."""
+    staged, path = {}, None
+    try:
+        for path, text in texts.items():
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=TEMPORARY)
+            staged[path] = tmp
+            with os.fdopen(fd, "wb") as f:
+                f.write(text.encode())
+            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
+    except OSError as e:
+        for tmp in staged.values():
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+        fail(f"cannot write {run_folder.quoted(path)} ({e.strerror or e}); every config.json is as it was", status=1)
+    for path, tmp in staged.items():
+        os.replace(tmp, path)
+
+
+def remove_leftovers(folders):
+    """Remove the temporary files a killed earlier run of this program left in the run folders."""
+    for folder in folders:
+        for name in os.listdir(folder):
+            if name.startswith(TEMPORARY):
+                path = os.path.join(folder, name)
+                try:
+                    os.remove(path)
+                except OSError as e:
+                    fail(f"cannot remove {run_folder.quoted(path)}, left by a killed run of this program "
+                         f"({e.strerror}); nothing was changed", status=1)
+                print(f"removed {run_folder.quoted(path)} (left by a killed run of this program)")
 
 
 def settle(folder, given=None, dry_run=False):
-    """('recorded' | 'recorded already' | 'unchanged', one line) for one run folder."""
+    """('recorded' | 'recorded already' | 'unchanged', one line, the new config or None) for one run folder; a
+    damaged config.json or reproduce.json is a UserError."""
     config = run_folder.read_config(os.path.join(folder, "config.json"), doing="cannot record the thread count")
     evidence, words = launch_evidence(folder)
     saved = config["args"].get("threads")
     if saved is not None:
         if evidence is not None and evidence != saved:
-            return "unchanged", f"records --threads {saved}, but {words}; left unchanged: {folder}"
-        return "recorded already", f"records --threads {saved} already: {folder}"
+            return "unchanged", f"records --threads {saved}, but {words}; left unchanged: {folder}", None
+        return "recorded already", f"records --threads {saved} already: {folder}", None
     if given is not None and words is not None and evidence != given:
-        return "unchanged", f"--threads {given} given, but {words}; left unchanged: {folder}"
+        return "unchanged", f"--threads {given} given, but {words}; left unchanged: {folder}", None
     threads = given if given is not None else evidence
     if threads is None:
         why = words or "no reproduce.json beside it"
         return "unchanged", f"no evidence of its thread count ({why}); left unchanged (give --threads N if you " \
-                            f"know it): {folder}"
-    record(folder, threads, dry_run)
+                            f"know it): {folder}", None
     source = words if evidence is not None else "given with --threads"
-    return "recorded", f"{'would record' if dry_run else 'recorded'} --threads {threads} ({source}): {folder}"
+    return "recorded", f"{'would record' if dry_run else 'recorded'} --threads {threads} ({source}): {folder}", \
+        recorded(config, threads)
 
 
 def main(argv=None):
@@ -121,12 +166,20 @@ def main(argv=None):
                 and 1 <= int(args.threads) <= run_folder.MAX_THREADS):
             fail(f"--threads must be an integer in [1, {run_folder.MAX_THREADS}], got {args.threads!r}")
         given = int(args.threads)
-    counts = {"recorded": 0, "recorded already": 0, "unchanged": 0}
-    for folder in run_folders(args.paths):
+    counts, settled, texts = {"recorded": 0, "recorded already": 0, "unchanged": 0}, [], {}
+    folders = run_folders(args.paths)
+    for folder in folders:  # every file read and checked before any changes
         try:
-            what, line = settle(folder, given, args.dry_run)
+            what, line, config = settle(folder, given, args.dry_run)
         except run_folder.UserError as e:
-            what, line = "unchanged", f"{e}; left unchanged"
+            fail(f"{e}; nothing was changed")
+        settled.append((what, line))
+        if config is not None:
+            texts[os.path.join(folder, "config.json")] = run_folder._json(config)
+    if not args.dry_run:
+        remove_leftovers(folders)
+        write_all(texts)
+    for what, line in settled:
         counts[what] += 1
         print(line, file=sys.stderr if what == "unchanged" else sys.stdout)
     print(f"{counts['recorded']} {'to record' if args.dry_run else 'recorded'}, {counts['recorded already']} "

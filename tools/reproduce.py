@@ -259,16 +259,9 @@ def check_datasets(jobs):
 
 
 def stop_after_flag(job):
-    """--stop-after N, with a checkpoint at round N: the scripts checkpoint every 50 rounds (--checkpoint-every)
-    and at a signal, not at --stop-after, so a cadence that meets N comes with it."""
+    """--stop-after N: the run stops after round N with a checkpoint there (whatever its --checkpoint-every)."""
     n = job.get("stop_after")
-    if not n:
-        return []
-    return ["--stop-after", str(n)] + ([] if n % CHECKPOINT_EVERY == 0 else
-                                       ["--checkpoint-every", str(math.gcd(n, CHECKPOINT_EVERY))])
-
-
-CHECKPOINT_EVERY = 50  # the scripts' --checkpoint-every default (common.py)
+    return ["--stop-after", str(n)] if n else []
 
 
 def rounds_done(folder):
@@ -534,8 +527,10 @@ def action(job):
     if state in ("finished", "diverged"):
         return ("done" if state == "finished" else "diverged"), folder
     if state in ("short", "resumable"):
-        if job.get("stop_after") and rounds_done(folder) >= job["stop_after"]:
-            return "stopped", folder  # --stop-after: as far as asked
+        # --stop-after: as far as asked, by its checkpoint (metrics.csv may end before it, with --eval-every)
+        if job.get("stop_after") and max(rounds_done(folder), run_folder.checkpoint_round(folder) or 0) \
+                >= job["stop_after"]:
+            return "stopped", folder
         return "resume", folder
     return "new", None
 
@@ -996,13 +991,7 @@ def report_row(table, cell, method, row, rounds, first=((), None), others=()):
     cells = [cell["name"], method["method"], paper_number(method, digits), ours,
              str(len(values)), diff, apart(values, others), f"{done_text}/{rounds}", "-" if not secs else f"{np.mean(secs):.3f}",
              "; ".join(sorted({s["hardware"] for s in seeds})) or "-", "; ".join(notes) or "-"]
-    return "| " + " | ".join(table_cell(c) for c in cells) + " |"
-
-
-def table_cell(text):
-    """A value as one cell of a markdown table: a newline or other control character written escaped and
-    '|' as '\\|', so that no value (a name from a config.json, a folder's name) can end the row or add one."""
-    return compare.one_line(text).replace("|", "\\|")
+    return "| " + " | ".join(compare.one_line(c, markdown=True) for c in cells) + " |"
 
 
 def reproduce_command(table_id, args, jobs=()):
@@ -1045,7 +1034,7 @@ def report(table_id, table, jobs, args):
     rows = collect(jobs)
     rounds = args.rounds or table["rounds"]
     cells = [c for c in table["cells"] if not args.only or c["name"] in args.only]
-    curves = write_curves(table_id, table, cells, rows, args.out)
+    curves = drawn_curves(table_id, table, cells, rows, args.out)
     lines = [f"# {table_id}: {table['title']}", "",
              f"- metric: {metric_words(table['metric'])}",
              f"- protocol: {table['metric']['protocol']}",
@@ -1075,21 +1064,26 @@ def report(table_id, table, jobs, args):
     text = "\n".join(lines) + "\n"
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"{table_id}.md")
-    run_folder.atomic_write(path, text)
+    for left in run_folder.remove_leftovers(args.out, REPORT_TEMPORARY):
+        print(f"removed {run_folder.quoted(left)} (left by a killed report)", file=sys.stderr)
+    run_folder.atomic_write_all({**curves, path: text}, prefix=REPORT_TEMPORARY)  # all or nothing
     print(text)
     print(f"report written to {path}")
     return sum(bool(s["problem"]) for row in rows.values() for s in row["seeds"])
 
 
-def write_curves(table_id, table, cells, rows, out):
-    """OUT/TABLE-CELL.png per cell with results: compare.py's plot, one curve per method (mean over
-    its seeds, band min..max). Returns the paths written."""
+REPORT_TEMPORARY = ".tmp-report-"  # the report's and curves' temporary files in OUT: what a killed report left
+
+
+def drawn_curves(table_id, table, cells, rows, out):
+    """{OUT/TABLE-CELL.png: its bytes} per cell with results: compare.py's plot, one curve per method (mean over
+    its seeds, band min..max); report() writes them with the report, all or nothing."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         print("curves left out: pip install matplotlib", file=sys.stderr)
-        return []
-    written = []
+        return {}
+    written = {}
     for cell in cells:
         runs, groups, columns, names = [], [], [], []
         for method, mslug in zip(cell["methods"], method_slugs(cell)):
@@ -1106,10 +1100,8 @@ def write_curves(table_id, table, cells, rows, out):
         lines = compare.table_rows(runs, groups, columns)
         for line, name in zip(lines[1:], names):
             line[0], line[12] = name, "-"  # the legend names the table's method
-        os.makedirs(out, exist_ok=True)
-        path = os.path.join(out, f"{table_id}-{slug(cell['name'])}.png")
-        compare.plot(runs, groups, columns, lines, path)
-        written.append(path)
+        written[os.path.join(out, f"{table_id}-{slug(cell['name'])}.png")] = compare.plot_bytes(runs, groups, columns,
+                                                                                              lines, "png")
     return written
 
 
@@ -1170,7 +1162,7 @@ def paper_tables_markdown(tables):
                 if "metric" in method:
                     paper += f" ({method['metric']['summary']} {method['metric']['column']})"
                 command = f"`python tools/reproduce.py {table_id} --only {cell['name']}`" if i == 0 else ""
-                lines.append("| " + " | ".join(x.replace("|", "\\|") for x in
+                lines.append("| " + " | ".join(compare.one_line(x, markdown=True) for x in
                                                [cell["name"] if i == 0 else "", method["method"], paper, command])
                              + " |")
         lines.append("")
@@ -1184,10 +1176,12 @@ def write_paper_tables(tables, target):
         print(text, end="")
         return
     try:
-        with open(target) as f:
+        with open(target, encoding="utf-8") as f:
             doc = f.read()
     except OSError as e:
         fail(f"cannot read {target} ({e.strerror})")
+    except UnicodeDecodeError:
+        fail(f"{target} is not UTF-8 text (damaged?): it was not changed")
     begin, end = doc.find(DOC_BEGIN), doc.find(DOC_END)
     if begin < 0 or end < begin:
         fail(f"{target} lacks the markers of the paper tables section ({DOC_BEGIN[:40]}... and {DOC_END})")

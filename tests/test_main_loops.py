@@ -30,7 +30,7 @@ from conftest import run_dir, run_in_process
 from tools import fedacd_diagnostics, fedavg_variants
 
 SETTING = ["--dataset", "synthetic", "--num-clients", "5", "--join-ratio", "0.6", "--local-epochs", "2",
-           "--rounds", "2", "--model", "mlp", "--lr", "0.05", "--device", "cpu", "--seed", "3"]
+           "--rounds", "2", "--model", "mlp", "--lr", "0.05", "--batch-size", "20", "--device", "cpu", "--seed", "3"]
 PARAMS_ATOL, LOSS_TOL = 1e-5, 1e-5
 
 
@@ -66,11 +66,20 @@ def minibatches(idx, batch_size, epochs, seed):
     return out
 
 
-def sgd(model, loss, lr):
+def sgd(model, loss, lr, momentum=0.0, weight_decay=0.0, buffers=None):
+    """One step of SGD with weight decay and (heavy-ball) momentum, torch.optim.SGD's rule: d = g + wd p,
+    b = d (first step) or momentum b + d, p <- p - lr b; ``buffers`` (a list, empty at the client's start) keeps b."""
     grads = torch.autograd.grad(loss, list(model.parameters()))
     with torch.no_grad():
-        for p, g in zip(model.parameters(), grads):
-            p.add_(g, alpha=-lr)
+        for k, (p, g) in enumerate(zip(model.parameters(), grads)):
+            d = g.add(p, alpha=weight_decay) if weight_decay else g
+            if momentum:
+                if len(buffers) <= k:
+                    buffers.append(d.clone())
+                else:
+                    buffers[k].mul_(momentum).add_(d)
+                d = buffers[k]
+            p.add_(d, alpha=-lr)
 
 
 def train_plain(model, start, data, idx, epochs_of_batches, lr):
@@ -100,6 +109,16 @@ def evaluated(model, flat, data, client):
     logits = model(data.x[idx])
     return (int((logits.argmax(1) == data.y[idx]).sum()), len(idx),
             float(F.cross_entropy(logits.double(), data.y[idx], reduction="sum")))
+
+
+def global_test(model, flat, data):
+    """--test-split global: the model on the uniform test set (accuracy and mean loss, %)."""
+    vector_to_parameters(flat.clone(), model.parameters())
+    idx = data.global_test_idx
+    with torch.no_grad():
+        logits = model(data.x[idx])
+    return {"global_acc": 100 * float((logits.argmax(1) == data.y[idx]).double().mean()),
+            "global_loss": float(F.cross_entropy(logits.double(), data.y[idx]))}
 
 
 def accuracy(results, prefix="test"):
@@ -194,5 +213,136 @@ def test_fedavg_variants_local_training_keeps_each_client_s_model_and_evaluates_
 def test_fedavg_variants_eval_local_models_evaluates_the_round_s_trained_models(tmp_path):
     rows, checkpoint = run("tools/fedavg_variants.py", ["--eval-local-models"], tmp_path)
     expected, global_, _ = fedavg_reference(eval_local_models=True)
+    assert_rows(rows, expected)
+    assert_model(checkpoint["state"]["global_model"], global_)
+
+
+# ----------------------------------------------------------------------------- FedACD and its diagnostics
+
+def class_mean_softmax(model, x, y, num_classes):
+    """Sec. 3's P^m: P_ij the mean softmax output j over the samples of class i (zero rows for absent classes)."""
+    with torch.no_grad():
+        probs = model(x).softmax(1)
+    sums = F.one_hot(y, num_classes).to(probs.dtype).T @ probs
+    counts = sums.sum(1, keepdim=True)
+    return torch.where(counts > 0, sums / counts.clamp_min(1e-12), torch.zeros_like(sums))
+
+
+def margins_of(P, present, missing_delta):
+    """Eq. (8)'s Delta_yi = P_yi / P_iy (clamped to >= 1e-8) for held classes i, ``missing_delta`` for the
+    others, 1 on the diagonal."""
+    D = torch.full_like(P, missing_delta)
+    for y in range(len(P)):
+        for i in range(len(P)):
+            if i == y:
+                D[y, i] = 1.0
+            elif present[i]:
+                D[y, i] = max(float(P[y, i]) / max(float(P[i, y]), 1e-8), 1e-8)
+    return D
+
+
+def fedacd_objective(logits, y, D, lam):
+    """Eq. (9) per sample: L1 (Eq. 7, KL(p || q), q_y = p_y, q_k = (1 - p_y) / (C - 1)) + lam L2 (Eq. 8)."""
+    C = logits.shape[1]
+    p = logits.softmax(1)
+    p_y = p.gather(1, y[:, None])
+    q = ((1 - p_y) / (C - 1)).expand_as(p)
+    off = ~F.one_hot(y, C).bool()
+    l1 = ((torch.xlogy(p, p) - p * q.log()) * off).sum(1)
+    f_y = logits.gather(1, y[:, None])[:, 0]
+    l2 = torch.log1p(((logits - f_y[:, None] + D[y].log()).exp() * off).sum(1))
+    return l1 + lam * l2
+
+
+def kl_score(P, present, tau):
+    """Eq. (10) with the KL averaged over the held classes' rows (--score-kl mean): (V_m, KL)."""
+    P, C = P.double(), len(P)
+    Q = torch.full((C, C), (1 - tau) / (C - 1), dtype=torch.float64)
+    Q.fill_diagonal_(tau)
+    kl = float((torch.xlogy(P, P) - P * Q.log()).sum(1)[present].mean())
+    return 1 / (1 + np.exp(-1 / kl)), kl
+
+
+def fedacd_client(model, start, data, client, args, round_, fedavg_loss=False):
+    """Client m: mixup minibatches (per batch mix ~ U(0, 1), then the pairing, from the tag-1 generator), FedACD's
+    loss with P^m re-estimated at each epoch's end from its (mixup-weighted) outputs, or cross-entropy under
+    ``fedavg_loss``. Returns (trained flat model, mean loss, P^m of the trained model)."""
+    vector_to_parameters(start.clone(), model.parameters())
+    idx, C = data.train_idx[client], data.num_classes
+    present = torch.as_tensor(data.train_counts[client] > 0)
+    epochs = minibatches(idx, args.batch_size, args.local_epochs, seed_of(args.seed, round_, client))
+    draws = torch.Generator().manual_seed(seed_of(args.seed, round_, client, 1))
+    mixing = [[(float(torch.rand((), generator=draws)), torch.randperm(len(b), generator=draws)) for b in epoch]
+              for epoch in epochs]
+    P = class_mean_softmax(model, data.x[idx], data.y[idx], C)  # the received model's
+    losses, buffers = [], []  # one optimizer for the client's whole update
+    for epoch, epoch_mixing in zip(epochs, mixing):
+        D, sums = margins_of(P, present, args.missing_delta), torch.zeros(C, C)
+        for b, (mix, perm) in zip(epoch, epoch_mixing):
+            x, y_a, y_b = data.x[b], data.y[b], data.y[b][perm]
+            logits = model(mix * x + (1 - mix) * x[perm])
+            if fedavg_loss:
+                loss = mix * F.cross_entropy(logits, y_a) + (1 - mix) * F.cross_entropy(logits, y_b)
+            else:
+                loss = (mix * fedacd_objective(logits, y_a, D, args.lam).mean()
+                        + (1 - mix) * fedacd_objective(logits, y_b, D, args.lam).mean())
+            sgd(model, loss, args.lr, args.momentum, args.weight_decay, buffers)
+            losses.append(float(loss.detach()))
+            sums += (mix * F.one_hot(y_a, C) + (1 - mix) * F.one_hot(y_b, C)).T @ logits.detach().softmax(1)
+        seen = sums.sum(1, keepdim=True) > 0
+        P = torch.where(seen, sums / sums.sum(1, keepdim=True).clamp_min(1e-12), P)  # the epoch's end
+    trained = parameters_to_vector(model.parameters()).detach().clone()
+    return trained, sum(losses) / len(losses), class_mean_softmax(model, data.x[idx], data.y[idx], C)
+
+
+def average_risk(model, flat, data):
+    """FedACD's Eq. (3): 1/M sum_n eps(w) . pi^n, eps the per-class test errors, pi^n client n's label priors."""
+    vector_to_parameters(flat.clone(), model.parameters())
+    idx = data.global_test_idx  # the uniform test set (FedACD's default --test-split global)
+    with torch.no_grad():
+        wrong = (model(data.x[idx]).argmax(1) != data.y[idx]).double()
+    errors = torch.tensor([float(wrong[data.y[idx] == k].mean()) if (data.y[idx] == k).any() else 0.0
+                           for k in range(data.num_classes)], dtype=torch.float64)
+    counts = torch.as_tensor(np.asarray(data.train_counts), dtype=torch.float64)
+    return float(((counts / counts.sum(1, keepdim=True)) @ errors).mean())
+
+
+def fedacd_reference(module, flags=(), fedavg_loss=False, log_kl=True, log_risk=False):
+    args, data, model, rng = setup(module, flags)
+    global_ = parameters_to_vector(model.parameters()).detach().clone()
+    rows = []
+    for round_ in (1, 2):
+        clients = sampled(rng, args.num_clients, args.join_ratio)
+        trained, losses, scores, kls, risks = [], [], [], [], []
+        for c in clients:
+            flat, loss, P = fedacd_client(model, global_, data, c, args, round_, fedavg_loss)
+            score, kl = kl_score(P, torch.as_tensor(data.train_counts[c] > 0), args.tau)
+            trained.append(flat), losses.append(loss), scores.append(score), kls.append(kl)
+            if log_risk:
+                risks.append(average_risk(model, flat, data))
+        # FedAvg: sum_k n_k / n w^k; FedACD Eq. (11): sum_m V_m / sum_k V_k w^m
+        global_ = weighted_mean(trained, [len(data.train_idx[c]) for c in clients] if fedavg_loss else scores)
+        row = {**accuracy([evaluated(model, global_, data, c) for c in range(args.num_clients)]),
+               **global_test(model, global_, data), "train_loss": sum(losses) / len(losses)}
+        if log_kl:
+            row.update(local_kl=sum(kls) / len(kls), score_min=min(scores), score_max=max(scores))
+        if log_risk:
+            row["local_risk"] = sum(risks) / len(risks)
+        rows.append(row)
+    return rows, global_
+
+
+def test_fedacd_main_trains_fedacd_s_loss_and_aggregates_by_the_scores_of_eq_11(tmp_path):
+    rows, checkpoint = run("fedacd.py", [], tmp_path)
+    expected, global_ = fedacd_reference(fedacd)
+    assert_rows(rows, expected)
+    assert_model(checkpoint["state"]["global_model"], global_)
+
+
+@pytest.mark.parametrize("flags", [["--fedavg", "--log-kl", "--log-risk"], ["--log-risk"]],
+                         ids=["fedavg-log-kl-log-risk", "fedacd-log-risk"])
+def test_fedacd_diagnostics_main_matches_the_re_implementation(flags, tmp_path):
+    rows, checkpoint = run("tools/fedacd_diagnostics.py", flags, tmp_path)
+    expected, global_ = fedacd_reference(fedacd_diagnostics, flags, fedavg_loss="--fedavg" in flags, log_risk=True)
     assert_rows(rows, expected)
     assert_model(checkpoint["state"]["global_model"], global_)

@@ -346,3 +346,67 @@ def test_fedacd_diagnostics_main_matches_the_re_implementation(flags, tmp_path):
     expected, global_ = fedacd_reference(fedacd_diagnostics, flags, fedavg_loss="--fedavg" in flags, log_risk=True)
     assert_rows(rows, expected)
     assert_model(checkpoint["state"]["global_model"], global_)
+
+
+# ----------------------------------------------------------------------------- pFedLA and HeurpFedLA
+
+def pfedla_reference(k):
+    args, data, model, rng = setup(pfedla, ["--k", str(k)])
+    N = args.num_clients
+    # the hypernetworks' initialisation is drawn after the model's from --seed's stream (the piece is
+    # tests/test_pfedla.py's); their forward is Eq. (3)-(4), the rest of the round is written here
+    hypernetworks = pfedla.LayerHypernetworks(N, 2, args.embed_dim, args.hidden_dim, generator=torch.default_generator)
+    blocks = [sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()
+              if any(True for _ in m.parameters(recurse=False))]
+    stored = parameters_to_vector(model.parameters()).detach().repeat(N, 1)  # Alg. 1 l. 1
+
+    def personalised(alpha_i, i, retained):  # Eq. (5)-(6); Alg. 2 l. 7: retained layers are client i's own
+        parts, offset = [], 0
+        for layer, size in enumerate(blocks):
+            own = stored[i, offset:offset + size]
+            mixed = sum(alpha_i[layer, j] * stored[j, offset:offset + size] for j in range(N))
+            parts.append(own if layer in retained else mixed)
+            offset += size
+        return torch.cat(parts)
+
+    def top_self_weight(alpha_i, i):  # Eq. (12): the k layers of largest alpha_i^{l,i}
+        return set(torch.argsort(alpha_i[:, i].detach(), descending=True)[:k].tolist())
+
+    rows = []
+    for round_ in (1, 2):
+        clients = sampled(rng, N, args.join_ratio)
+        alpha = hypernetworks(torch.tensor(clients))
+        theta_bar = [personalised(alpha[s], i, set()) for s, i in enumerate(clients)]  # with the graph
+        received = [personalised(alpha[s].detach(), i, top_self_weight(alpha[s], i)).detach()
+                    for s, i in enumerate(clients)]
+        trained, losses = [], []
+        for s, i in enumerate(clients):
+            flat, loss = train_plain(model, received[s], data, data.train_idx[i],
+                                     minibatches(data.train_idx[i], args.batch_size, args.local_epochs,
+                                                 seed_of(args.seed, round_, i)), args.lr)
+            trained.append(flat), losses.append(loss)
+        # Alg. 1 l. 8, Eq. (10)-(11): psi_i, v_i += hn_lr (d theta_bar_i / d psi_i)^T Delta theta_i
+        params = list(hypernetworks.parameters())
+        vjp = torch.autograd.grad(theta_bar, params, [t - r for t, r in zip(trained, received)])
+        with torch.no_grad():
+            for p, g in zip(params, vjp):
+                p.add_(g, alpha=args.hn_lr)
+        for s, i in enumerate(clients):  # l. 7: theta_i := theta_bar_i + Delta theta_i
+            stored[i] = trained[s]
+        with torch.no_grad():  # evaluated: what each client receives next
+            alpha = hypernetworks(torch.arange(N))
+            results = [evaluated(model, personalised(alpha[i], i, top_self_weight(alpha[i], i)), data, i)
+                       for i in range(N)]
+        rows.append({**accuracy(results), "train_loss": sum(losses) / len(losses),
+                     "self_weight": float(torch.stack([alpha[i, :, i] for i in range(N)]).mean())})
+    return rows, stored, hypernetworks
+
+
+@pytest.mark.parametrize("k", [0, 1], ids=["pfedla", "heurpfedla-k1"])
+def test_pfedla_main_aggregates_layerwise_steps_the_hypernetworks_and_evaluates_what_clients_receive(k, tmp_path):
+    rows, checkpoint = run("pfedla.py", ["--k", str(k)], tmp_path)
+    expected, stored, hypernetworks = pfedla_reference(k)
+    assert_rows(rows, expected)
+    assert (checkpoint["state"]["stored_models"] - stored).abs().max() <= PARAMS_ATOL
+    for name, value in hypernetworks.state_dict().items():
+        assert (checkpoint["state"]["hypernetworks"][name] - value).abs().max() <= PARAMS_ATOL, name

@@ -554,3 +554,61 @@ def test_fedala_main_learns_ala_weights_aggregates_the_local_models_and_evaluate
     assert_model(checkpoint["state"]["global_model"], global_)
     assert (checkpoint["state"]["local_models"] - torch.stack(local)).abs().max() <= PARAMS_ATOL
     assert (checkpoint["state"]["ala"]["weights"] - torch.stack(W)).abs().max() <= PARAMS_ATOL
+
+
+# ----------------------------------------------------------------------------- tests/rounds.py equals each main()
+
+def rounds_py_run(name, flags):
+    """Two rounds composed from tests/rounds.py as its tests drive them, set up as the script's main() sets up
+    (seed, data, model, then the algorithm's state, then the worker): (each round's train loss, final state)."""
+    import rounds
+    module = {"fedavg": fedavg, "fedala": fedala, "pfedla": pfedla, "fedacd": fedacd,
+              "diagnostics": fedacd_diagnostics}[name]
+    args = module.parse_args([*SETTING, *flags])
+    rng = common.seed_everything(args.seed)
+    data = common.load_federated_data(args, "cpu")
+    model = common.build_model(args.model, data)
+    if name == "fedala":
+        ala = fedala.ALA(model, args.num_clients, p=args.p, eta=args.eta, s=args.s, batch_size=args.batch_size,
+                         threshold=args.threshold, num_pre_loss=args.num_pre_loss,
+                         max_init_epochs=args.max_init_epochs)
+        local_models = common.flatten_state(model).repeat(args.num_clients, 1)
+    if name == "pfedla":
+        sizes = pfedla.layer_sizes(model)
+        stored = pfedla.flatten_state(model).repeat(args.num_clients, 1)
+        hypernetworks = pfedla.LayerHypernetworks(args.num_clients, len(sizes), args.embed_dim, args.hidden_dim,
+                                                  generator=torch.default_generator)
+    worker = common.build_model(args.model, data)
+    losses = []
+    for round_ in range(1, args.rounds + 1):
+        clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
+        stack = torch.empty(len(clients), common.flatten_state(model).numel())
+        if name == "fedavg":
+            losses.append(rounds.fedavg_round(model, worker, data, clients, args, round_))
+        elif name == "fedala":
+            losses.append(rounds.fedala_round(model, worker, local_models, ala, data, clients, args, round_)[0])
+        elif name == "pfedla":
+            losses.append(rounds.pfedla_round(hypernetworks, stored, worker, data, clients, args, round_, sizes)[0])
+        else:
+            risk = None
+            if name == "diagnostics":  # Table 3's risk: tools/fedacd_diagnostics.py's client
+                counts = torch.as_tensor(data.train_counts, dtype=torch.float64)
+                risk = ([data.global_test_idx[data.y[data.global_test_idx] == c] for c in range(data.num_classes)],
+                        counts / counts.sum(1, keepdim=True))
+            losses.append(rounds.fedacd_round(model, worker, data, clients, args, round_, stack, risk)["train_loss"])
+    state = {"pfedla": lambda: stored, "fedala": lambda: local_models}.get(name, lambda: common.flatten_state(model))()
+    return losses, state
+
+
+@pytest.mark.parametrize("name, script, flags", [
+    ("fedavg", "fedavg.py", []), ("fedala", "fedala.py", ["--rounds", "3"]), ("pfedla", "pfedla.py", ["--k", "1"]),
+    ("fedacd", "fedacd.py", []), ("diagnostics", "tools/fedacd_diagnostics.py", ["--log-risk"])],
+    ids=["fedavg", "fedala", "pfedla-k1", "fedacd", "fedacd-diagnostics"])
+def test_tests_rounds_py_gives_each_main_s_rounds_bit_for_bit(name, script, flags, tmp_path):
+    rows, checkpoint = run(script, flags, tmp_path)
+    losses, state = rounds_py_run(name, flags)
+    assert [r["train_loss"] for r in rows] == [round(loss, 6) for loss in losses]
+    saved = checkpoint["state"]
+    got = {"pfedla": lambda: saved["stored_models"], "fedala": lambda: saved["local_models"]}.get(
+        name, lambda: torch.cat([v.reshape(-1) for v in saved["global_model"].values() if v.is_floating_point()]))()
+    assert torch.equal(got, state)

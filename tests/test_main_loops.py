@@ -14,6 +14,7 @@ Xeon (cpu family 6, model 167), the largest difference of a parameter 3.9e-6 (PA
 loss column 2.8e-6 (LOSS_TOL 1e-5). Accuracies count samples, so they must be equal to metrics.csv's 6
 decimals. tests/rounds.py, which other tests drive rounds with, is held to each main() bit for bit at
 the end."""
+import copy
 import csv
 import os
 
@@ -266,21 +267,24 @@ def kl_score(P, present, tau):
     return 1 / (1 + np.exp(-1 / kl)), kl
 
 
-def fedacd_client(model, start, data, client, args, round_, fedavg_loss=False):
+def fedacd_client(model, start, data, client, args, round_, fedavg_loss=False, mixup=True, margins_seen=None):
     """Client m: mixup minibatches (per batch mix ~ U(0, 1), then the pairing, from the tag-1 generator), FedACD's
     loss with P^m re-estimated at each epoch's end from its (mixup-weighted) outputs, or cross-entropy under
-    ``fedavg_loss``. Returns (trained flat model, mean loss, P^m of the trained model)."""
+    ``fedavg_loss``. Returns (trained flat model, mean loss, P^m of the trained model); ``margins_seen``, a
+    list, receives each epoch's margins."""
     vector_to_parameters(start.clone(), model.parameters())
     idx, C = data.train_idx[client], data.num_classes
     present = torch.as_tensor(data.train_counts[client] > 0)
     epochs = minibatches(idx, args.batch_size, args.local_epochs, seed_of(args.seed, round_, client))
     draws = torch.Generator().manual_seed(seed_of(args.seed, round_, client, 1))
-    mixing = [[(float(torch.rand((), generator=draws)), torch.randperm(len(b), generator=draws)) for b in epoch]
-              for epoch in epochs]
+    mixing = [[(float(torch.rand((), generator=draws)), torch.randperm(len(b), generator=draws)) if mixup else
+               (1.0, torch.arange(len(b))) for b in epoch] for epoch in epochs]  # --no-mixup: mix 1, y_b = y_a
     P = class_mean_softmax(model, data.x[idx], data.y[idx], C)  # the received model's
     losses, buffers = [], []  # one optimizer for the client's whole update
     for epoch, epoch_mixing in zip(epochs, mixing):
         D, sums = margins_of(P, present, args.missing_delta), torch.zeros(C, C)
+        if margins_seen is not None:
+            margins_seen.append(D)
         for b, (mix, perm) in zip(epoch, epoch_mixing):
             x, y_a, y_b = data.x[b], data.y[b], data.y[b][perm]
             logits = model(mix * x + (1 - mix) * x[perm])
@@ -336,19 +340,42 @@ def fedacd_reference(module, flags=(), fedavg_loss=False, log_kl=True, log_risk=
 
 
 def test_fedacd_main_trains_fedacd_s_loss_and_aggregates_by_the_scores_of_eq_11(tmp_path):
-    rows, checkpoint = run("fedacd.py", [], tmp_path)
-    expected, global_ = fedacd_reference(fedacd)
+    flags = ["--local-epochs", "3"]  # P^m of epoch 1's and epoch 2's outputs each set an epoch's margins
+    rows, checkpoint = run("fedacd.py", flags, tmp_path)
+    expected, global_ = fedacd_reference(fedacd, flags)
     assert_rows(rows, expected)
     assert_model(checkpoint["state"]["global_model"], global_)
 
 
-@pytest.mark.parametrize("flags", [["--fedavg", "--log-kl", "--log-risk"], ["--log-risk"]],
+@pytest.mark.parametrize("flags", [["--fedavg", "--log-kl", "--log-risk"], ["--log-risk", "--local-epochs", "3"]],
                          ids=["fedavg-log-kl-log-risk", "fedacd-log-risk"])
 def test_fedacd_diagnostics_main_matches_the_re_implementation(flags, tmp_path):
     rows, checkpoint = run("tools/fedacd_diagnostics.py", flags, tmp_path)
     expected, global_ = fedacd_reference(fedacd_diagnostics, flags, fedavg_loss="--fedavg" in flags, log_risk=True)
     assert_rows(rows, expected)
     assert_model(checkpoint["state"]["global_model"], global_)
+
+
+@pytest.mark.parametrize("mixup", [True, False], ids=["mixup", "no-mixup"])
+def test_fedacd_client_update_re_estimates_p_at_each_epoch_s_end_on_a_client_of_many_classes(mixup):
+    """Sec. 3's schedule on the client holding the most classes, 4 epochs at lr 0.1 with momentum: the trained
+    model, its mean loss and its score V_m (from P^m of the trained model) against the re-implementation, whose
+    margins must move from epoch to epoch (else this client could not tell a stale P^m from a fresh one)."""
+    args, data, model, _ = setup(fedacd, ["--local-epochs", "4", "--lr", "0.1", "--momentum", "0.5",
+                                          *([] if mixup else ["--no-mixup"])])
+    client = int(np.argmax((np.asarray(data.train_counts) > 0).sum(1)))
+    present = torch.as_tensor(data.train_counts[client] > 0)
+    assert int(present.sum()) >= 3
+    start = parameters_to_vector(model.parameters()).detach().clone()
+    trained, loss, score, kl = fedacd.client_update(copy.deepcopy(model), start, data, client,
+                                                    fedacd.held_classes(data), args, round_=2)
+    seen = []  # each epoch's margins in the re-implementation
+    want, want_loss, P = fedacd_client(model, start, data, client, args, 2, mixup=mixup, margins_seen=seen)
+    assert len(seen) == 4 and all((seen[e] - seen[e + 1]).abs().max() > 1e-2 for e in range(3))
+    want_score, want_kl = kl_score(P, present, args.tau)
+    assert (trained - want).abs().max() <= PARAMS_ATOL
+    assert float(loss) == pytest.approx(want_loss, rel=LOSS_TOL)
+    assert float(kl) == pytest.approx(want_kl, rel=LOSS_TOL) and float(score) == pytest.approx(want_score, rel=1e-6)
 
 
 # ----------------------------------------------------------------------------- pFedLA and HeurpFedLA

@@ -2,7 +2,8 @@
 as it stands for its first rounds in a process whose environment says OMP_NUM_THREADS=2 (not the one
 thread the runs were made with: the command's --threads decides), gives the committed metrics.csv rows bit
 for bit (timing and memory columns aside). Only where the data lies, the rounds, the device and the output
-folder are given after it. Fashion-MNIST is read where test_real_data finds it.
+folder are given after it. Fashion-MNIST is read where test_real_data finds it. CI's sample holds only runs CI
+can repeat (CPU-made, no PFLlib folder: not_repeatable_in_ci).
 One subprocess per run. The default suite (CI) checks a fixed SAMPLE, 2 rounds each (1 where the run's
 first round took SLOW_ROUND seconds or more when it was made): one run of every table and of every script
 (sample_of); the whole re-check, every run's first 4 rounds, is
@@ -13,14 +14,14 @@ Bit for bit holds on the CPU kind a run was made on (torch's CPU capability: AVX
 model with its family and model numbers: config.json records them as ``cpu_capability`` and ``cpu_model``
 since they were added): the vector width and blocking of torch's kernels change the order of float sums, and
 runs made on an earlier machine, its model name also "AMD EPYC", give other last digits on this one. A run
-made before that record, or on another CPU kind, is checked to the first rounds within DRIFT instead (the same
-algorithm, setting and data; the communication columns exactly), and the test says so. Measured on this
-project's AVX2 machine against runs made on an earlier machine: round 3 of the pFedLA Table 1 Fashion-MNIST
+made before that record, or on another CPU kind, is checked to the first rounds within SYNTHETIC_DRIFT or
+FMNIST_DRIFT instead (measured across the kinds we have; the communication columns exactly), and says so.
+Measured on this project's AVX2 machine against runs made on an earlier machine: round 3 of the pFedLA Table 1 Fashion-MNIST
 run gives 54.476 against the committed 54.286, a synthetic pFedLA test loss 2.164053 against 2.164052 (also
 with the code of the commit that made it); the rounds before agree bit for bit. A run made on a GPU
 (config.json's device) is skipped: a CPU does not repeat GPU arithmetic, and CI has no GPU. A run
 continued on another machine (config.json's ``continued_on``) is checked bit for bit up to the round
-it moved at, within DRIFT after it."""
+it moved at, within SYNTHETIC_DRIFT or FMNIST_DRIFT after it."""
 import glob
 import json
 import os
@@ -41,18 +42,36 @@ TIMING = {"seconds", "sec_per_round", "host_mb", "device_mb", "agg_seconds"}
 ROUNDS, SAMPLE_ROUNDS = 4, 2
 SLOW_ROUND = 10.0  # s: a sampled run this slow (Fashion-MNIST, ten local epochs) checks its first round only
 EXACT = {"round", "mb_down", "mb_up"}
-DRIFT = (1.0, 0.02)  # accuracy columns (%): absolute; every other column: relative (float sums in another order)
+# A run made on another CPU kind, within these of the committed rows (the communication columns exactly).
+# Synthetic data: the accuracy columns exactly, the others to one unit of metrics.csv's 6th decimal. Measured:
+# the first 4 rounds of 15 synthetic runs (every synthetic/synthetic-1-1 and synthetic-sweep/0-0 algorithm at
+# seed 0) made on an AMD EPYC (cpu family 25, model 1, AVX2) and rerun on an Intel Xeon (cpu family 6, model
+# 167, AVX512): every accuracy column equal, train_loss 1e-6 apart in 2 runs, test_loss 1e-6 in 1, the rest 0.
+SYNTHETIC_DRIFT = 1e-6
+# Fashion-MNIST (the CNNs' convolutions sum in another order on another kind): accuracy columns 0.5 points
+# absolute, the others 5e-4 relative. Measured on the same Intel Xeon against runs made on AMD EPYCs of cpu
+# families 23 and 25 (CI's four Fashion-MNIST samples at the rounds CI checks, and pfedla-t1's pFedLA seed 0):
+# round 1 accuracies equal, losses within 8e-6; round 2 test_acc 0.11 apart (one test image of 900),
+# test_acc_std 0.40, train_loss 3.0e-4 (2.9e-4 relative), test_loss 2.4e-4 (1.4e-4 relative).
+FMNIST_DRIFT = (0.5, 5e-4)
 HERE = torch.backends.cpu.get_cpu_capability()
 HERE_MODEL = cpu_model()
 
 
-def within_drift(column, again, committed):
+def within_drift(column, again, committed, dataset):
     a, c = float(again), float(committed)
     if column in EXACT:
         return a == c
+    if dataset.startswith("synthetic"):
+        return a == c if "acc" in column else abs(a - c) <= SYNTHETIC_DRIFT * (1 + 1e-9)
     if "acc" in column:
-        return abs(a - c) <= DRIFT[0]
-    return abs(a - c) <= DRIFT[1] * max(abs(c), 1e-3)
+        return abs(a - c) <= FMNIST_DRIFT[0]
+    return abs(a - c) <= FMNIST_DRIFT[1] * max(abs(c), 1e-3)
+
+
+def drift_of(dataset):
+    return f"synthetic: accuracies exact, others {SYNTHETIC_DRIFT}" if dataset.startswith("synthetic") else \
+        f"accuracies {FMNIST_DRIFT[0]} points, others {FMNIST_DRIFT[1]:.0e} relative"
 
 
 def read_config(folder):
@@ -178,9 +197,9 @@ def test_a_committed_run_s_command_repeats_its_first_rounds_at_another_omp_num_t
     assert [[a[c] for c in columns] for a, r in pairs if int(r["round"]) < exact_until] == \
         [[r[c] for c in columns] for a, r in pairs if int(r["round"]) < exact_until]
     drifted = [(r["round"], c, a[c], r[c]) for a, r in pairs if int(r["round"]) >= exact_until for c in columns
-               if not within_drift(c, a[c], r[c])]
+               if not within_drift(c, a[c], r[c], dataset)]
     assert not drifted, drifted
     if exact_until > rounds:
         return
     made = " ".join(str(config[k]) for k in ("cpu_capability", "cpu_model") if k in config) or "not recorded"
-    print(f"made on CPU kind {made}, here {HERE} {HERE_MODEL}: checked within {DRIFT}")
+    print(f"made on CPU kind {made}, here {HERE} {HERE_MODEL}: checked within {drift_of(dataset)}")

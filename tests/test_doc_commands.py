@@ -1,8 +1,8 @@
 """Every `python ...` command that README.md and docs/*.md show a reader (in code blocks, indented blocks and
 inline code) names a program that exists and whose command line accepts the flags as shown: each is parsed by
 the program's own parser (its main() up to its first complete parse_args; for the algorithm scripts and their
-tools/ programs, their own parse_args whole: argparse, then their checks of the values), nothing is run. A moved or renamed
-flag, or a renamed program, cannot leave a doc behind."""
+tools/ programs, their own parse_args whole: argparse, then their checks of the values), nothing is run. A
+moved or renamed flag, or a renamed program, cannot leave a doc behind."""
 import json
 import os
 import re

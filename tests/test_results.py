@@ -16,9 +16,9 @@ since they were added): the vector width and blocking of torch's kernels change 
 runs made on an earlier machine, its model name also "AMD EPYC", give other last digits on this one. A run
 made before that record, or on another CPU kind, is checked to the first rounds within SYNTHETIC_DRIFT or
 FMNIST_DRIFT instead (measured across the kinds we have; the communication columns exactly), and says so.
-Measured on this project's AVX2 machine against runs made on an earlier machine: round 3 of the pFedLA Table 1 Fashion-MNIST
-run gives 54.476 against the committed 54.286, a synthetic pFedLA test loss 2.164053 against 2.164052 (also
-with the code of the commit that made it); the rounds before agree bit for bit. A run made on a GPU
+Measured on this project's AVX2 machine against runs made on an earlier machine: round 3 of the pFedLA Table 1
+Fashion-MNIST run gives 54.476 against the committed 54.286, a synthetic pFedLA test loss 2.164053 against
+2.164052 (also with the code of the commit that made it); the rounds before agree bit for bit. A run made on a GPU
 (config.json's device) is skipped: a CPU does not repeat GPU arithmetic, and CI has no GPU. A run
 continued on another machine (config.json's ``continued_on``) is checked bit for bit up to the round
 it moved at, within SYNTHETIC_DRIFT or FMNIST_DRIFT after it."""

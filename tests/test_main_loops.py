@@ -140,6 +140,7 @@ def setup(module, flags):
     torch.manual_seed(args.seed)
     data = common.load_federated_data(args, "cpu")
     model = common.build_model(args.model, data)
+    assert len({len(idx) for idx in data.train_idx}) == args.num_clients  # clients of unequal sizes
     return args, data, model, np.random.default_rng([args.seed, 1])
 
 

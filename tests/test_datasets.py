@@ -295,13 +295,17 @@ def out_rows(out):
 @pytest.mark.slow  # end to end, several seconds: runs in CI with the full suite
 def test_fedavg_trains_on_tinyimagenet(tmp_path):
     make_tiny(str(tmp_path / "data"))
-    result = run_script("fedavg.py", "--dataset", "tinyimagenet", "--data-dir", tmp_path / "data", "--rounds", 1,
+    result = run_script("fedavg.py", "--dataset", "tinyimagenet", "--data-dir", tmp_path / "data", "--rounds", 3,
                         "--num-clients", 2, "--partition", "iid", "--model", "cnn", "--out", tmp_path / "runs",
                         env=NO_NETWORK)
     assert result.returncode == 0, result.stderr
     assert "input (3, 64, 64)" in result.stdout and "4 classes" in result.stdout
-    (row,) = out_rows(tmp_path / "runs")
-    assert row["round"] == "1" and 0 <= float(row["test_acc"]) <= 100 and np.isfinite(float(row["train_loss"]))
+    rows = out_rows(tmp_path / "runs")
+    # it trains: the loss falls every round, and the classes (one colour each) are told apart above chance (25%):
+    # 58.3 after round 1, 83.3 after round 3
+    losses = [float(r["train_loss"]) for r in rows]
+    assert [r["round"] for r in rows] == ["1", "2", "3"] and losses == sorted(losses, reverse=True)
+    assert len(set(losses)) == 3 and float(rows[-1]["test_acc"]) >= 50
 
 
 @pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
@@ -310,12 +314,13 @@ def test_fasttext_trains_on_agnews(tmp_path, script):
     if not os.path.exists(os.path.join(ROOT, script)):
         pytest.skip(f"{script} is not in the repository yet")
     write_agnews(str(tmp_path / "data" / "ag_news_csv"))
-    result = run_script(script, "--dataset", "agnews", "--data-dir", tmp_path / "data", "--rounds", 1,
+    result = run_script(script, "--dataset", "agnews", "--data-dir", tmp_path / "data", "--rounds", 3,
                         "--num-clients", 2, "--partition", "iid", "--out", tmp_path / "runs", env=NO_NETWORK)
     assert result.returncode == 0, result.stderr
     assert "input (200,)" in result.stdout and "FastText" in result.stdout
-    (row,) = out_rows(tmp_path / "runs")
-    assert 0 <= float(row["test_acc"]) <= 100 and np.isfinite(float(row["train_loss"]))
+    # it trains: the loss falls every round from chance's ln 4 = 1.386 (1.387, 1.383, 1.382 at the default lr)
+    losses = [float(r["train_loss"]) for r in out_rows(tmp_path / "runs")]
+    assert len(losses) == 3 and losses == sorted(losses, reverse=True) and len(set(losses)) == 3
 
 
 @pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes

@@ -1,7 +1,8 @@
 """Every `python ...` command that README.md and docs/*.md show a reader (in code blocks, indented blocks and
 inline code) names a program that exists and whose command line accepts the flags as shown: each is parsed by
-the program's own parser (its main() up to its first complete parse_args), nothing is run. A moved or renamed
-flag, or a renamed program, cannot leave a doc behind."""
+the program's own parser (its main() up to its first complete parse_args; for the algorithm scripts and their
+tools/ programs, their own parse_args whole: argparse, then their checks of the values), nothing is run. A
+moved or renamed flag, or a renamed program, cannot leave a doc behind."""
 import json
 import os
 import re
@@ -19,6 +20,17 @@ ELIDED = re.compile(r"<[^>]*>|(?<!\S)(\.\.\.|…)(?!\S)")
 # ALGORITHM, where flower/app.py wants one, as an algorithm
 FILLED_IN = re.compile(r"[A-Z][A-Z0-9_]*")
 FILL = {"ALGORITHM": "fedavg"}
+
+
+# programs whose parse_args(argv) checks the values after argparse (common.parse_args: --join-ratio in (0, 1],
+# --kappa >= 0, --p >= 1, ...): the checker runs it whole, so a value the program refuses is found
+CHECKED = {"fedavg.py", "fedala.py", "pfedla.py", "fedpake.py", "fedacd.py", "tools/fedavg_variants.py",
+           "tools/fedacd_diagnostics.py"}
+
+
+def checked(program, argv):
+    """Whether the program's own checks run: not on --resume, whose checks read the run folder (RUN: a placeholder)."""
+    return program in CHECKED and "--resume" not in argv
 
 
 def not_parsed(program, argv):
@@ -43,7 +55,7 @@ def parse_args(self, args=None, namespace=None):
 argparse.ArgumentParser.parse_args = parse_args
 
 modules, results = {}, []
-for script, argv in json.load(sys.stdin):
+for script, argv, checked in json.load(sys.stdin):
     if script not in modules:
         name = "doc_command_" + script.replace("/", "_").replace(".", "_")
         spec = importlib.util.spec_from_file_location(name, script)
@@ -55,6 +67,13 @@ for script, argv in json.load(sys.stdin):
         sys.argv = [script, *argv]
         main = modules[script].main
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            if checked:  # the script's own parse_args: argparse, then its checks of the values
+                argparse.ArgumentParser.parse_args = original
+                try:
+                    modules[script].parse_args(argv)
+                finally:
+                    argparse.ArgumentParser.parse_args = parse_args
+                raise Parsed()
             main(argv) if inspect.signature(main).parameters else main()
         outcome = None if {"-h", "--help"} & set(argv) else "its main() returned without parsing its command line"
     except Parsed:
@@ -123,7 +142,8 @@ def test_every_python_command_in_the_docs_names_a_program_that_accepts_its_flags
         import flwr  # noqa: F401
     except ImportError:  # without requirements-flower.txt flower/app.py cannot start: its commands are not checked
         commands = [c for c in commands if not c[1].startswith("flower/")]
-    done = subprocess.run([sys.executable, "-c", RUNNER], input=json.dumps([[p, a] for _, p, a in commands]),
+    done = subprocess.run([sys.executable, "-c", RUNNER],
+                          input=json.dumps([[p, a, checked(p, a)] for _, p, a in commands]),
                           cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -136,7 +156,24 @@ def test_every_python_command_in_the_docs_names_a_program_that_accepts_its_flags
 def test_a_refused_flag_is_found(tmp_path):
     """The check itself: a flag the program does not have is refused, a good one passes."""
     done = subprocess.run([sys.executable, "-c", RUNNER], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          input=json.dumps([["tools/compare.py", ["runs/", "--no-such-flag"]],
-                                            ["tools/compare.py", ["runs/", "--metric", "test_loss"]]]))
+                          input=json.dumps([["tools/compare.py", ["runs/", "--no-such-flag"], False],
+                                            ["tools/compare.py", ["runs/", "--metric", "test_loss"], False]]))
     first, second = json.loads(done.stdout.splitlines()[-1])
     assert first and "--no-such-flag" in first and second is None
+
+
+def test_a_value_the_script_refuses_after_argparse_is_found():
+    """Values argparse takes but the script's own checks refuse, as a doc would show them, are refused; the
+    same commands with good values pass."""
+    bad = [("fedavg.py", ["--dataset", "synthetic", "--join-ratio", "2"], "--join-ratio must be in (0, 1]"),
+           ("fedpake.py", ["--kappa", "-1"], "--kappa must be >= 0"), ("fedala.py", ["--p", "0"], "--p must be >= 1"),
+           ("tools/fedacd_diagnostics.py", ["--fedavg", "--uniform-agg"], "--fedavg aggregates by sample counts")]
+    good = [("fedavg.py", ["--dataset", "synthetic", "--join-ratio", "0.5"]), ("fedpake.py", ["--kappa", "inf"]),
+            ("fedala.py", ["--p", "2"]), ("tools/fedacd_diagnostics.py", ["--fedavg"])]
+    commands = [(p, a, checked(p, a)) for p, a, *_ in bad + good]
+    done = subprocess.run([sys.executable, "-c", RUNNER], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          input=json.dumps(commands), env={**os.environ, "OMP_NUM_THREADS": "1"})
+    outcomes = json.loads(done.stdout.splitlines()[-1])
+    for (program, argv, line), outcome in zip(bad, outcomes):
+        assert outcome and line in outcome, (program, argv, outcome)
+    assert outcomes[len(bad):] == [None] * len(good)

@@ -128,3 +128,49 @@ def test_the_global_model_learns_on_real_images(module, broken, fmnist_subset, t
     ours, baseline = against_fedavg(module, ["--dataset", fmnist_subset, *GLOBAL], "global_acc", tmp_path)
     learns = ours >= ABOVE_CHANCE and ours >= baseline - GLOBAL_MARGIN
     assert learns is not broken, f"{module.__name__} (broken: {broken}) {ours:.2f} vs FedAvg {baseline:.2f}"
+
+
+def spy_on_server_update(module, monkeypatch):
+    """Records what the script's server step receives each round: (the clients' models K x D, their weights:
+    FedACD's scores V_m, FedPake's sample counts), and lets it run."""
+    seen, real = [], module.server_update
+
+    def server_update(client_states, weights, *rest):
+        seen.append((common.as_rows(client_states).clone(), [float(w) for w in weights]))
+        return real(client_states, weights, *rest)
+    monkeypatch.setattr(module, "server_update", server_update)
+    return seen
+
+
+@pytest.mark.parametrize("module", [fedpake, fedacd], ids=["fedpake", "fedacd"])
+def test_the_real_image_global_model_is_the_paper_s_aggregation_not_fedavg_s(module, fmnist_subset, tmp_path,
+                                                                              one_thread, monkeypatch):
+    """One round on real images (10 clients, the CNN): the global model the run keeps is the paper's aggregate
+    of the clients' trained models, recomputed here (FedACD: Eq. (11)'s score weights; FedPake: Eq. (2)-(11)
+    as reconstructed, tests/test_main_loops.py's numpy form), and far from FedAvg's sample-weighted mean."""
+    import torch
+    from test_main_loops import fedpake_server, weighted_mean
+    seen = spy_on_server_update(module, monkeypatch)
+    flags = ["--dataset", fmnist_subset, *GLOBAL, "--rounds", "1", "--join-ratio", "0.6"]
+    out = tmp_path / module.__name__
+    run_folder.run_main(module.main, [*flags, "--device", "cpu", "--out", str(out)])
+    (stacked, weights), = seen  # the script's own server step ran, once
+    saved = torch.load(os.path.join(run_dir(out), "checkpoint.pt"), weights_only=True)["state"]["global_model"]
+    got = torch.cat([v.reshape(-1) for v in saved.values() if v.is_floating_point()])
+    args = module.parse_args(flags)
+    data = common.load_federated_data(args, "cpu")
+    clients = sorted(int(c) for c in np.random.default_rng([args.seed, 1]).choice(
+        args.num_clients, round(0.6 * args.num_clients), replace=False))
+    num_samples = [len(data.train_idx[c]) for c in clients]
+    fedavg_mean = weighted_mean(list(stacked), num_samples)
+    if module is fedacd:
+        assert len(set(weights)) == len(weights)  # the scores differ: Eq. (11) is not a plain mean
+        expected = weighted_mean(list(stacked), weights)
+        assert (got - expected).abs().max() <= 1e-6
+    else:
+        assert weights == num_samples
+        expected = fedpake_server(list(stacked), num_samples, args.kappa, args.n_micro, args.n_macro, args.delta)[0]
+        # float32 in the script, float64 here: a column whose CV lies within rounding of kappa may fall on
+        # the other side; allow 1 in 10^4 columns
+        assert float(((got - expected).abs() > 1e-6).double().mean()) <= 1e-4
+    assert float(((got - fedavg_mean).abs() > 1e-4).double().mean()) >= 0.01  # FedAvg's mean is another model

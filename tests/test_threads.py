@@ -3,7 +3,8 @@ args and command, set whatever OMP_NUM_THREADS says, and kept by --resume; runs 
 as they ran, and tools/record_threads.py records their count from reproduce.json. The runs here use
 --parallel-clients 1 (each client on all --threads threads). Where a test needs 1 and 2 threads to give other
 weights, it trains the CNN on a small image .npz (``images``): FedProx's synthetic MLP gave the same weights at
-both counts on an Intel Xeon (AVX512), where this CNN's did not."""
+both counts on an Intel Xeon (AVX512), where this CNN's did not; each such test checks that its weights differ
+at 1 and 2 threads here, so that a resume at the wrong count cannot pass."""
 import glob
 import json
 import os
@@ -109,8 +110,10 @@ def test_the_command_repeats_under_another_omp_num_threads(images, tmp_path, mon
 
 
 def test_resume_keeps_the_recorded_count_and_refuses_another(images, tmp_path):
-    whole, part = tmp_path / "whole", tmp_path / "part"
+    whole, part, at_two = tmp_path / "whole", tmp_path / "part", tmp_path / "two"
     assert run([*images, "--out", str(whole)], threads=1) == 0
+    assert run([*images, "--out", str(at_two), "--threads", "2"], threads=1) == 0
+    assert not same_weights(weights(run_dir(whole)), weights(run_dir(at_two)))  # a resume at 2 threads would show
     assert run([*images, "--out", str(part), "--stop-after", "1"], threads=1) == 0
     folder = run_dir(part)
     with pytest.raises(run_folder.UserError, match=r"other settings: --threads 1 \(now 2\)"):
@@ -122,10 +125,10 @@ def test_resume_keeps_the_recorded_count_and_refuses_another(images, tmp_path):
     assert rows(folder) == rows(run_dir(whole)) and same_weights(weights(folder), weights(run_dir(whole)))
 
 
-def make_pre_flag_run(out):
-    """A run stopped after round 1, then made to look as one made before --threads: no count in config.json
-    (args, command) nor in its checkpoint."""
-    assert run([*FLAGS, "--out", str(out), "--stop-after", "1"], threads=1) == 0
+def make_pre_flag_run(out, flags):
+    """A run of ``flags`` stopped after round 1, then made to look as one made before --threads: no count in
+    config.json (args, command) nor in its checkpoint."""
+    assert run([*flags, "--out", str(out), "--stop-after", "1"], threads=1) == 0
     folder = run_dir(out)
     saved = config(folder)
     del saved["args"]["threads"]
@@ -139,11 +142,15 @@ def make_pre_flag_run(out):
     return folder
 
 
-def test_a_run_from_before_the_flag_resumes_as_it_ran_and_its_count_is_recorded_from_reproduce_json(tmp_path,
+@pytest.mark.slow  # four CNN runs: 35 s on a loaded machine (load 12 on 2 cores)
+def test_a_run_from_before_the_flag_resumes_as_it_ran_and_its_count_is_recorded_from_reproduce_json(images,
+                                                                                                      tmp_path,
                                                                                                       capsys):
-    whole = tmp_path / "whole"
-    assert run([*FLAGS, "--out", str(whole)], threads=1) == 0
-    folder = make_pre_flag_run(tmp_path / "seed0")
+    whole, at_two = tmp_path / "whole", tmp_path / "two"
+    assert run([*images, "--out", str(whole)], threads=1) == 0
+    assert run([*images, "--out", str(at_two), "--threads", "2"], threads=1) == 0
+    assert not same_weights(weights(run_dir(whole)), weights(run_dir(at_two)))  # the count shows in the weights
+    folder = make_pre_flag_run(tmp_path / "seed0", images)
     assert fedavg.parse_args(["--resume", folder]).threads is None  # torch's count from the environment
     with pytest.raises(run_folder.UserError, match="records no thread count.*tools/record_threads.py"):
         fedavg.parse_args(["--resume", folder, "--threads", "1"])

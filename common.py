@@ -6,6 +6,7 @@ which each script imports first, in startup.py. Imports go down only: common -> 
 run_folder -> data_partition (docs/layout.md).
 """
 import argparse
+import itertools
 import math
 import os
 import queue
@@ -706,6 +707,7 @@ class ClientPool:
     def __init__(self, models, client_sizes, together=False, at_once=None):
         self.models, self.client_sizes, self.together, self.rows = models, client_sizes, together, None
         self.at_once = at_once or len(models)
+        self.progress = run_folder.clients_done  # (done, of): told as each client's update returns, on the host
 
     @classmethod
     def build(cls, args, build_model, device, data):
@@ -824,11 +826,13 @@ class ClientPool:
             rows = torch.empty(len(clients), sum(v.numel() for v in state), dtype=state[0].dtype,
                                device=state[0].device)
         self.rows = rows
-        position = {client: k for k, client in enumerate(clients)}
+        position, done = {client: k for k, client in enumerate(clients)}, itertools.count(1)
+        self.progress(0, len(clients))
 
         def update(model, client):
             trained, *rest = client_update(model, client)
             rows[position[client]] = trained
+            self.progress(next(done), len(clients))
             return rest
 
         return (rows, *(list(column) for column in zip(*self.map(update, clients))))

@@ -15,6 +15,7 @@ import os
 import platform
 import re
 import resource
+import shlex
 import shutil
 import signal
 import socket
@@ -279,6 +280,12 @@ def with_threads(command, threads):
     return out if given == str(threads) else [*out, "--threads", str(threads)]
 
 
+def command_line(command):
+    """config.json's ``command_line``: its ``command`` (the script and its arguments) as one line to paste into a
+    shell."""
+    return shlex.join(["python", *command])
+
+
 def _given_flags(parser, argv):
     """The flags given on the command line, with their parsed values."""
     defaults, parser_defaults = [(action, action.default) for action in parser._actions], parser._defaults
@@ -382,6 +389,7 @@ CONFIG_SCHEMA = {
     "script": (False, _is_str, "a script's name"),
     "args": (True, lambda v: isinstance(v, dict), "a mapping of the flags"),
     "command": (False, _list_of(lambda x: isinstance(x, str)), "a list of strings"),
+    "command_line": (False, _is_str, "a command line"),
     "data_sha256": (False, lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) is not None,
                     "64 hexadecimal digits"),
     "num_classes": (False, _is_int(1), "an integer >= 1"),
@@ -932,7 +940,8 @@ class Run:
             self._write("config.json", _json({
                 "algorithm": algo, "script": self.script,
                 "args": {**recorded_args(args, self._records_as()), "resume": None, "stop_after": None},
-                "command": command, **where_it_runs(device),
+                "command": command, "command_line": command_line(command), "headline_metric": headline_metric,
+                **where_it_runs(device),
                 "num_classes": data.num_classes, "input_shape": list(data.x.shape[1:]),
                 "data_sha256": self.data_sha256,
                 **({"dataset_folder": data.info["folder"]} if isinstance(data.info.get("folder"), dict) else {}),

@@ -87,7 +87,7 @@ def base_parser(description, script=None, helps=None, **defaults):
     a("--lr", type=float, default=0.005, help="local learning rate")
     a("--momentum", type=float, default=0.0, help="local SGD momentum")
     a("--weight-decay", type=float, default=0.0, help="local SGD weight decay")
-    a("--model", default="auto", help="auto, cnn, pfedlacnn, lenet, simplecnn, resnet18, resnet34, mlp, fasttext")
+    a("--model", default="auto", help=model_help("the script's own model"))
     a("--test-split", default="client", choices=["client", "global"],
       help="client: merge train+test and split each client's data; global: the official test set")
     a("--train-ratio", type=float, default=0.75, help="share of each client's data used for training")
@@ -115,8 +115,16 @@ def base_parser(description, script=None, helps=None, **defaults):
     a("--stop-after", type=int, metavar="N", help="end after round N, as if killed; --resume: from the last checkpoint")
     p.set_defaults(**defaults)
     for action in p._actions:
+        if action.dest == "lr" and isinstance(action.default, float):  # else a helps text says what it depends on
+            action.help = f"local learning rate (default: {action.default:g} on every dataset and model)"
         action.help = (helps or {}).get(action.dest, action.help)
     return p
+
+
+def model_help(images):
+    """--help of --model: what ``auto`` picks on each kind of data (build_model), ``images`` on images."""
+    return (f"auto (default): {images} on images, mlp on vectors (synthetic, an .npz of vectors), fasttext on token "
+            "ids (agnews); or cnn, pfedlacnn, lenet, simplecnn, resnet18, resnet34, mlp, fasttext")
 
 
 def fedala_learning_rate(args):

@@ -1,6 +1,7 @@
 """A newcomer's first hour: a run's config.json holds its command as one line to paste into a shell beside the list
 (older runs without it read as before), README's set-up environment is ignored by git."""
 import json
+import re
 import os
 import shlex
 import subprocess
@@ -46,3 +47,42 @@ def test_the_set_up_s_environment_is_ignored_by_git():
     if ignored.returncode == 128:
         pytest.skip("not a git checkout")
     assert ignored.returncode == 0
+
+
+def test_flower_app_help_lists_every_mode_and_its_own_flags():
+    """Each first argument flower/app.py's main acts on, and each of its own flags, is in its --help."""
+    app = subprocess.run([sys.executable, "flower/app.py", "--help"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert app.returncode == 0, app.stderr
+    source = open(os.path.join(ROOT, "flower", "app.py")).read().split("\ndef main(", 1)[1]
+    modes = set(re.findall(r'argv\[:1\] == \["(--[a-z-]+)"\]', source)) | {"--resume", "--federation"}
+    assert {"--app-folder", "--node-worker"} <= modes
+    for mode in modes:
+        assert mode in app.stdout, mode
+    for line in ["python flower/app.py ALGORITHM [flags]", "python flower/app.py --app-folder DIR",
+                 "python flower/app.py --resume RUN_DIR", "python flower/app.py ALGORITHM --federation NAME"]:
+        assert line in app.stdout, line
+    for flag in ["--federation NAME", "--min-clients M", "--round-timeout S", "--wait-for-nodes S",
+                 "--clients-per-gpu K"]:
+        assert f"  {flag}" in app.stdout, flag
+
+
+@pytest.mark.parametrize("script, images, lr", [
+    ("fedavg", "cnn", "0.1 on mnist and agnews and for fasttext and resnet18, else 0.005"),
+    ("fedala", "cnn", "0.1 on mnist and agnews and for fasttext and resnet18, else 0.005"),
+    ("pfedla", "pfedlacnn", "0.005 on emnist and fmnist, else 0.01"),
+    ("fedpake", "resnet18", "0.005 on every dataset and model"),
+    ("fedacd", "simplecnn (resnet18 on tinyimagenet)", "0.01 on every dataset and model")])
+def test_help_says_what_model_auto_and_lr_pick_on_each_kind_of_data(script, images, lr, capsys):
+    import importlib
+    module = importlib.import_module(script)
+    with pytest.raises(SystemExit):
+        module.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"auto (default): {images} on images, mlp on vectors" in text and "fasttext on token ids" in text
+    assert f"local learning rate (default: {lr})" in text
+    # the help is what a run picks: the model on images, the learning rate on fmnist and on cifar10
+    assert module.AUTO_IMAGE == images.split()[0]
+    picked = [module.parse_args(["--dataset", d]).lr for d in ("fmnist", "cifar10")]
+    assert picked == {"fedavg": [0.005, 0.005], "fedala": [0.005, 0.005], "pfedla": [0.005, 0.01],
+                      "fedpake": [0.005, 0.005], "fedacd": [0.01, 0.01]}[script]

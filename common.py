@@ -71,8 +71,8 @@ def base_parser(description, script=None, helps=None, **defaults):
     a("--partition", default="dir", choices=["iid", "pat", "dir", "pfedla1", "pfedla2"], help="label partition")
     a("--beta", type=float, default=0.1, help="Dirichlet concentration for --partition dir")
     a("--classes-per-client", type=int, default=None,
-      help="pat: classes per client (default 2, 10 for 100 classes, 20 for 200); "
-      "pfedla1: 4 (12 for 100 classes); pfedla2: dominant classes 2 (6 for 100 classes)")
+      help="classes per client (default: by --partition): pat 2 (10 for 100 classes, 20 for 200); "
+      "pfedla1 4 (12 for 100 classes); pfedla2 2 dominant classes (6 for 100 classes)")
     a("--balance", action="store_true", help="pat: equal shares of each class")
     a("--dominant-share", type=float, default=0.8,
       help="pfedla2: the share of each client's data its dominant classes hold together (the paper gives none)")

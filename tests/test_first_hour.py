@@ -86,3 +86,57 @@ def test_help_says_what_model_auto_and_lr_pick_on_each_kind_of_data(script, imag
     picked = [module.parse_args(["--dataset", d]).lr for d in ("fmnist", "cifar10")]
     assert picked == {"fedavg": [0.005, 0.005], "fedala": [0.005, 0.005], "pfedla": [0.005, 0.01],
                       "fedpake": [0.005, 0.005], "fedacd": [0.01, 0.01]}[script]
+
+
+def test_layout_md_says_what_state_may_hold_as_resume_takes_it(tmp_path):
+    """docs/layout.md: an entry of `state` is a module or an object with state_dict (restored by load_state_dict),
+    or a tensor (restored in place); anything else is refused on --resume."""
+    import argparse
+    import numpy as np
+    import torch
+    import common
+    text = " ".join(open(os.path.join(ROOT, "docs", "layout.md")).read().split())
+    assert "What `state` may hold." in text and "does not fit this run" in text
+    args = fedavg.parse_args(["--dataset", "synthetic", "--num-clients", "3", "--rounds", "1", "--out",
+                              str(tmp_path), "--threads", "1"])
+    data = common.load_federated_data(args, torch.device("cpu"))
+
+    def checkpointed(state):
+        run = run_folder.Run("fedavg", args, data, torch.device("cpu"), headline="x")
+        run.log(1, {"test_acc": 1.0})
+        run.checkpoint(1, state, np.random.default_rng(0))
+        run.close()
+        return run.dir
+
+    model, tensor = torch.nn.Linear(2, 1), torch.arange(3.0)
+    folder = checkpointed({"model": model, "tensor": tensor})
+    again = argparse.Namespace(**{**vars(args), "resume": folder})
+    restored = {"model": torch.nn.Linear(2, 1), "tensor": torch.zeros(3)}
+    run = run_folder.Run("fedavg", again, data, torch.device("cpu"), headline="x")
+    try:
+        assert run.resume(restored, np.random.default_rng(1)) == 2
+    finally:
+        run.close()
+    assert torch.equal(restored["tensor"], tensor) and torch.equal(restored["model"].weight, model.weight)
+    folder = checkpointed({"count": 3})
+    run = run_folder.Run("fedavg", argparse.Namespace(**{**vars(args), "resume": folder}), data,
+                         torch.device("cpu"), headline="x")
+    try:
+        with pytest.raises(run_folder.UserError, match="entry count does not fit this run"):
+            run.resume({"count": 0}, np.random.default_rng(1))
+    finally:
+        run.close()
+
+
+def test_layout_md_s_place_for_a_new_algorithm_is_one_the_layout_test_admits():
+    import test_layout
+    section = open(os.path.join(ROOT, "docs", "layout.md")).read().split("## Adding your own algorithm", 1)[1]
+    programs = set(re.findall(r"python (\S+\.py)", section))
+    assert programs, section[:200]
+    for program in programs:
+        top = program.split("/")[0]
+        assert top in test_layout.TOP_LEVEL, program
+    assert "`SCRIPTS`" in section and "test_layout.py" in section  # how a top-level script joins the five
+    assert "`ALGORITHMS`" in section and "`CLIENTS`" in section and "`SERVERS`" in section  # and Flower
+    source = open(os.path.join(ROOT, "flower", "app.py")).read()
+    assert all(f"\n{name} = " in source for name in ("ALGORITHMS", "CLIENTS", "SERVERS"))

@@ -140,3 +140,57 @@ def test_layout_md_s_place_for_a_new_algorithm_is_one_the_layout_test_admits():
     assert "`ALGORITHMS`" in section and "`CLIENTS`" in section and "`SERVERS`" in section  # and Flower
     source = open(os.path.join(ROOT, "flower", "app.py")).read()
     assert all(f"\n{name} = " in source for name in ("ALGORITHMS", "CLIENTS", "SERVERS"))
+
+
+def test_running_md_s_table_of_defaults_is_what_the_parsers_say():
+    from tools import flag_table
+    table = flag_table.table()
+    with open(os.path.join(ROOT, "docs", "running.md")) as f:
+        text = f.read()
+    pasted = "| flag | `fedavg.py` |" + text.split("\n| flag | `fedavg.py` |", 1)[1].split("\n\n", 1)[0]
+    assert pasted == table
+    rows = {line.split(" | ")[0][3:-1]: line.split(" | ")[1:] for line in table.splitlines()[2:]}
+    assert rows["--lr"][3] == "0.005" and rows["--model"][3] == "auto: resnet18 on images"  # FedPake's own
+    assert rows["--rounds"][4].strip(" |") == "200" and rows["--join-ratio"][4].strip(" |") == "0.4"  # FedACD's
+
+
+TIMES = re.compile(r"\d+\.\d+ s this round, mean \d+\.\d+ s/round \| ETA \S+")
+
+
+def shown_lines(doc, prefix):
+    with open(os.path.join(ROOT, doc)) as f:
+        return [line.strip() for line in f if line.startswith(prefix)]
+
+
+def test_the_quick_start_s_line_in_the_docs_is_what_it_prints_its_times_aside(tmp_path, capsys):
+    """README's and docs/running.md's sample line is the quick start's last round, digit for digit but its times."""
+    run_folder.run_main(fedavg.main, ["--dataset", "synthetic", "--rounds", "20", "--out", str(tmp_path),
+                                      "--threads", "2"])
+    (last,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[fedavg] round 20/20 |")]
+    for doc in ("README.md", os.path.join("docs", "running.md")):
+        (shown,) = shown_lines(doc, "[fedavg] round 20/20 |")
+        assert TIMES.sub("TIMES", shown) == TIMES.sub("TIMES", last), doc
+
+
+def test_the_progress_line_in_running_md_has_the_form_a_run_prints(tmp_path, monkeypatch, capsys):
+    """The shape of docs/running.md's in-round progress line (numbers aside) is what Run.clients_done prints."""
+    import common
+    import torch
+    clock = [1000.0]
+    monkeypatch.setattr(run_folder, "clock", lambda: clock[0])
+    monkeypatch.setattr(run_folder, "_is_terminal", lambda stream: False)
+    args = fedavg.parse_args(["--dataset", "synthetic", "--num-clients", "4", "--rounds", "5", "--out",
+                              str(tmp_path), "--threads", "1"])
+    data = common.load_federated_data(args, torch.device("cpu"))
+    run = run_folder.Run("fedala", args, data, torch.device("cpu"), headline="x")
+    try:
+        capsys.readouterr()
+        run.clients_done(0, 4)
+        clock[0] += 41.0
+        run.clients_done(3, 4)
+    finally:
+        run.close()
+    (printed,) = [line for line in capsys.readouterr().out.splitlines() if "clients done" in line]
+    (shown,) = shown_lines(os.path.join("docs", "running.md"), "[fedala] round ")
+    digits = re.compile(r"\d+")
+    assert digits.sub("N", shown) == digits.sub("N", printed)

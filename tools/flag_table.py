@@ -3,6 +3,7 @@ it; tests/test_first_hour.py holds the pasted table to this output, so it follow
 
     python tools/flag_table.py
 """
+import argparse
 import os
 import re
 import sys
@@ -75,5 +76,10 @@ def parsers():
     return found
 
 
-if __name__ == "__main__":
+def main(argv=None):
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     print(table())
+
+
+if __name__ == "__main__":
+    main()

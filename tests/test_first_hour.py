@@ -194,3 +194,22 @@ def test_the_progress_line_in_running_md_has_the_form_a_run_prints(tmp_path, mon
     (shown,) = shown_lines(os.path.join("docs", "running.md"), "[fedala] round ")
     digits = re.compile(r"\d+")
     assert digits.sub("N", shown) == digits.sub("N", printed)
+
+
+ORDER = ["## What the paper does", "## How to run it", "## Choices where the paper is silent",
+         "## Differences from the paper and from the official code", "## Results"]
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedala", "pfedla", "fedpake", "fedacd"])
+def test_each_algorithm_doc_opens_with_a_first_look_on_fashion_mnist_then_its_parts_in_one_order(name):
+    import importlib
+    with open(os.path.join(ROOT, "docs", f"{name}.md")) as f:
+        text = f.read()
+    opening = text.split("\n## ", 1)[0]
+    (command,) = re.findall(rf"^python {name}\.py .+$", opening, re.M)
+    argv = command.split()[2:]
+    assert "--dataset fmnist --data-dir /usr/share/datasets/fashion-mnist" in command
+    args = importlib.import_module(name).parse_args(argv)  # the script takes it as it stands
+    assert args.rounds <= 5 and "FIRSTLOOK" not in opening and re.search(r"\d+ CPU seconds", opening)
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings == ORDER, headings

@@ -6,6 +6,7 @@ and the run folder are in run_folder.py; the start-up signal handling in startup
 run_folder -> data_partition (docs/layout.md).
 """
 import argparse
+import itertools
 import math
 import os
 import queue
@@ -68,8 +69,8 @@ def base_parser(description, script=None, helps=None, **defaults):
     a("--partition", default="dir", choices=["iid", "pat", "dir", "pfedla1", "pfedla2"], help="label partition")
     a("--beta", type=float, default=0.1, help="Dirichlet concentration for --partition dir")
     a("--classes-per-client", type=int, default=None,
-      help="pat: classes per client (default 2, 10 for 100 classes, 20 for 200); "
-      "pfedla1: 4 (12 for 100 classes); pfedla2: dominant classes 2 (6 for 100 classes)")
+      help="classes per client (default: by --partition): pat 2 (10 for 100 classes, 20 for 200); "
+      "pfedla1 4 (12 for 100 classes); pfedla2 2 dominant classes (6 for 100 classes)")
     a("--balance", action="store_true", help="pat: equal shares of each class")
     a("--dominant-share", type=float, default=0.8,
       help="pfedla2: the share of each client's data its dominant classes hold together (the paper gives none)")
@@ -84,7 +85,7 @@ def base_parser(description, script=None, helps=None, **defaults):
     a("--lr", type=float, default=0.005, help="local learning rate")
     a("--momentum", type=float, default=0.0, help="local SGD momentum")
     a("--weight-decay", type=float, default=0.0, help="local SGD weight decay")
-    a("--model", default="auto", help="auto, cnn, pfedlacnn, lenet, simplecnn, resnet18, resnet34, mlp, fasttext")
+    a("--model", default="auto", help=model_help("the script's own model"))
     a("--test-split", default="client", choices=["client", "global"],
       help="client: merge train+test and split each client's data; global: the official test set")
     a("--train-ratio", type=float, default=0.75, help="share of each client's data used for training")
@@ -108,8 +109,16 @@ def base_parser(description, script=None, helps=None, **defaults):
     a("--stop-after", type=int, metavar="N", help="end after round N, as if killed; --resume: from the last checkpoint")
     p.set_defaults(**defaults)
     for action in p._actions:
+        if action.dest == "lr" and isinstance(action.default, float):  # else a helps text says what it depends on
+            action.help = f"local learning rate (default: {action.default:g} on every dataset and model)"
         action.help = (helps or {}).get(action.dest, action.help)
     return p
+
+
+def model_help(images):
+    """--help of --model: what ``auto`` picks on each kind of data (build_model), ``images`` on images."""
+    return (f"auto (default): {images} on images, mlp on vectors (synthetic, an .npz of vectors), fasttext on token "
+            "ids (agnews); or cnn, pfedlacnn, lenet, simplecnn, resnet18, resnet34, mlp, fasttext")
 
 
 def fedala_learning_rate(args):
@@ -632,6 +641,7 @@ class ClientPool:
 
     def __init__(self, models, client_sizes):
         self.models, self.client_sizes = models, client_sizes
+        self.progress = run_folder.clients_done  # (done, of): the open run's progress line, told on the host
 
     @classmethod
     def build(cls, args, build_model, device, data):
@@ -677,11 +687,13 @@ class ClientPool:
         FedAvg round peaked at 3,010 MB instead of 2,100 when it did, docs/speed.md)."""
         state = float_state(self.models[0])
         rows = torch.empty(len(clients), sum(v.numel() for v in state), dtype=state[0].dtype, device=state[0].device)
-        position = {client: k for k, client in enumerate(clients)}
+        position, done = {client: k for k, client in enumerate(clients)}, itertools.count(1)
+        self.progress(0, len(clients))
 
         def update(model, client):
             trained, *rest = client_update(model, client)
             rows[position[client]] = trained
+            self.progress(next(done), len(clients))
             return rest
 
         return (rows, *(list(column) for column in zip(*self.map(update, clients))))

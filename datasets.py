@@ -127,6 +127,14 @@ def find_idx(name, data_dir):
     return None, None
 
 
+class NotCanonical(ValueError):
+    """A CIFAR file that is read whole but holds something else than torchvision's layout."""
+
+
+NPZ_ROUTE = ("; data of your own goes in an .npz with x, y (optional x_test, y_test): --dataset path/to/file.npz "
+             "(docs/datasets.md)")
+
+
 def read_cifar(name, folder):
     """CIFAR's pickled batches in ``folder`` as torchvision reads them (each a dict with 'data', uint8
     (N, 3072), and 'labels', CIFAR-100's 'fine_labels'): (x_train, y_train, x_test, y_test) as (N, 3, 32, 32)
@@ -140,12 +148,14 @@ def read_cifar(name, folder):
             path = os.path.join(folder, file)
             with open(path, "rb") as f:
                 entry = pickle.load(f, encoding="latin1")
-            x = np.asarray(entry["data"])
-            y = np.asarray(entry["labels"] if "labels" in entry else entry["fine_labels"])
+            label_key = next((k for k in ("labels", "fine_labels") if isinstance(entry, dict) and k in entry), None)
+            if label_key is None or "data" not in entry:
+                raise NotCanonical(f"{file} is no dict with 'data' and 'labels' ('fine_labels')")
+            x, y = np.asarray(entry["data"]), np.asarray(entry[label_key])
             if x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3072 or y.ndim != 1 or len(y) != len(x):
-                raise ValueError(f"{file} holds no uint8 (N, 3072) images with N labels")
+                raise NotCanonical(f"{file} holds no uint8 (N, 3072) images with N labels")
             if not np.issubdtype(y.dtype, np.integer):
-                raise ValueError(f"{file} has labels of {y.dtype}, not integers")
+                raise NotCanonical(f"{file} has labels of {y.dtype}, not integers")
             images.append(x)
             labels.append(y.astype(np.int64))
             parts.append((path, len(y)))
@@ -346,9 +356,13 @@ def load_vision(name, data_dir):
             (xtr, ytr, xte, yte), sources = read_cifar(name, folder)
     except UserError:
         raise
+    except NotCanonical as e:  # read whole: not damaged, another layout
+        raise UserError(f"the {name} files in {folder} are readable but not the canonical {name} set "
+                        f"that torchvision reads ({e}){NPZ_ROUTE}")
     except Exception as e:  # noqa: BLE001  what the parsers raise on a damaged file
         raise UserError(f"the {name} files in {folder} are corrupt or truncated ({e.__class__.__name__}: {e}); "
-                        f"delete them and run again to download them from {address}")
+                        f"delete them and run again to download them from {address}"
+                        + (NPZ_ROUTE if name.startswith("cifar") else ""))
     if name in IDX_FILES:
         if xtr.ndim != 3 or xte.ndim != 3 or ytr.ndim != 1 or yte.ndim != 1:
             raise UserError(f"the {name} files in {folder} hold arrays of shapes {xtr.shape}, {ytr.shape}, "
@@ -357,7 +371,10 @@ def load_vision(name, data_dir):
             xtr, xte = xtr.transpose(0, 2, 1), xte.transpose(0, 2, 1)
         xtr, xte = xtr[:, None].copy(), xte[:, None].copy()
     arrays = xtr, ytr.astype(np.int64), xte, yte.astype(np.int64)
-    check_known_content(name, arrays, sources)
+    try:
+        check_known_content(name, arrays, sources)
+    except ContentError as e:  # CIFAR has no fingerprint: read whole, its sizes or classes are another set's
+        raise ContentError(f"{e}{NPZ_ROUTE}" if name.startswith("cifar") else str(e)) from None
     return arrays
 
 

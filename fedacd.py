@@ -39,7 +39,8 @@ def make_parser(script="fedacd"):
     parser = common.base_parser(
         __doc__.splitlines()[0], script=script, num_clients=20, join_ratio=0.4, local_epochs=5, batch_size=64,
         lr=0.01, momentum=0.9, weight_decay=None, rounds=200, beta=0.1, partition="dir", test_split="global",
-        helps={"weight_decay": "local SGD weight decay (default: 1e-3 on tinyimagenet, else 1e-5)"})
+        helps={"weight_decay": "local SGD weight decay (default: 1e-3 on tinyimagenet, else 1e-5)",
+               "model": common.model_help(f"{AUTO_IMAGE} (resnet18 on tinyimagenet)")})
     a = parser.add_argument
     a("--lam", type=float, default=1.0, help="lambda: the weight of L2 in L = L1 + lambda L2")
     a("--tau", type=float, default=1 - 1e-5, help="tau: the diagonal of the template matrix Q of the score V_m")

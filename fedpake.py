@@ -49,7 +49,8 @@ def parse_args(argv=None):
         default = MICRO_MACRO.get(args.dataset, 4)
         args.n_micro, args.n_macro = (default if n is None else n for n in (args.n_micro, args.n_macro))
 
-    parser = common.base_parser(__doc__.splitlines()[0], script="fedpake", rounds=1000)
+    parser = common.base_parser(__doc__.splitlines()[0], script="fedpake", rounds=1000,
+                                helps={"model": common.model_help(AUTO_IMAGE)})
     a = parser.add_argument
     a("--kappa", type=float, default=0.2, help="CV threshold kappa of high dispersion; inf gives FedAvg")
     a("--n-micro", type=int, default=None, help="number of Micro-Classes "

@@ -48,7 +48,8 @@ def parse_args(argv=None):
 
     parser = common.base_parser(__doc__.splitlines()[0], script="pfedla", partition="pfedla1", num_clients=10,
                                 join_ratio=1.0, local_epochs=10, batch_size=32, lr=None, rounds=600, train_ratio=0.70,
-                                helps={"lr": "local learning rate (default: 0.005 on emnist and fmnist, else 0.01)"})
+                                helps={"lr": "local learning rate (default: 0.005 on emnist and fmnist, else 0.01)",
+                                       "model": common.model_help(AUTO_IMAGE)})
     a = parser.add_argument
     a("--k", type=int, default=0, help="HeurpFedLA: layers kept local (top-k self-weight); 0 = pFedLA")
     a("--embed-dim", type=int, default=100, help="size of the embedding v_i")

@@ -15,12 +15,14 @@ import os
 import platform
 import re
 import resource
+import shlex
 import shutil
 import signal
 import socket
 import stat
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -290,6 +292,12 @@ def with_threads(command, threads):
     return out if given == str(threads) else [*out, "--threads", str(threads)]
 
 
+def command_line(command):
+    """config.json's ``command_line``: its ``command`` (the script and its arguments) as one line to paste into a
+    shell."""
+    return shlex.join(["python", *command])
+
+
 def _given_flags(parser, argv):
     """The flags given on the command line, with their parsed values."""
     defaults, parser_defaults = [(action, action.default) for action in parser._actions], parser._defaults
@@ -438,6 +446,7 @@ CONFIG_SCHEMA = {
     "script": (False, _is_str, "a script's name"),
     "args": (True, lambda v: isinstance(v, dict), "a mapping of the flags"),
     "command": (False, _list_of(lambda x: isinstance(x, str)), "a list of strings"),
+    "command_line": (False, _is_str, "a command line"),
     "data_sha256": (False, lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) is not None,
                     "64 hexadecimal digits"),
     "num_classes": (False, _is_int(1), "an integer >= 1"),
@@ -952,6 +961,31 @@ def _detach_from_terminal():
     os.close(null)
 
 
+clock = time.perf_counter  # the run's seconds (tests set a clock of their own)
+PROGRESS_AFTER = 5.0  # seconds into a round before its progress shows (a shorter round shows none)
+PROGRESS_LOG_EVERY = 30.0  # seconds between progress lines written to a log (stdout not a terminal)
+
+
+def clients_done(done, of):
+    """common.ClientPool's progress report: ``done`` of the round's ``of`` clients have returned (0: the round's
+    clients start); passed on to the open run (Run.clients_done), if any."""
+    if OPEN_RUNS:
+        OPEN_RUNS[-1].clients_done(done, of)
+
+
+def _is_terminal(stream):
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # replaced by an object without it, or closed
+        return False
+
+
+def duration(seconds):
+    """An ETA in a progress line: 1h05m, 4m02s."""
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
 def summarise(values):
     """summary.json's numbers of one metric over a run's evaluations: the best (the maximum), the
     final value and the mean of the last 10."""
@@ -1000,13 +1034,16 @@ class Run:
             self._write("config.json", _json({
                 "algorithm": algo, "script": self.script,
                 "args": {**recorded_args(args, self._records_as()), "resume": None, "stop_after": None},
-                "command": command, **where_it_runs(device),
+                "command": command, "command_line": command_line(command), "headline_metric": headline_metric,
+                **where_it_runs(device),
                 "num_classes": data.num_classes, "input_shape": list(data.x.shape[1:]),
                 "data_sha256": self.data_sha256,
                 **({"dataset_folder": data.info["folder"]} if isinstance(data.info.get("folder"), dict) else {}),
                 **(extra_config or {})}))
         self._write_partition()
-        self._t_last, self._last_round = time.perf_counter(), 0
+        self._t_last, self._last_round = clock(), 0
+        self._round_now, self._round_started, self._progress_shown, self._progress_width = 0, self._t_last, 0.0, 0
+        self._progress_lock = threading.Lock()
 
     def _new_dir(self):
         """Create and lock a new run folder under --out; what it makes (with --out and its missing parents) is
@@ -1121,12 +1158,49 @@ class Run:
         (FedPake Sec. 4.1) whatever --eval-every is."""
         return round_ % self.args.eval_every == 0 or round_ > self.args.rounds - 10
 
+    def clients_done(self, done, of):
+        """While a round runs longer than PROGRESS_AFTER seconds: the clients done out of the round's and an ETA, on
+        stdout (one line rewritten in place on a terminal; in a log at most one line every PROGRESS_LOG_EVERY
+        seconds), never in metrics.csv. The ETA projects this round from its clients so far and the rounds left
+        from the mean round including it, so a long round (FedALA's initial stage) counts as it runs."""
+        now = clock()
+        with self._progress_lock:
+            if done == 0:
+                self._round_now, self._round_started, self._progress_shown = self._round_now + 1, now, now
+                return
+            so_far = now - self._round_started
+            terminal = _is_terminal(sys.stdout)
+            if so_far < PROGRESS_AFTER or not terminal and now - self._progress_shown < PROGRESS_LOG_EVERY:
+                return
+            this_round = so_far * of / done
+            before = self.elapsed + self._round_started - self._t_last  # the rounds before this one
+            mean = (before + this_round) / self._round_now
+            eta = this_round - so_far + mean * (self.args.rounds - self._round_now)
+            line = (f"[{self.algo}] round {self._round_now}/{self.args.rounds}: {done}/{of} clients done | "
+                    f"{so_far:.0f} s into this round | ETA {duration(eta)}")
+            self._progress_shown = now
+            with contextlib.suppress(OSError, ValueError):
+                if terminal:
+                    print(f"\r{line:<{self._progress_width}}", end="", flush=True)
+                    self._progress_width = len(line)
+                else:
+                    print(line, flush=True)
+
+    def _end_progress(self):
+        """Clear a progress line left on the terminal, for the line that follows."""
+        with self._progress_lock:
+            if self._progress_width:
+                with contextlib.suppress(OSError, ValueError):
+                    print(f"\r{'':{self._progress_width}}\r", end="", flush=True)
+                self._progress_width = 0
+
     def log(self, round_, metrics):
         """Record one evaluation: a row in metrics.csv (rewritten atomically) and a progress line."""
-        now = time.perf_counter()
+        now = clock()
         self.elapsed += now - self._t_last
-        per_round = (now - self._t_last) / max(round_ - self._last_round, 1)
-        self._t_last, self._last_round = now, round_
+        rounds = max(round_ - self._last_round, 1)
+        per_round, first = (now - self._t_last) / rounds, self._last_round + 1
+        self._t_last, self._last_round, self._round_now = now, round_, round_
 
         def plain(v):  # checkpoints hold plain numbers only
             if isinstance(v, (bool, int, np.integer)):
@@ -1141,15 +1215,17 @@ class Run:
             row["device_mb"] = round(torch.cuda.memory_allocated(self.device) / 2 ** 20, 1)
         self.rows.append(row)
         self._write_metrics()
-        eta = int(per_round * (self.args.rounds - round_))
-        eta = f"{eta // 3600}h{eta % 3600 // 60:02d}m" if eta >= 3600 else f"{eta // 60}m{eta % 60:02d}s"
+        mean = self.elapsed / round_  # over every round of the run, a long first or initial-stage round included
+        eta = duration(mean * (self.args.rounds - round_))
+        took = f"{per_round:.3f} s this round" if rounds == 1 else f"{per_round:.3f} s/round over rounds {first}-{round_}"
         extra = f" (client mean {metrics['test_acc_mean']:.2f} ± {metrics['test_acc_std']:.2f})" \
             if "test_acc_mean" in metrics else ""
         loss = f" | train loss {metrics['train_loss']:.4f}" if "train_loss" in metrics else ""
         if "global_acc" in metrics:  # --test-split global: the uniform test set
             extra += f" | global test acc {metrics['global_acc']:.2f}%"
+        self._end_progress()
         print(f"[{self.algo}] round {round_}/{self.args.rounds} | test acc {metrics.get('test_acc', float('nan')):.2f}%"
-              f"{extra}{loss} | {per_round:.3f} s/round | ETA {eta}", flush=True)
+              f"{extra}{loss} | {took}, mean {mean:.3f} s/round | ETA {eta}", flush=True)
 
     def _write_metrics(self):
         keys = list(dict.fromkeys(k for r in self.rows for k in r))
@@ -1177,7 +1253,7 @@ class Run:
     def _save_checkpoint(self, round_, state, rng):
         blob = {"algorithm": self.algo, "round": round_, "rows": self.rows, "args": self._fixed_args(),
                 "bytes": [self.bytes_down, self.bytes_up],
-                "elapsed": self.elapsed + time.perf_counter() - self._t_last,
+                "elapsed": self.elapsed + clock() - self._t_last,
                 "state": {k: (v.state_dict() if hasattr(v, "state_dict") else v) for k, v in state.items()},
                 "rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state()}
         # no CUDA RNG state: nothing draws from a CUDA generator (models are initialised on the CPU,
@@ -1201,6 +1277,7 @@ class Run:
                 _say(f"stopped by {_signal_name(self.interrupted)} after round {round_}, whose checkpoint is in "
                      f"{os.path.join(self.dir, 'checkpoint.pt')}; continue with: {command}")
             return 128 + self.interrupted
+        self._end_progress()
         print(f"[{self.algo}] stopping after round {round_} (--stop-after); continue with: {command}")
         self.close()
         sys.exit(0)  # as if killed here
@@ -1267,7 +1344,7 @@ class Run:
         if self.args.stop_after is not None and round_ >= self.args.stop_after:  # nothing to train up to round N
             raise UserError(stop_after_refusal(self.dir, self.args.stop_after, round_))
         self.rows, self.bytes_down, self.bytes_up, self.elapsed = rows, int(down), int(up), elapsed
-        self._last_round = self.checkpoint_round = round_
+        self._last_round = self.checkpoint_round = self._round_now = round_
         config = read_config(os.path.join(self.dir, "config.json"))
         note = ""
         if "data_sha256" not in config:  # a run from before the fingerprint: checked from this resume on
@@ -1297,6 +1374,8 @@ class Run:
                    "peak_host_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KB
                    "peak_device_mb": (torch.cuda.max_memory_allocated(self.device) / 2 ** 20
                                       if self.device.type == "cuda" else None), **(extra or {})}
+        if self.rows:  # the rounds last10_mean covers: fewer than 10 in a shorter run
+            summary["last10_mean_rounds"] = [self.rows[-10:][0]["round"], self.rows[-1]["round"]]
         for key in [k for k in self.rows[0] if "acc" in k and not k.endswith("_std")] if self.rows else []:
             summary[key] = summarise([float(r[key]) for r in self.rows if r.get(key, "") != ""])
         self._write("summary.json", _json(summary))
@@ -1306,11 +1385,14 @@ class Run:
         """Write summary.json and print it."""
         summary = self.summary(extra)
         self.finished = True
+        self._end_progress()
         print(f"[{self.algo}] summary ({self.headline} is what the paper reports):")
+        first, last = summary.get("last10_mean_rounds", (0, 0))
+        mean_of = "last-10 mean" if len(self.rows) >= 10 else f"mean of rounds {first}-{last}"
         for key, v in summary.items():
             if isinstance(v, dict) and {"best", "final", "last10_mean"} <= set(v):
                 print(f"  {key:>22s}: best {v['best']:.2f}  final {v['final']:.2f}  "
-                      f"last-10 mean {v['last10_mean']:.2f}")
+                      f"{mean_of} {v['last10_mean']:.2f}")
         print(f"  {self.elapsed:.1f} s, {summary['mb_down']:.1f} MB down, {summary['mb_up']:.1f} MB up; "
               f"files in {self.dir}")
         return summary

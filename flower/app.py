@@ -242,8 +242,8 @@ def evaluate(msg, context):
 
 # ----------------------------------------------------------------------------- server side
 
-def flower_options(flags):
-    """(flower/app.py's own options, the script's flags): both may come in one list."""
+def flower_parser():
+    """flower/app.py's own flags (flower_options; --help lists them)."""
     parser = common._Parser(prog="flower/app.py", add_help=False, allow_abbrev=False)
     parser.add_argument("--federation", default=None, metavar="NAME",
                         help="run on the SuperLink of this federation (flwr run) instead of a simulation")
@@ -255,7 +255,12 @@ def flower_options(flags):
                         help="how long the server waits for every partition-id at the start (default 600)")
     parser.add_argument("--clients-per-gpu", type=int, default=4, metavar="K",
                         help="simulation on a GPU: K Ray actors share each GPU (each holds the data)")
-    options, rest = parser.parse_known_args(list(flags))
+    return parser
+
+
+def flower_options(flags):
+    """(flower/app.py's own options, the script's flags): both may come in one list."""
+    options, rest = flower_parser().parse_known_args(list(flags))
     for ok, line in [(options.min_clients >= 1, f"--min-clients must be >= 1, got {options.min_clients}"),
                      (options.round_timeout > 0, f"--round-timeout must be > 0, got {options.round_timeout}"),
                      (options.wait_for_nodes >= 0, f"--wait-for-nodes must be >= 0, got {options.wait_for_nodes}"),
@@ -966,6 +971,20 @@ def submit(argv):
     return 0 if status == "finished:completed" else 1
 
 
+HELP = f"""{USAGE}
+
+Every way to run it (docs/flower.md):
+  python flower/app.py ALGORITHM [flags]                   a simulation on this machine, with the run folder
+                                                           and metrics of the script (ALGORITHM --help: its flags)
+  python flower/app.py --resume RUN_DIR [--rounds N]       continue a stopped simulation from its checkpoint
+  python flower/app.py ALGORITHM --federation NAME [flags] write the Flower app and submit it to the SuperLink of
+                                                           federation NAME (pyproject.toml), then follow the run
+  python flower/app.py --federation NAME --resume RUN_DIR  continue a stopped run of that federation
+  python flower/app.py --app-folder DIR                    only write the Flower app into DIR, for a plain
+                                                           flwr run
+  (--node-worker is flower/node.py's own, not a command to type)"""
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--node-worker"]:  # flower/node.py's worker of a deployed node
@@ -974,9 +993,8 @@ def main(argv=None):
         print(app_folder(argv[1]))
         return 0
     if argv and argv[0] in ("-h", "--help"):
-        print(f"{USAGE}\n(python flower/app.py ALGORITHM --help lists that script's flags; flower/app.py's own: "
-              "--federation NAME, --min-clients M, --round-timeout S, --wait-for-nodes S, --clients-per-gpu K; "
-              "see docs/flower.md)")
+        own = flower_parser().format_help().split(":", 2)[2].strip("\n")  # its options, without the usage line
+        print(f"{HELP}\n\nflower/app.py's own flags, beside the script's:\n{own}")
         return 0
     options, rest = flower_options(argv)
     if options.federation:  # a --resume folder is on the SuperLink's machine, not necessarily here

@@ -160,9 +160,9 @@ def test_unfinished_diverged_older_and_unreadable_runs_are_shown_with_their_stat
     assert len(rows) == 11  # nothing dropped, nothing grouped
     status = {r["seeds"]: r["status"] for r in rows if r["algorithm"] == "fedavg"}
     assert status["0"] == "ok"
-    assert status["1"] == "unfinished 5/10"
-    assert status["2"] == "unfinished 5/10"
-    assert status["9"] == "unfinished 5/5"  # killed before summary.json was written
+    assert status["1"] == "unfinished 5/10 (by its headline)"
+    assert status["2"] == "unfinished 5/10 (by its headline)"
+    assert status["9"] == "unfinished 5/5 (by its headline)"  # killed before summary.json was written
     assert status["3"] == "diverged" and status["4"] == "diverged"
     assert status["5"] == "unreadable config.json"
     assert status["6"] == "unreadable metrics.csv" and status["8"] == "unreadable metrics.csv"
@@ -195,6 +195,41 @@ def test_default_metric_is_each_algorithms_headline_and_loss_is_minimised(tmp_pa
     assert proc.returncode == 0, proc.stderr
     (row,) = rows
     assert (row["metric"], cell(row["best"])[0], row["@round"], cell(row["final"])[0]) == ("test_loss", 60.0, "4", 65.0)
+
+
+def test_an_unfinished_run_alone_is_judged_by_its_own_headline_and_says_so(tmp_path):
+    """No finished run of its algorithm beside it: config.json's headline_metric, or (runs from before it recorded
+    one) the algorithm's, not test_acc."""
+    make_run(tmp_path, "la-unfinished", algo="pfedla", rounds=10, summary=False)
+    make_run(tmp_path, "acd-unfinished", algo="fedacd", rounds=10, summary=False)
+    folder = make_run(tmp_path, "new-unfinished", algo="newalgo", rounds=10, summary=False)
+    with open(os.path.join(folder, "config.json")) as f:
+        config = json.load(f)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({**config, "headline_metric": "test_acc_mean"}, f)
+    proc, rows = compare(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert {r["algorithm"]: (r["metric"], r["best"], r["status"]) for r in rows} == {
+        "pfedla": ("test_acc_mean", "20.00", "unfinished 5/10 (by its headline)"),
+        "fedacd": ("global_acc", "41.00", "unfinished 5/10 (by its headline)"),
+        "newalgo": ("test_acc_mean", "20.00", "unfinished 5/10 (by its headline)")}
+    proc, rows = compare(tmp_path, "--metric", "test_acc")
+    assert {r["status"] for r in rows} == {"unfinished 5/10"}
+
+
+def test_the_headline_of_each_algorithm_is_its_script_s():
+    import fedacd, fedavg, fedpake, pfedla  # noqa: E401  tools/compare.py itself imports no script (no torch)
+    fedala = __import__("fedala")
+    scripts = {"fedavg": fedavg, "fedala": fedala, "pfedla": pfedla, "heurpfedla": pfedla, "fedpake": fedpake,
+               "fedacd": fedacd, "fedacd-fedavg": fedacd}
+    assert {a: compare_module().HEADLINE_METRICS[a] for a in scripts} == \
+        {a: m.HEADLINE_METRIC for a, m in scripts.items()}
+    assert compare_module().HEADLINE_METRICS["local"] == "test_acc_mean"  # tools/fedavg_variants.py --local-training
+
+
+def compare_module():
+    from tools import compare as module
+    return module
 
 
 @pytest.mark.slow  # about 10 s: the not-slow suite stays under 3 minutes
@@ -290,8 +325,8 @@ def test_damaged_runs_are_listed_with_what_is_damaged_and_no_number_from_it(tmp_
     assert len(rows) == 12  # nothing left out, nothing grouped
     status = {r["seeds"]: r["status"] for r in rows}
     assert status["0"] == "ok"
-    assert status["1"] == "damaged: metrics.csv line 6 cut off, unfinished 4/5"
-    assert status["2"] == "damaged: metrics.csv line 6 cut off, unfinished 4/5"
+    assert status["1"] == "damaged: metrics.csv line 6 cut off, unfinished 4/5 (by its headline)"
+    assert status["2"] == "damaged: metrics.csv line 6 cut off, unfinished 4/5 (by its headline)"
     assert status["3"] == "damaged: metrics.csv line 4 has round 'inf', not a whole number"
     assert status["4"] == "damaged: metrics.csv line 3 has round 'nan', not a whole number (and 1 more bad lines)"
     assert status["5"] == "damaged: metrics.csv line 3 has test_acc 'abc', not a number"
@@ -498,14 +533,14 @@ def test_results_that_contradict_themselves_are_damaged(tmp_path):
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     status = {r["seeds"]: r["status"] for r in rows}
     assert status["0"] == "ok"
-    assert status["1"] == "damaged: metrics.csv ends at round 4, summary.json says 5 were done, unfinished 4/5"
+    assert status["1"] == "damaged: metrics.csv ends at round 4, summary.json says 5 were done, unfinished 4/5 (by its headline)"
     assert status["2"] == "damaged: summary.json has test_acc best 41.0, metrics.csv 40"
     assert status["3"] == "damaged: metrics.csv line 4 repeats round 2"
     assert status["4"] == "damaged: metrics.csv line 5 has round 3 after round 4"
     assert status["5"] == "damaged: metrics.csv line 4 has seconds 'inf', not a finite number"
     assert status["6"] == "damaged: metrics.csv has round 5, config.json plans 4 rounds"
     assert status["7"] == "damaged: summary.json is of fedala, config.json of fedavg"
-    assert status["8"] == "unfinished 4/5"
+    assert status["8"] == "unfinished 4/5 (by its headline)"
 
 
 # ----------------------------------------------------------------------------- what is read is checked

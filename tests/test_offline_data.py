@@ -169,3 +169,59 @@ def test_a_cut_file_in_a_folder_of_its_own_is_named_there(tmp_path):
     with pytest.raises(common.UserError, match=f"the fmnist files in {tmp_path} are corrupt or truncated") as e:
         datasets.load_arrays("fmnist", str(tmp_path))
     assert "FashionMNIST" not in str(e.value) and "holds 19 bytes of data; its header says 20" in str(e.value)
+
+
+def refused_line(dataset, data_dir, capsys, *flags):
+    with pytest.raises(SystemExit) as stop:
+        run_folder.run_main(fedavg.main, ["--dataset", dataset, "--data-dir", str(data_dir), "--num-clients", "2",
+                                          "--out", str(data_dir / "runs"), *flags])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2, line
+    return line
+
+
+def test_a_readable_cifar_folder_of_another_layout_is_not_called_corrupt_and_names_the_npz_route(tmp_path, capsys):
+    from test_foundation import write_cifar
+    write_cifar(str(tmp_path), 10)
+    batch = tmp_path / "cifar-10-batches-py" / "data_batch_2"
+    batch.write_bytes(pickle.dumps({"images": CIFAR["train"][:12], "labels": list(range(12))}))
+    line = refused_line("cifar10", tmp_path, capsys)
+    assert "readable but not the canonical cifar10 set" in line and "data_batch_2 is no dict with 'data'" in line
+    assert "corrupt" not in line and "--dataset path/to/file.npz" in line
+    batch.write_bytes(pickle.dumps({"data": CIFAR["train"][:12, :1024], "labels": list(range(12))}))
+    line = refused_line("cifar10", tmp_path, capsys)
+    assert "readable but not the canonical cifar10 set" in line and "holds no uint8 (N, 3072) images" in line
+    batch.write_bytes(pickle.dumps({"data": CIFAR["train"][:12], "labels": list(range(12))})[:-40])  # cut short
+    line = refused_line("cifar10", tmp_path, capsys)
+    assert "are corrupt or truncated" in line and "--dataset path/to/file.npz" in line
+
+
+def test_cifar_files_of_other_sizes_name_the_npz_route(tmp_path, capsys, monkeypatch):
+    from test_foundation import write_cifar
+    write_cifar(str(tmp_path), 10)  # 60 + 12 images, a table that expects CIFAR-10's 50,000 + 10,000
+    monkeypatch.setitem(datasets.KNOWN_CONTENT, "cifar10", {"title": "CIFAR-10", "shape": (3, 32, 32),
+                                                            "classes": 10, "sizes": (50000, 10000)})
+    line = refused_line("cifar10", tmp_path, capsys)
+    assert "is not CIFAR-10's training images: 60 images" in line and line.endswith("(docs/datasets.md)")
+    assert "--dataset path/to/file.npz" in line
+
+
+DOC_OFFLINE = {"cifar10": ["docs/running.md", "docs/datasets.md"], "fmnist": ["docs/datasets.md"],
+               "emnist": ["docs/datasets.md"]}
+
+
+@pytest.mark.parametrize("dataset", DOC_OFFLINE)
+def test_the_offline_lines_the_docs_show_are_what_a_run_prints(dataset, tmp_path, monkeypatch, capsys):
+    """docs/running.md and docs/datasets.md quote the line of a run at the default --data-dir ./data."""
+    from conftest import ROOT
+    for key, value in NO_NETWORK.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        run_folder.run_main(fedavg.main, ["--dataset", dataset, "--out", str(tmp_path / "runs")])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: {dataset} is not in ./data")
+    for doc in DOC_OFFLINE[dataset]:
+        with open(os.path.join(ROOT, doc)) as f:
+            shown = [ln.strip() for ln in f if ln.strip().startswith(f"error: {dataset} is not in ")]
+        assert shown == [line], (doc, shown)

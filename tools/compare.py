@@ -268,6 +268,7 @@ def load_run(folder):
     run["summary"] = summary or {}
     if config and isinstance(config.get("algorithm"), str) and isinstance(config.get("args"), dict):
         run["algorithm"], run["args"], run["config"] = config["algorithm"], config["args"], True
+        run["config_headline"] = config.get("headline_metric")
         run["damage"] += config_problems(config)
     else:  # older format: what the folder name says
         m = OLD_NAME.match(os.path.basename(folder))
@@ -429,15 +430,26 @@ def disagreements(run, config):
     return problems
 
 
+# each algorithm's headline metric (the scripts' HEADLINE_METRIC, tests/test_compare.py checks): that of an unfinished
+# run made before config.json recorded it
+HEADLINE_METRICS = {"fedavg": "test_acc", "fedala": "test_acc", "pfedla": "test_acc_mean",
+                    "heurpfedla": "test_acc_mean", "fedpake": "test_acc", "fedacd": "global_acc",
+                    "fedacd-fedavg": "global_acc", "local": "test_acc_mean"}
+
+
 def headline(run, by_algorithm):
     """The metric a run is judged by: summary's headline_metric, else the first metrics.csv column
-    named in paper_reports, else that of a finished run of the same algorithm, else test_acc."""
+    named in paper_reports; a run without summary.json (unfinished): config.json's headline_metric, else
+    its algorithm's (HEADLINE_METRICS); else that of a finished run of the same algorithm, else test_acc."""
     s, columns = run["summary"], run["columns"]
     if s.get("headline_metric") in columns:
         return s["headline_metric"]
     for word in re.findall(r"\w+", str(s.get("paper_reports", ""))):
         if word in columns and word not in BOOKKEEPING:  # "... the best or final round": not the column round
             return word
+    for metric in (run.get("config_headline"), HEADLINE_METRICS.get(run["algorithm"])):
+        if metric in columns:
+            return metric
     return by_algorithm.get(run["algorithm"], "test_acc")
 
 
@@ -699,6 +711,10 @@ def main(argv=None):
         if not run["flags"] and run["summary"]:
             by_algorithm.setdefault(run["algorithm"], headline(run, {}))
     metric_of = [args.metric if args.metric is not None else headline(run, by_algorithm) for run in runs]
+    if args.metric is None:  # an unfinished run is judged by its own headline (the metric column), and says so
+        for run in runs:
+            run["flags"] = [f"{flag} (by its headline)" if flag.startswith("unfinished") else flag
+                            for flag in run["flags"]]
     rows = group_runs(runs, metric_of)
     table = table_rows(runs, rows, metric_of)
     print_table(table)

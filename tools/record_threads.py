@@ -91,6 +91,8 @@ def recorded(config, threads):
     config["args"]["threads"] = threads
     if isinstance(config.get("command"), list):
         config["command"] = run_folder.with_threads(config["command"], threads)
+        if "command_line" in config:  # runs from before it have none
+            config["command_line"] = run_folder.command_line(config["command"])
     flower = config.get("flower")
     if isinstance(flower, dict) and isinstance(flower.get("flags"), list):  # flower/app.py's nodes resume with these
         flower["flags"] = run_folder.with_threads(flower["flags"], threads)

@@ -27,12 +27,13 @@ def row(text, cell, method):
 
 
 def header(text):
-    return [c.strip() for c in next(line for line in text.splitlines() if line.startswith("| cell |")).strip("|").split(" | ")]
+    line = next(line for line in text.splitlines() if line.startswith("| cell |"))
+    return [c.strip() for c in line.strip("|").split(" | ")]
 
 
 def copy_table(out, rounds=100):
     """The committed table's small files, each run's metrics.csv cut to its first ``rounds`` rounds."""
-    copy_table(out)
+    shutil.copytree(TABLE, out / "pfllib-fmnist")
     for path in (out / "pfllib-fmnist").rglob("metrics.csv"):
         lines = path.read_text().splitlines(keepends=True)
         path.write_text("".join(lines[:1 + rounds]))

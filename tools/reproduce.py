@@ -772,10 +772,11 @@ def other_runs(job, folder):
     return [f for f in run_folders(job["dir"]) if f != folder and folder_state(f, job["rounds"]) != "stale"]
 
 
-def summarise(run, metric):
+def summarise(run, metric, upto=None):
     """The metric of a run as summary.json computes it (run_folder.summarise), over the column's
-    evaluations in metrics.csv: best = max, final = the last, last10 = mean of the last 10."""
-    points = run["metrics"].get(metric["column"], [])
+    evaluations in metrics.csv (those of rounds up to ``upto``, where given): best = max, final = the
+    last, last10 = mean of the last 10."""
+    points = [(r, v) for r, v in run["metrics"].get(metric["column"], []) if upto is None or r <= upto]
     if not points:
         return None
     key = {"best": "best", "final": "final", "last10": "last10_mean"}[metric["summary"]]
@@ -849,7 +850,21 @@ def collect(jobs):
                              "hardware": hardware(run, job)})
     for row in rows.values():
         set_apart_other_data(row["seeds"])
+        count_to_common_round(row, row["jobs"][0]["metric"] if row["jobs"] else None)
     return rows
+
+
+def count_to_common_round(row, metric):
+    """Seeds of one row are averaged at the same round: where some ran further than others (one seed taken on
+    toward the table's length), each seed's value is taken over the rounds up to the fewest any seed with a
+    value has done (row["common_round"]); what a longer run reached is kept as its "furthest" (value, rounds
+    done), for the report's column at the table's length."""
+    counted = [s for s in row["seeds"] if s["value"] is not None]
+    row["common_round"] = min((s["done"] for s in counted), default=None)
+    for s in counted:
+        if s["done"] > row["common_round"]:
+            s["furthest"] = (s["value"], s["done"])
+            s["value"] = summarise(s["run"], metric, upto=row["common_round"])
 
 
 def set_apart_other_data(seeds):
@@ -940,28 +955,42 @@ def comparison(table, method, values, first, digits):
 SLOPE_EVALUATIONS = 20
 
 
-def late_slope(run, metric):
+def late_slope(run, metric, upto=None):
     """How far from flat an unfinished run still is: (the least-squares slope of the metric's column per
-    round over its last SLOPE_EVALUATIONS evaluations, their first round, their last round), or None
-    with fewer evaluations."""
-    points = run["metrics"].get(metric["column"], [])[-SLOPE_EVALUATIONS:]
+    round over its last SLOPE_EVALUATIONS evaluations up to round ``upto``, their first round, their last
+    round), or None with fewer evaluations."""
+    points = [(r, v) for r, v in run["metrics"].get(metric["column"], [])
+              if upto is None or r <= upto][-SLOPE_EVALUATIONS:]
     if len(points) < SLOPE_EVALUATIONS or not all(math.isfinite(v) for _, v in points):
         return None
     rounds, values = np.array([r for r, _ in points], dtype=float), np.array([v for _, v in points])
     return float(np.polyfit(rounds, values, 1)[0]), points[0][0], points[-1][0]
 
 
-def report_row(table, cell, method, row, rounds, first=((), None), others=()):
-    """One markdown row: cell, method, paper, ours (n), ours vs paper, apart, rounds, s/round, hardware, notes.
-    ``first``: the cell's first method's (values, paper number), for tables compared by ratio; ``others``:
-    (name, values) of the cell's other methods, for the "apart" column."""
+def at_length(row, rounds, digits):
+    """The report's column at the table's length: mean ± std over the seeds that reached round ``rounds``
+    (with n), else what the seeds that ran past the row's common round reached so far ("seed 0: 84.10 at
+    round 300"); '-' for none."""
+    reached = [s.get("furthest", (s["value"], s["done"])) for s in row["seeds"] if s["value"] is not None]
+    full = [value for value, done in reached if done >= rounds]
+    if full:
+        return f"{compare.fmt(full, digits)} (n = {len(full)})"
+    further = [(s["seed"], *s["furthest"]) for s in row["seeds"] if "furthest" in s]
+    return "; ".join(f"seed {seed}: {value:.{digits}f} at round {done}" for seed, value, done in further) or "-"
+
+
+def report_row(table, cell, method, row, rounds, first=((), None), others=(), long_column=False):
+    """One markdown row: cell, method, paper, ours (n), ours vs paper, [ours at the table's length,] apart,
+    rounds, s/round, hardware, notes. ``first``: the cell's first method's (values, paper number), for tables
+    compared by ratio; ``others``: (name, values) of the cell's other methods, for the "apart" column;
+    ``long_column``: the column at the table's length (at_length), in a report where a seed ran past the others."""
     metric = metric_of(table, method)
     digits = 4 if compare.lower_is_better(metric["column"]) else 2
     seeds = row["seeds"]
     values = values_of(row)
     ours = "-" if not values else compare.fmt(values, digits)
     diff = comparison(table, method, values, first, digits)
-    done = sorted({s["done"] for s in seeds})
+    done = sorted({min(s["done"], row.get("common_round") or s["done"]) for s in seeds})
     done_text = "0" if not done else str(done[0]) if len(done) == 1 else f"{done[0]}-{done[-1]}"
     secs = [s["sec_per_round"] for s in seeds if s["sec_per_round"] is not None]
     notes = [f"metric: {metric['summary']} {metric['column']}"] if "metric" in method else []
@@ -982,14 +1011,18 @@ def report_row(table, cell, method, row, rounds, first=((), None), others=()):
             notes.append(f"seed {s['seed']}: diverged")
         elif s["state"] != "finished" or s["done"] < rounds:
             notes.append(f"seed {s['seed']}: {s['done']}/{rounds}, unfinished")
-    slopes = [late_slope(s["run"], metric) for s in seeds
+        if "furthest" in s:
+            notes.append(f"seed {s['seed']}: counted to round {row['common_round']} as the others (it ran to "
+                         f"{s['done']})")
+    slopes = [late_slope(s["run"], metric, upto=row.get("common_round")) for s in seeds
               if "run" in s and s["value"] is not None and (s["state"] != "finished" or s["done"] < rounds)]
     if slopes and all(slopes):
         spans = sorted({f"{first}-{last}" for _, first, last in slopes})
         notes.append(f"slope over rounds {', '.join(spans)}: {np.mean([v for v, _, _ in slopes]):+.3f} a round"
                      + (f" (mean of {len(slopes)} seeds)" if len(slopes) > 1 else ""))
-    cells = [cell["name"], method["method"], paper_number(method, digits), ours,
-             str(len(values)), diff, apart(values, others), f"{done_text}/{rounds}", "-" if not secs else f"{np.mean(secs):.3f}",
+    cells = [cell["name"], method["method"], paper_number(method, digits), ours, str(len(values)), diff,
+             *([at_length(row, rounds, digits)] if long_column else []), apart(values, others),
+             f"{done_text}/{rounds}", "-" if not secs else f"{np.mean(secs):.3f}",
              "; ".join(sorted({s["hardware"] for s in seeds})) or "-", "; ".join(notes) or "-"]
     return "| " + " | ".join(compare.one_line(c, markdown=True) for c in cells) + " |"
 
@@ -1035,6 +1068,7 @@ def report(table_id, table, jobs, args):
     rounds = args.rounds or table["rounds"]
     cells = [c for c in table["cells"] if not args.only or c["name"] in args.only]
     curves = drawn_curves(table_id, table, cells, rows, args.out)
+    long_column = any("furthest" in s for row in rows.values() for s in row["seeds"])
     lines = [f"# {table_id}: {table['title']}", "",
              f"- metric: {metric_words(table['metric'])}",
              f"- protocol: {table['metric']['protocol']}",
@@ -1052,15 +1086,19 @@ def report(table_id, table, jobs, args):
              + (", ".join(f"`{os.path.basename(p)}`" for p in curves) or "none yet"),
              f"- apart: the cell's methods whose mean is more than {APART_SDS} pooled standard deviations "
              "(of the two methods' seeds) below or above this one's; only methods with 2 or more seeds",
-             "", "| cell | method | paper | ours | n | ours vs paper | apart | rounds | s/round | hardware | notes |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             *([f"- ours at {rounds}: ours at the table's length, over the seeds that reached it; until one has, "
+                "what the seeds taken past the others reached so far (ours and the other columns count every seed to "
+                "the round all of its row's seeds reached)"] if long_column else []),
+             "", "| cell | method | paper | ours | n | ours vs paper | " + (f"ours at {rounds} | " if long_column else "")
+             + "apart | rounds | s/round | hardware | notes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if long_column else "")]
     for cell in cells:
         slugs = method_slugs(cell)
         first = (values_of(rows[(cell["name"], slugs[0])]), cell["methods"][0].get("paper"))
         named = [(m["method"], values_of(rows[(cell["name"], ms)])) for m, ms in zip(cell["methods"], slugs)]
         for i, (method, mslug) in enumerate(zip(cell["methods"], slugs)):
             lines.append(report_row(table, cell, method, rows[(cell["name"], mslug)], rounds, first,
-                                    named[:i] + named[i + 1:]))
+                                    named[:i] + named[i + 1:], long_column))
     text = "\n".join(lines) + "\n"
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"{table_id}.md")

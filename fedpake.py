@@ -258,7 +258,7 @@ def server_update(client_states, num_samples, args, round_):
     chunks where it does not fit in memory: ``aggregation_form``). Returns the new global model (flat) and the
     statistics, with the time in seconds."""
     stats, start, stacked = {}, time.perf_counter(), common.as_rows(client_states)
-    ablate = args.ablate or ()  # Table 4: random classes from two independent seeds of (seed, round); None: Eq. (6)-(8)
+    ablate = args.ablate or ()  # Table 4: random classes from two seeds of (seed, round); None: the paper's classes
     micro_seed, macro_seed = (common.client_seed(args.seed, round_, 0, tag) for tag in (MICRO_TAG, MACRO_TAG))
     random_micro = torch.Generator().manual_seed(micro_seed) if "micro" in ablate else None
     random_macro = torch.Generator().manual_seed(macro_seed) if "macro" in ablate else None

@@ -27,7 +27,7 @@ def pytest_addoption(parser):
 
 # Files that start Flower (a SuperLink, SuperNodes, a Ray cluster or node workers): one pytest-xdist worker runs them
 FLOWER_FILES = {"test_flower.py", "test_flower_deploy.py", "test_flower_deploy_faults.py", "test_flower_interrupt.py",
-                "test_flower_resilience.py", "test_pfllib_folder.py"}
+                "test_flower_resilience.py", "test_pfllib_folder.py", "test_first_hour.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups

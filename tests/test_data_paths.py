@@ -3,6 +3,7 @@ absolute path; nothing else of the run changes, a second pass changes nothing, a
 its data's new place. The committed runs are so written."""
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -51,8 +52,9 @@ def test_a_run_of_today_s_code_is_rewritten_once_and_resumes_on_the_data_s_new_p
     launch = json.load(open(out / "reproduce.json"))["launches"][0]["command"]
     assert launch[3:5] == ["DIR/FashionMNIST-tiny", "--data-dir=DIR"] and launch[0] == sys.executable
     # nothing else changed: every other key of config.json (the fingerprint too) and every other file
-    assert {k: v for k, v in after.items() if k not in ("args", "command")} == \
-        {k: v for k, v in before.items() if k not in ("args", "command")}
+    assert after["command_line"] == shlex.join(["python", *after["command"]])  # the pasteable line follows it
+    assert {k: v for k, v in after.items() if k not in ("args", "command", "command_line")} == \
+        {k: v for k, v in before.items() if k not in ("args", "command", "command_line")}
     assert {k: v for k, v in after["args"].items() if k not in ("dataset", "data_dir")} == \
         {k: v for k, v in before["args"].items() if k not in ("dataset", "data_dir")}
     assert kept == {name: open(os.path.join(run, name), "rb").read() for name in kept}

@@ -138,17 +138,18 @@ def test_the_scripts_and_the_shared_modules_stay_within_their_lengths():
     at most 320 lines, fedala.py 247 (its rows named and dropped after the server step, as in every loop);
     common.py at most 750 (834 before the stacked path left it for tools/together.py and the rows stopped being
     reused), and common.py, datasets.py and run_folder.py together at most 3,432 (91 lines since the tools became all or nothing
-    and refuse before starting anything: atomic_write_all, leftover removal, the --out and --stop-after checks);
-    fedpake.py at most 312 (290 before --aggregation chose the one-pass or the chunked form by the memory free). Growing past them is a decision
+    and refuse before starting anything: atomic_write_all, leftover removal, the --out and --stop-after checks),
+    3,540 with the progress line of long rounds (Run.clients_done) and the CIFAR layout messages;
+    fedpake.py at most 314 (290 before --aggregation chose the one-pass or the chunked form by the memory free). Growing past them is a decision
     to make explicitly, here."""
     def length(name):
         return sum(1 for _ in open(os.path.join(ROOT, name)))
 
-    limits = {"fedavg.py": 100, "fedala.py": 247, "pfedla.py": 281, "fedpake.py": 312, "fedacd.py": 320,
+    limits = {"fedavg.py": 100, "fedala.py": 247, "pfedla.py": 281, "fedpake.py": 314, "fedacd.py": 320,
               "common.py": 750}
     over = {name: length(name) for name, limit in limits.items() if length(name) > limit}
     assert not over, over
-    assert sum(length(f"{m}.py") for m in ("common", "datasets", "run_folder")) <= 3432
+    assert sum(length(f"{m}.py") for m in ("common", "datasets", "run_folder")) <= 3540
 
 
 def test_shared_code_uses_no_private_torch_api_and_behaves_by_no_file_name():

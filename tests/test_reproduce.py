@@ -51,10 +51,12 @@ def call(argv, tables=None):
 
 def table_rows(text):
     """The report's markdown table as {method: [cells...]} (cell, method, paper, ours, n, ours vs paper,
-    apart, rounds, s/round, hardware, notes)."""
+    apart, rounds, s/round, hardware, notes), without the column at the table's length where a report has it
+    (a seed ran past the others: tests/test_report_lengths.py)."""
+    long_column = any(line.startswith("| cell ") and "| ours at " in line for line in text.splitlines())
     rows = [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in text.splitlines()
             if line.startswith("| ") and not line.startswith("| cell ")]
-    return {r[1]: r for r in rows}
+    return {r[1]: r[:6] + r[7:] if long_column else r for r in rows}
 
 
 def test_apart_is_two_pooled_standard_deviations_by_hand():

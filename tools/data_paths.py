@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import stat
 import sys
 import tempfile
@@ -131,6 +132,8 @@ def normalised(path):
     """The new text of one config.json or reproduce.json (its layout kept), or None if it is normalised already."""
     text, record = read_record(path)
     new = renamed(record, renames(record))
+    if isinstance(new.get("command_line"), str) and isinstance(new.get("command"), list):
+        new["command_line"] = shlex.join(["python", *new["command"]])  # run_folder.command_line of the new command
     if new == record:
         return None
     return json.dumps(new, indent=1) + ("\n" if text.endswith("\n") else "")

@@ -337,8 +337,8 @@ def test_quick_start_under_a_minute(tmp_path):
 
 @pytest.mark.slow  # a real run end to end (signals, resume or the quick start): runs in CI
 def test_resume_ends_with_uninterrupted_metrics(tmp_path, capsys):
-    """The reference run and the run stopped after round 4 (checkpoint at 3) run in-process; the
-    resume is a new process that has only the run folder."""
+    """The reference run and the run stopped after round 4 (--stop-after writes its checkpoint at 4; the one at 3
+    is replaced) run in-process; the resume is a new process that has only the run folder."""
     args = ["--dataset", "synthetic", "--rounds", "6", "--num-clients", "5", "--join-ratio", "0.6",
             "--checkpoint-every", "3", "--num-pre-loss", "4"]
     fedala.main(args + ["--out", str(tmp_path / "full")])
@@ -349,7 +349,7 @@ def test_resume_ends_with_uninterrupted_metrics(tmp_path, capsys):
     assert len(read_metrics(cut)) == 4
     r = run_script("fedala.py", "--resume", cut)
     assert r.returncode == 0, r.stderr
-    assert "resumed" in r.stdout and "after round 3" in r.stdout
+    assert "resumed" in r.stdout and "after round 4" in r.stdout
     full = run_dir(tmp_path / "full")
     assert read_metrics(cut) == read_metrics(full)
     summary = lambda d: json.load(open(os.path.join(d, "summary.json")))

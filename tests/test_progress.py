@@ -138,8 +138,8 @@ def test_rounds_between_evaluations_are_named_and_a_short_run_names_the_rounds_o
         run.close()
 
 
-def test_a_pool_with_no_run_open_reports_to_nobody():
+def test_a_pool_with_no_run_open_reports_to_nobody(monkeypatch):
+    monkeypatch.setattr(run_folder, "OPEN_RUNS", [])  # runs other tests opened in this process by calling main()
     pool = common.ClientPool([torch.nn.Linear(2, 1)], [1, 1])
-    assert not run_folder.OPEN_RUNS
     rows, losses = pool.train(lambda model, client: (common.flatten_state(model), 0.1), [0, 1])
     assert rows.shape == (2, 3) and losses == [0.1, 0.1]

@@ -26,12 +26,9 @@ Exit status 0 (every run found records a count, or is named as left unchanged), 
 line), 1 for a config.json that cannot be written.
 """
 import argparse
-import contextlib
 import json
 import os
-import stat
 import sys
-import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -100,23 +97,13 @@ def recorded(config, threads):
 
 
 def write_all(texts):
-    """Write every {path: text}: each into a temporary file beside it first, then each replaces its file. A write
-    that fails leaves every file as it was and no temporary file: one line, exit status 1."""
-    staged, path = {}, None
+    """Write every {path: text} all or nothing (run_folder.atomic_write_all): a write that fails leaves every file as
+    it was and no temporary file: one line, exit status 1."""
     try:
-        for path, text in texts.items():
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=TEMPORARY)
-            staged[path] = tmp
-            with os.fdopen(fd, "wb") as f:
-                f.write(text.encode())
-            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
+        run_folder.atomic_write_all(texts, prefix=TEMPORARY)
     except OSError as e:
-        for tmp in staged.values():
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
-        fail(f"cannot write {run_folder.quoted(path)} ({e.strerror or e}); every config.json is as it was", status=1)
-    for path, tmp in staged.items():
-        os.replace(tmp, path)
+        fail(f"cannot write {run_folder.quoted(e.filename or '?')} ({e.strerror or e}); every config.json is as it was",
+             status=1)
 
 
 def remove_leftovers(folders):

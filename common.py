@@ -2,8 +2,8 @@
 (datasets.py, reached through here: loaded once into tensors on the training device; a client is
 a pair of index tensors, a batch an index slice), the models, one round (sampling, the clients'
 training, on threads at once, the server's average) and evaluation. The errors, ``atomic_write``
-and the run folder are in run_folder.py; the start-up signal handling in startup.py. Imports go down only: common -> datasets ->
-run_folder -> data_partition (docs/layout.md).
+and the run folder are in run_folder.py; the start-up signal handling in startup.py. Imports go
+down only: common -> datasets -> run_folder -> data_partition (docs/layout.md).
 """
 import argparse
 import itertools

@@ -44,7 +44,8 @@ AUTO_IMAGE = "cnn"  # --model auto on images
 
 
 def parse_args(argv=None):
-    parser = common.base_parser(__doc__.splitlines()[0], script="fedala", helps={"lr": common.LR_HELP, "model": common.model_help(AUTO_IMAGE)}, lr=None)
+    parser = common.base_parser(__doc__.splitlines()[0], script="fedala", lr=None,
+                                helps={"lr": common.LR_HELP, "model": common.model_help(AUTO_IMAGE)})
     a = parser.add_argument
     a("--eta", type=float, default=1.0, help="learning rate eta of the ALA weights W (Alg. 1 l. 10)")
     a("--s", type=float, default=80, help="percent of the client's train data used by ALA each round")

@@ -33,7 +33,8 @@ AUTO_IMAGE = "cnn"  # --model auto on images
 
 
 def parse_args(argv=None):
-    parser = common.base_parser(__doc__.splitlines()[0], script="fedavg", helps={"lr": common.LR_HELP, "model": common.model_help(AUTO_IMAGE)}, lr=None)
+    parser = common.base_parser(__doc__.splitlines()[0], script="fedavg", lr=None,
+                                helps={"lr": common.LR_HELP, "model": common.model_help(AUTO_IMAGE)})
     return common.parse_args(parser, argv, common.fedala_learning_rate)
 
 

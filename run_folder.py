@@ -628,7 +628,8 @@ def resumed_args(parser, argv):
     round_ = checkpoint_round(folder) if args.stop_after is not None else None
     if round_ is not None and round_ >= args.stop_after:  # before any data is loaded or an engine starts
         raise UserError(stop_after_refusal(folder, args.stop_after, round_))
-    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError, RecursionError):  # a summary.json that cannot say
+    # a summary.json that cannot say
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError, RecursionError):
         with open(os.path.join(folder, "summary.json")) as f:  # (checked a regular file above, with RUN_FILES)
             text = f.read(RUN_JSON_MAX_BYTES + 1)
         summary = json.loads(text) if len(text) <= RUN_JSON_MAX_BYTES else {}
@@ -983,7 +984,9 @@ def _is_terminal(stream):
 def duration(seconds):
     """An ETA in a progress line: 1h05m, 4m02s."""
     seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
 def summarise(values):
@@ -1217,7 +1220,8 @@ class Run:
         self._write_metrics()
         mean = self.elapsed / round_  # over every round of the run, a long first or initial-stage round included
         eta = duration(mean * (self.args.rounds - round_))
-        took = f"{per_round:.3f} s this round" if rounds == 1 else f"{per_round:.3f} s/round over rounds {first}-{round_}"
+        took = f"{per_round:.3f} s this round" if rounds == 1 else \
+            f"{per_round:.3f} s/round over rounds {first}-{round_}"
         extra = f" (client mean {metrics['test_acc_mean']:.2f} ± {metrics['test_acc_std']:.2f})" \
             if "test_acc_mean" in metrics else ""
         loss = f" | train loss {metrics['train_loss']:.4f}" if "train_loss" in metrics else ""

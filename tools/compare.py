@@ -491,7 +491,8 @@ FOLDER_RESPLIT_FLAGS = ("train_ratio", "test_split")  # datasets.PFLLIB_RESPLIT_
 
 def settings_of(run):
     """The args that can change a run's results: all but the seed, NO_EFFECT, a removed flag at the value runs
-    repeat today (REMOVED_FLAGS) and the flags its data did not use (unused_flags); for a run on a folder, its folder's name and data fingerprint (load_run)."""
+    repeat today (REMOVED_FLAGS) and the flags its data did not use (unused_flags); for a run on a folder, its
+    folder's name and data fingerprint (load_run)."""
     ignored = NO_EFFECT | unused_flags(run)
     return {k: v for k, v in run["args"].items()
             if k not in ignored and not (k in REMOVED_FLAGS and v == REMOVED_FLAGS[k])}

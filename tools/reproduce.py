@@ -1089,7 +1089,8 @@ def report(table_id, table, jobs, args):
              *([f"- ours at {rounds}: ours at the table's length, over the seeds that reached it; until one has, "
                 "what the seeds taken past the others reached so far (ours and the other columns count every seed to "
                 "the round all of its row's seeds reached)"] if long_column else []),
-             "", "| cell | method | paper | ours | n | ours vs paper | " + (f"ours at {rounds} | " if long_column else "")
+             "", "| cell | method | paper | ours | n | ours vs paper | "
+             + (f"ours at {rounds} | " if long_column else "")
              + "apart | rounds | s/round | hardware | notes |",
              "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if long_column else "")]
     for cell in cells:

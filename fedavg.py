@@ -21,11 +21,10 @@ Details and our choices: docs/fedavg.md.
 if __name__ == "__main__":  # run as a program, not imported: a Ctrl-C while torch loads ends in one line
     import startup  # noqa: F401  first, before torch loads (seconds; startup.py)
 import common
+import run_folder
 
 import torch
 import torch.nn.functional as F
-
-import run_folder
 
 HEADLINE_METRIC = "test_acc"  # what the paper reports, in metrics.csv
 HEADLINE = "best test_acc (FedALA Table 2 reports FedAvg's best)"

@@ -134,7 +134,7 @@ def test_one_fedala_round_reads_in_the_lines_of_common_py_that_docs_layout_names
 
 def test_the_scripts_and_the_shared_modules_stay_within_their_lengths():
     """The lengths the lean-scripts redesign brought them to, as upper bounds (lines, wc -l): each script
-    shorter than it was before it, fedavg.py at most 101 (with Alg. 1's ClientUpdate written out) and fedacd.py
+    shorter than it was before it, fedavg.py at most 100 (with Alg. 1's ClientUpdate written out) and fedacd.py
     at most 320 lines, fedala.py 248 (its rows named and dropped after the server step, as in every loop);
     common.py at most 750 (834 before the stacked path left it for tools/together.py and the rows stopped being
     reused), and common.py, datasets.py and run_folder.py together at most 3,432 (91 lines since the tools became all or nothing
@@ -145,7 +145,7 @@ def test_the_scripts_and_the_shared_modules_stay_within_their_lengths():
     def length(name):
         return sum(1 for _ in open(os.path.join(ROOT, name)))
 
-    limits = {"fedavg.py": 101, "fedala.py": 248, "pfedla.py": 281, "fedpake.py": 314, "fedacd.py": 320,
+    limits = {"fedavg.py": 100, "fedala.py": 248, "pfedla.py": 281, "fedpake.py": 314, "fedacd.py": 320,
               "common.py": 750}
     over = {name: length(name) for name, limit in limits.items() if length(name) > limit}
     assert not over, over

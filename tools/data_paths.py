@@ -133,7 +133,8 @@ def normalised(path):
     text, record = read_record(path)
     new = renamed(record, renames(record))
     if isinstance(new.get("command_line"), str) and isinstance(new.get("command"), list):
-        new["command_line"] = shlex.join(["python", *new["command"]])  # run_folder.command_line of the new command
+        # run_folder.command_line of the new command, written here: importing run_folder would load torch
+        new["command_line"] = shlex.join(["python", *new["command"]])
     if new == record:
         return None
     return json.dumps(new, indent=1) + ("\n" if text.endswith("\n") else "")

@@ -6,7 +6,6 @@ and the run folder are in run_folder.py; the start-up signal handling in startup
 down only: common -> datasets -> run_folder -> data_partition (docs/layout.md).
 """
 import argparse
-import itertools
 import math
 import os
 import queue
@@ -26,11 +25,7 @@ from run_folder import DivergedError, UserError  # the scripts' too: common.User
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, not argparse's usage block
-        moved = [f"--{flag.replace('_', '-')} is {program}.py's now" for program, (script, flags) in
-                 run_folder.MOVED.items() if self.prog == f"{script}.py" for flag in flags
-                 if f"--{flag.replace('_', '-')}" in message.split()]  # a flag that left the script for tools/
-        removed = [line for token in message.split() if (line := run_folder.removed_flag_line(token))]
-        raise UserError("; ".join([message, *moved, *removed]))
+        raise UserError(message)
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -45,18 +40,27 @@ def _auto_or_count(text):
     raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 1, got {text!r}")
 
 
+MAX_THREADS = 1024  # --threads: more is a typing error, not a machine
+
+
 def _thread_count(text):
-    """argparse type of --threads: 'auto' or an integer in [1, run_folder.MAX_THREADS]."""
-    if text == "auto" or text.isascii() and text.isdigit() and 1 <= int(text) <= run_folder.MAX_THREADS:
+    """argparse type of --threads: 'auto' or an integer in [1, MAX_THREADS]."""
+    if text == "auto" or text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_THREADS:
         return text if text == "auto" else int(text)
-    raise argparse.ArgumentTypeError(f"must be 'auto' or an integer in [1, {run_folder.MAX_THREADS}], got {text!r}")
+    raise argparse.ArgumentTypeError(f"must be 'auto' or an integer in [1, {MAX_THREADS}], got {text!r}")
 
 
 def base_parser(description, script=None, helps=None, **defaults):
     """The flags every script shares; ``defaults`` are the script ``script``'s paper setting and
     ``helps`` replaces the help text of flags whose default depends on the data."""
     p = _Parser(prog=f"{script}.py" if script else None, description=description, formatter_class=_HelpFormatter)
-    a = p.add_argument
+    lr = defaults.get("lr", 0.005)  # a script's lr of None: its helps text says what it depends on
+    helps = {**({"lr": f"local learning rate (default: {lr:g} on every dataset and model)"}
+                if isinstance(lr, float) else {}), **(helps or {})}
+
+    def a(*names, **kw):  # the script's help text where its default depends on the data
+        return p.add_argument(*names, **{**kw, "help": helps.get(names[0][2:].replace("-", "_"), kw.get("help"))})
+
     a("--dataset", default="cifar10", help="mnist, fmnist, emnist, cifar10, cifar100, tinyimagenet, agnews, "
       "synthetic (FedProx's Synthetic(1,1)), synthetic(ALPHA,BETA), synthetic(iid), path/to/file.npz with x, y "
       "(optional x_test, y_test), or a PFLlib dataset folder (config.json, train/<i>.npz, test/<i>.npz: client i's "
@@ -108,10 +112,6 @@ def base_parser(description, script=None, helps=None, **defaults):
       help="continue a stopped run from its last checkpoint (default: a new run)")
     a("--stop-after", type=int, metavar="N", help="end after round N, as if killed; --resume: from the last checkpoint")
     p.set_defaults(**defaults)
-    for action in p._actions:
-        if action.dest == "lr" and isinstance(action.default, float):  # else a helps text says what it depends on
-            action.help = f"local learning rate (default: {action.default:g} on every dataset and model)"
-        action.help = (helps or {}).get(action.dest, action.help)
     return p
 
 
@@ -148,7 +148,7 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
     elif resolve:
         resolve(args)
     if not args.resume and datasets.is_pfllib_folder(args.dataset):
-        pfllib_folder_settings(args, run_folder._given_flags(parser, argv))
+        pfllib_folder_settings(args, run_folder.given_flags(parser, argv))
     if args.threads == "auto":  # the count the run takes, recorded (torch's own: OMP_NUM_THREADS or the cores)
         args.threads = torch.get_num_threads()
     finite = lambda v: v is not None and math.isfinite(v)
@@ -180,12 +180,17 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
         (bool(args.out.strip()), "--out must name a folder (. for the current one)"),
     ]
     for ok, message in [*shared, *(checks(args) if callable(checks) else checks)]:
-        if not ok:  # with --resume, a value read from the run's config.json is named as such
-            raise UserError(run_folder.invalid_saved_value(parser, argv, message) if args.resume else message)
+        if not ok and args.resume:  # a value read from the run's config.json, unless given now
+            flag = message.split()[0].rstrip(":,;").removeprefix("--").replace("-", "_")
+            given = run_folder.given_flags(parser, argv)
+            raise UserError(message if flag in given else f"cannot resume: {os.path.join(args.resume, 'config.json')}"
+                            f" holds an invalid setting: {message} (the file was edited or damaged)")
+        if not ok:
+            raise UserError(message)
     if not args.resume:  # before any data is loaded: an --out that cannot hold a run folder
         run_folder.check_out_folder(args.out)
     if not args.resume and synthetic_setting(args.dataset) is not None:
-        given = run_folder._given_flags(parser, argv)
+        given = run_folder.given_flags(parser, argv)
         ignored = [f"--{dest.replace('_', '-')}" for dest in PARTITION_FLAGS if dest in given]
         if ignored:  # they would be recorded in config.json, and compare.py would label the runs by them
             raise UserError(f"{', '.join(ignored)} does not apply to synthetic data: each client's data is generated "
@@ -574,14 +579,6 @@ def weighted_average(stacked, weights):
     return (weights / weights.sum()) @ stacked
 
 
-def client_update(model, global_state, data, client, args, round_):
-    """FedAvg's ClientUpdate(k, w): local SGD from the global model (flat) on client k's training data. Returns
-    (the trained model, flat; the mean training loss, 0-dim)."""
-    load_flat_state(model, global_state)
-    loss = local_train(model, data, data.train_idx[client], args, client_seed(args.seed, round_, client))
-    return flatten_state(model), loss
-
-
 def check_finite(loss, round_, client):
     """One host sync per client: stop the run when training diverged (the data was checked to be
     finite when loaded, so the step size is to blame)."""
@@ -641,7 +638,6 @@ class ClientPool:
 
     def __init__(self, models, client_sizes):
         self.models, self.client_sizes = models, client_sizes
-        self.progress = run_folder.clients_done  # (done, of): the open run's progress line, told on the host
 
     @classmethod
     def build(cls, args, build_model, device, data):
@@ -679,21 +675,22 @@ class ClientPool:
             executor.shutdown(wait=False, cancel_futures=True)
             torch.set_num_threads(threads)
 
-    def train(self, client_update, clients):
+    def train(self, client_update, clients, progress=None):
         """The round's client updates through ``map``: ``client_update(model, client)`` returns (the client's
         trained model, flat; anything else). Returns the trained models as the rows of a new (K x D) tensor, in
         the order of ``clients``, then each further return value as a list over the clients. Each model is
         copied into its row when its client finishes, so a round holds no K models besides the rows (ResNet-18's
-        FedAvg round peaked at 3,010 MB instead of 2,100 when it did, docs/speed.md)."""
+        FedAvg round peaked at 3,010 MB instead of 2,100 when it did, docs/speed.md). ``progress(client, of, done)``,
+        if given (the run's progress line: run_folder.Run.progress), is told when each client starts and ends."""
         state = float_state(self.models[0])
         rows = torch.empty(len(clients), sum(v.numel() for v in state), dtype=state[0].dtype, device=state[0].device)
-        position, done = {client: k for k, client in enumerate(clients)}, itertools.count(1)
-        self.progress(0, len(clients))
+        position, report = {client: k for k, client in enumerate(clients)}, progress or (lambda *_: None)
 
         def update(model, client):
+            report(client, len(clients), False)
             trained, *rest = client_update(model, client)
             rows[position[client]] = trained
-            self.progress(next(done), len(clients))
+            report(client, len(clients), True)
             return rest
 
         return (rows, *(list(column) for column in zip(*self.map(update, clients))))

@@ -300,7 +300,8 @@ def main(argv=None):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
         global_state = common.flatten_state(global_model)
         client_states, losses, scores, kls = pool.train(lambda model, client: client_update(
-            model, global_state, data, client, classes, args, round_), clients)
+            model, global_state, data, client, classes, args, round_), clients,
+                                                        progress=run.progress(round_))
         losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         common.load_flat_state(global_model, server_update(client_states, scores, args.uniform_agg))
         del client_states  # frees the K x D rows before evaluation and the next round (peak memory: one round's rows)

@@ -217,7 +217,8 @@ def main(argv=None):
         evaluate = run.should_eval(round_)
         in_initial_stage = [c for c in clients if ala.initial_stage[c]]
         client_states, losses, ala_epochs, results = pool.train(lambda model, client: client_update(
-            model, global_model, local_models[client], ala, data, client, args, round_, evaluate), clients)  # l. 6-17
+            model, global_model, local_models[client], ala, data, client, args, round_, evaluate), clients,
+                                                                progress=run.progress(round_))  # l. 6-17
         local_models[clients] = client_states  # each client's local model Theta_i, kept for its next round
         losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         num_samples = [len(data.train_idx[client]) for client in clients]

@@ -82,7 +82,8 @@ def main(argv=None):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
         global_state = common.flatten_state(global_model)
         client_states, losses = pool.train(lambda model, client: client_update(model, global_state, data, client,
-                                                                               args, round_), clients)
+                                                                               args, round_), clients,
+                                           progress=run.progress(round_))
         losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         num_samples = [len(data.train_idx[client]) for client in clients]
         common.load_flat_state(global_model, server_update(client_states, num_samples))

@@ -60,8 +60,8 @@ def parse_args(argv=None):
     a("--ablate", choices=["micro", "macro"], nargs="+", default=None, help="replace the Micro-Classes, the "
       "Macro-Classes or both (--ablate micro macro) by random ones (Table 4; default: none)")
     a("--aggregation", choices=["auto", "one-pass", "chunked"], default="auto", help="auto: the one-pass "
-      "fedpake_aggregate where its memory is free on the device (each round), else fedpake_aggregate_chunked, the "
-      "same aggregation in chunks of 2^20 values, equal to float32 rounding (docs/fedpake.md)")
+      "fedpake_aggregate where its memory is free on the device, else fedpake_aggregate_chunked, the same aggregation "
+      "in chunks of 2^20 values, equal to float32 rounding; decided once at the start, recorded (docs/fedpake.md)")
     return common.parse_args(parser, argv, resolve, checks=lambda args: [
         (args.kappa >= 0, f"--kappa must be >= 0 (inf for FedAvg), got {args.kappa}"),
         (1 <= args.n_micro <= 255, f"--n-micro must be in [1, 255], got {args.n_micro}"),
@@ -234,7 +234,15 @@ def fedpake_aggregate_chunked(stacked, num_samples, kappa=0.2, n_micro=4, n_macr
     return out
 
 
-# ----------------------------------------------------------------------------- server step and main
+# ----------------------------------------------------------------------------- client and server steps, main
+
+def client_update(model, global_state, data, client, args, round_):
+    """Alg. 1's clients train as in FedAvg: local SGD (common.local_train) from the global model (flat) on client k's
+    training data. Returns (the trained model, flat; the mean training loss, 0-dim)."""
+    common.load_flat_state(model, global_state)
+    loss = common.local_train(model, data, data.train_idx[client], args, common.client_seed(args.seed, round_, client))
+    return common.flatten_state(model), loss
+
 
 def one_pass_peak_bytes(num_clients, num_values, itemsize, n_micro):
     """Upper estimate of what ``fedpake_aggregate`` takes beyond the K x D stack (H = every column: the most): per
@@ -243,26 +251,28 @@ def one_pass_peak_bytes(num_clients, num_values, itemsize, n_micro):
     return num_clients * num_values * (5 * itemsize + 8) + num_values * (4 * n_micro + 48)
 
 
-def aggregation_form(args, stacked):
-    """--aggregation for this round's ``stacked``; auto: "one-pass" where its peak is free on the device now (or the
-    free memory cannot be read), else "chunked"."""
+def aggregation_form(args, model, device):
+    """--aggregation, decided once for the run at its start: "one-pass" or "chunked". auto: "one-pass" where a round's
+    K x D stack of ``model`` and one_pass_peak_bytes beyond it fit in the memory free on ``device`` now (or it cannot
+    be read), else "chunked": the same aggregation to float32 rounding, the form never changes within a run."""
     if args.aggregation != "auto":
         return args.aggregation
-    free = datasets.memory_available(stacked.device)
-    fits = free is None or one_pass_peak_bytes(*stacked.shape, stacked.element_size(), args.n_micro) <= free
-    return "one-pass" if fits else "chunked"
+    k, flat, free = common.clients_per_round(args), common.flatten_state(model), datasets.memory_available(device)
+    d, size = flat.numel(), flat.element_size()
+    need = k * d * size + one_pass_peak_bytes(k, d, size, args.n_micro)  # a round's stack, the one-pass form beyond it
+    return "one-pass" if free is None or need <= free else "chunked"
 
 
-def server_update(client_states, num_samples, args, round_):
-    """Alg. 1's server step: ``fedpake_aggregate`` of the clients' trained models in place of FedAvg's mean (in
-    chunks where it does not fit in memory: ``aggregation_form``). Returns the new global model (flat) and the
-    statistics, with the time in seconds."""
+def server_update(client_states, num_samples, args, round_, form):
+    """Alg. 1's server step: ``fedpake_aggregate`` of the clients' trained models in place of FedAvg's mean, in the
+    run's ``form`` ("chunked": ``fedpake_aggregate_chunked``; ``aggregation_form``). Returns the new global model
+    (flat) and the statistics, with the time in seconds."""
     stats, start, stacked = {}, time.perf_counter(), common.as_rows(client_states)
     ablate = args.ablate or ()  # Table 4: random classes from two seeds of (seed, round); None: the paper's classes
     micro_seed, macro_seed = (common.client_seed(args.seed, round_, 0, tag) for tag in (MICRO_TAG, MACRO_TAG))
     random_micro = torch.Generator().manual_seed(micro_seed) if "micro" in ablate else None
     random_macro = torch.Generator().manual_seed(macro_seed) if "macro" in ablate else None
-    aggregate = fedpake_aggregate if aggregation_form(args, stacked) == "one-pass" else fedpake_aggregate_chunked
+    aggregate = {"one-pass": fedpake_aggregate, "chunked": fedpake_aggregate_chunked}[form]
     new_global = aggregate(stacked, num_samples, kappa=args.kappa, n_micro=args.n_micro, n_macro=args.n_macro,
                            delta=args.delta, random_micro=random_micro, random_macro=random_macro, stats=stats)
     if new_global.is_cuda:
@@ -280,22 +290,26 @@ def main(argv=None):
     pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=AUTO_IMAGE), device,
                                    data)
     model_bytes = common.state_bytes(global_model)
+    form = aggregation_form(args, global_model, device)  # once, before config.json records args
+    if not args.resume:  # resumed: the recorded form (a run begun before it was recorded says auto: decided now)
+        args.aggregation = form
     run = run_folder.Run("fedpake", args, data, device, headline_metric=HEADLINE_METRIC, headline=HEADLINE)
     state = {"global_model": global_model}
     start = run.resume(state, rng)
     print(f"[fedpake] model {global_model.__class__.__name__}: {common.flatten_state(global_model).numel()} "
           f"parameters, {model_bytes / 2**20:.2f} MB; {len(pool)} client(s) at a time; kappa {args.kappa}, "
           f"n_micro {args.n_micro}, n_macro {args.n_macro}, delta {args.delta}"
-          + (f", ablate {' and '.join(args.ablate)}" if args.ablate else ""))
+          + (f", ablate {' and '.join(args.ablate)}" if args.ablate else "") + f"; aggregation {form}")
 
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
         global_state = common.flatten_state(global_model)
-        client_states, losses = pool.train(lambda model, client: common.client_update(  # FedAvg's clients
-            model, global_state, data, client, args, round_), clients)
+        client_states, losses = pool.train(lambda model, client: client_update(model, global_state, data, client,
+                                                                               args, round_), clients,
+                                           progress=run.progress(round_))
         losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         num_samples = [len(data.train_idx[client]) for client in clients]
-        new_global, stats = server_update(client_states, num_samples, args, round_)
+        new_global, stats = server_update(client_states, num_samples, args, round_, form)
         common.load_flat_state(global_model, new_global)
         del client_states  # frees the K x D rows before evaluation and the next round (peak memory: one round's rows)
         run.add_bytes(down=model_bytes * len(clients), up=model_bytes * len(clients))

@@ -254,7 +254,8 @@ def main(argv=None):
         received = with_retained_layers(theta_bar.detach(), stored_models, ids, sizes, is_retained)  # l. 7, 13
         row_of = {client: row for row, client in enumerate(clients)}
         trained, losses = pool.train(lambda model, client: client_update(model, received[row_of[client]], data,
-                                                                         client, args, round_), clients)  # l. 10-14
+                                                                         client, args, round_), clients,
+                                     progress=run.progress(round_))  # l. 10-14
         losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         server_update(hypernetworks, stored_models, ids, theta_bar, received, trained, args.hn_lr)  # Alg. 1 l. 7-8
         del trained  # frees the K x D rows before evaluation and the next round (peak memory: one round's rows)

@@ -120,8 +120,8 @@ def tensors(record, device):
 # ----------------------------------------------------------------------------- client side (one per node)
 
 def fedavg_client(job, client, round_, received, evaluate):
-    """FedAvg's client update, which FedPake uses too (Alg. 1: FedAvg's local training)."""
-    trained, loss = common.client_update(job.model(), received["global"], job.data, client, job.args, round_)
+    """FedAvg's client update, and FedPake's (Alg. 1: FedAvg's local training): the script's ``client_update``."""
+    trained, loss = job.module.client_update(job.model(), received["global"], job.data, client, job.args, round_)
     return {"trained": trained}, {"loss": float(loss)}
 
 
@@ -413,6 +413,14 @@ def fedavg_setup(job, server):
     server["global_model"] = job.build()
 
 
+def fedpake_setup(job, server):
+    """FedAvg's, and the aggregation form, decided once before config.json records it (as fedpake.main does)."""
+    fedavg_setup(job, server)
+    server["aggregation"] = job.module.aggregation_form(job.args, server["global_model"], job.device)
+    if not job.args.resume:  # resumed: the recorded form (a run begun before it was recorded says auto: decided now)
+        job.args.aggregation = server["aggregation"]
+
+
 def fedavg_round(job, server, clients, round_, evaluate, send):
     """FedAvg (and FedPake: its server step) and FedACD: the global model to every client; the
     server step over the clients that answered."""
@@ -431,7 +439,8 @@ def fedavg_round(job, server, clients, round_, evaluate, send):
                                                       dtype=torch.float64).mean()),
                        "score_min": float(min(scores)), "score_max": float(max(scores))}
     elif job.algorithm == "fedpake":
-        new_global, metrics = m.server_update(states, [len(job.data.train_idx[c]) for c in clients], args, round_)
+        new_global, metrics = m.server_update(states, [len(job.data.train_idx[c]) for c in clients], args, round_,
+                                              server["aggregation"])
     else:
         new_global = m.server_update(states, [len(job.data.train_idx[c]) for c in clients])
     common.load_flat_state(server["global_model"], new_global)
@@ -546,7 +555,7 @@ def summary_extra(job, server, run):
 
 
 SERVERS = {"fedavg": (fedavg_setup, fedavg_round), "fedala": (fedala_setup, fedala_round),
-           "pfedla": (pfedla_setup, pfedla_round), "fedpake": (fedavg_setup, fedavg_round),
+           "pfedla": (pfedla_setup, pfedla_round), "fedpake": (fedpake_setup, fedavg_round),
            "fedacd": (fedavg_setup, fedavg_round)}
 CHECKPOINTED = {"fedavg": ("global_model",), "fedpake": ("global_model",), "fedacd": ("global_model",),
                 "fedala": ("global_model", "local_models", "ala"), "pfedla": ("hypernetworks", "stored_models")}

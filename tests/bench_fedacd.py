@@ -7,7 +7,7 @@ pytest does not collect it).
 Fashion-MNIST (or --dataset), 20 clients, Dir(0.1), 5 local epochs, batch 64, SGD 0.01 momentum 0.9,
 the simple CNN, the global test split: fedacd.py's defaults, which fedavg.py is given too. One torch
 thread. In turn, --reps times (A, B, A, B, ...): one client's update as fedavg.py runs it
-(common.client_update), as fedacd.py runs it by default, and as tools/fedacd_diagnostics.py runs it with
+(fedavg.client_update), as fedacd.py runs it by default, and as tools/fedacd_diagnostics.py runs it with
 --log-risk on an evaluation round (Table 3's average risk: the local model on the whole test set), and with --before
 the older fedacd.py's client update on an evaluation round (it computed the risk every evaluation,
 and every round is one by default). The evaluation of the global model, common to both scripts, is
@@ -71,7 +71,7 @@ def main(argv=None):
     risk = ([test[data.y[test] == c] for c in range(data.num_classes)], counts / counts.sum(1, keepdim=True))
     before = load_module(os.path.join(a.before, "fedacd.py"), "fedacd_before") if a.before else None
 
-    runs = {"fedavg.py": lambda: common.client_update(worker, global_state, data, client, args_avg, 1),
+    runs = {"fedavg.py": lambda: fedavg.client_update(worker, global_state, data, client, args_avg, 1),
             "fedacd.py": lambda: fedacd.client_update(worker, global_state, data, client, classes, args_acd, 1),
             "fedacd_diagnostics.py --log-risk (eval round)": lambda: fedacd_diagnostics.client_update(
                 worker, global_state, data, client, classes, args_risk, 1, risk)}

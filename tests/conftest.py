@@ -1,7 +1,9 @@
 """Shared test helpers: the repository root on sys.path, running a script as a user would, and
 reading what a run wrote."""
 import csv
+import importlib.util
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,6 +30,39 @@ def pytest_addoption(parser):
 # Files that start Flower (a SuperLink, SuperNodes, a Ray cluster or node workers): one pytest-xdist worker runs them
 FLOWER_FILES = {"test_flower.py", "test_flower_deploy.py", "test_flower_deploy_faults.py", "test_flower_interrupt.py",
                 "test_flower_resilience.py", "test_pfllib_folder.py", "test_first_hour.py"}
+
+
+# Flower is an optional extra (requirements-flower.txt; the scripts need only requirements.txt): a test that needs it
+# skips with this reason where it is not installed, by pytest.importorskip("flwr", reason=FLOWER_MISSING) or the
+# mark ``needs_flower``. CI installs it (.ci/run sets CI=true): there, such a skip is a failure (below).
+FLOWER_MISSING = "Flower is not installed (pip install -r requirements-flower.txt)"
+needs_flower = pytest.mark.skipif(importlib.util.find_spec("flwr") is None, reason=FLOWER_MISSING)
+# a skip for a Flower that is not there: the reason above, Flower's commands (tests/deploy.py's missing_tools), or
+# pytest.importorskip("flwr")'s own message
+SKIPPED_FOR_FLOWER = re.compile(r"Flower is not installed|Flower's commands|could not import 'flwr|"
+                                r"No module named 'flwr")
+ON_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def flower_skip_is_a_failure(report):
+    """On CI (CI=true), a test or test file skipped for a Flower that is not installed is reported failed: CI
+    installs requirements-flower.txt, so nothing of Flower's may go untested there unnoticed."""
+    if ON_CI and report.skipped and isinstance(report.longrepr, tuple) \
+            and SKIPPED_FOR_FLOWER.search(str(report.longrepr[2])):
+        reason = report.longrepr[2]
+        report.outcome = "failed"
+        report.longrepr = (f"{report.nodeid}: {reason}, but CI installs requirements-flower.txt (CI=true): a Flower "
+                           "test must run here, not skip")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    flower_skip_is_a_failure((yield).get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):  # a test file skipped as a whole (importorskip at its top)
+    flower_skip_is_a_failure((yield).get_result())
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
@@ -111,10 +146,10 @@ def script():
 @pytest.fixture
 def fabricated_publishers_files(monkeypatch):
     """For tests that fabricate the publishers' files (MNIST's idx, CIFAR's pickles) in miniature: their
-    content is not the publishers', which datasets.check_known_content refuses, so the table of the real
+    content is not the publishers', which data_formats.check_known_content refuses, so the table of the real
     content is emptied for the test (in this process only; tests/test_known_content.py tests the check)."""
-    import datasets
-    monkeypatch.setattr(datasets, "KNOWN_CONTENT", {})
+    import data_formats
+    monkeypatch.setattr(data_formats, "KNOWN_CONTENT", {})
 
 
 def layer_state_keys(model):

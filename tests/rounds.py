@@ -21,7 +21,7 @@ def fedavg_round(global_model, worker, data, clients, args, round_, client_stack
     """Returns the mean train loss; ``client_stack``, if given, receives the uploaded models."""
     global_state = common.flatten_state(global_model)
     client_states, losses = pool_of(worker, data).train(
-        lambda model, client: common.client_update(model, global_state, data, client, args, round_), clients)
+        lambda model, client: fedavg.client_update(model, global_state, data, client, args, round_), clients)
     if client_stack is not None:
         client_stack[:len(clients)] = client_states
     num_samples = [len(data.train_idx[c]) for c in clients]

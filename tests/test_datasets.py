@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 
 import common
+import data_formats
 import datasets
 import fedavg
 import run_folder
@@ -94,7 +95,7 @@ def test_tinyimagenet_labels_grayscale_and_cache(tmp_path):
     assert np.array_equal(gray[0], gray[1]) and np.array_equal(gray[1], gray[2])
     assert abs(int(gray[0].mean()) - red(1)) <= 3
 
-    cache = tmp_path / datasets.TINY_CACHE
+    cache = tmp_path / data_formats.TINY_CACHE
     assert cache.exists() and not [p for p in os.listdir(data_dir) if p.startswith(".")]  # no temp files left
     stamp = cache.stat().st_mtime_ns
     shutil.rmtree(tmp_path / "tiny-imagenet-200")  # the second load needs only the cache
@@ -138,7 +139,7 @@ def test_tinyimagenet_bad_annotations(tmp_path):
     shutil.rmtree(os.path.join(root, "val"))
     with pytest.raises(common.UserError, match="val_annotations.txt is missing: .* is incomplete"):
         datasets.load_arrays("tinyimagenet", str(tmp_path))
-    assert not os.path.exists(tmp_path / datasets.TINY_CACHE)  # nothing cached from a broken folder
+    assert not os.path.exists(tmp_path / data_formats.TINY_CACHE)  # nothing cached from a broken folder
 
 
 def test_tinyimagenet_global_split_uses_val_as_test_set(tmp_path):
@@ -157,10 +158,10 @@ def test_download_checks_md5_and_leaves_no_partial_file(tmp_path):
     payload.write_bytes(os.urandom(3000))
     url = payload.as_uri()  # urllib reads file:// URLs: a download without a network
     target = tmp_path / "out" / "file.zip"
-    with pytest.raises(datasets.ChecksumError):
-        datasets._download(url, str(target), md5="0" * 32)
+    with pytest.raises(data_formats.ChecksumError):
+        data_formats._download(url, str(target), md5="0" * 32)
     assert os.listdir(tmp_path / "out") == []
-    datasets._download(url, str(target), md5=hashlib.md5(payload.read_bytes()).hexdigest())
+    data_formats._download(url, str(target), md5=hashlib.md5(payload.read_bytes()).hexdigest())
     assert target.read_bytes() == payload.read_bytes() and os.listdir(tmp_path / "out") == ["file.zip"]
 
 
@@ -168,16 +169,16 @@ def test_download_checks_md5_and_leaves_no_partial_file(tmp_path):
 
 def test_basic_english_matches_torchtext():
     # outputs of torchtext.data.utils.get_tokenizer("basic_english")
-    assert datasets.basic_english_tokens("You can now install TorchText using pip!") == \
+    assert data_formats.basic_english_tokens("You can now install TorchText using pip!") == \
         ["you", "can", "now", "install", "torchtext", "using", "pip", "!"]
-    assert datasets.basic_english_tokens('Wall St. Bears (Reuters): "short-sellers", don\'t;') == \
+    assert data_formats.basic_english_tokens('Wall St. Bears (Reuters): "short-sellers", don\'t;') == \
         ["wall", "st", ".", "bears", "(", "reuters", ")", "short-sellers", ",", "don", "'", "t"]
 
 
 def test_vocab_and_encoding_by_hand():
-    vocab = datasets.build_vocab([["b", "a", "b"], ["c", "a", "b"]])
+    vocab = data_formats.build_vocab([["b", "a", "b"], ["c", "a", "b"]])
     assert vocab == {"b": 2, "a": 3, "c": 4}  # by count, ties alphabetical; 0 pads, 1 is unknown
-    x = datasets.encode_tokens([["a", "zzz", "c"], ["b"] * 7], vocab, max_len=5)
+    x = data_formats.encode_tokens([["a", "zzz", "c"], ["b"] * 7], vocab, max_len=5)
     assert x.dtype == np.int64
     assert x.tolist() == [[3, 1, 4, 0, 0], [2, 2, 2, 2, 2]]
 
@@ -212,18 +213,18 @@ def test_agnews_vocab_from_train_only(tmp_path):
     assert xtr.dtype == xte.dtype == np.int64 and xtr.shape == (41, 200) and xte.shape == (12, 200)
     assert ytr.tolist() == [int(r[0]) - 1 for r in train] and set(yte.tolist()) == {0, 1, 2, 3}
 
-    train_words = {t for r in train for t in datasets.basic_english_tokens(" ".join(r[1:]))}
+    train_words = {t for r in train for t in data_formats.basic_english_tokens(" ".join(r[1:]))}
     used = set(np.unique(xtr).tolist())
     assert used == {0} | set(range(2, len(train_words) + 2))  # every training word has an id, 0 pads
 
     def ids(row, text):
-        tokens = datasets.basic_english_tokens(text)
+        tokens = data_formats.basic_english_tokens(text)
         return dict(zip(tokens, row[:len(tokens)].tolist()))
 
     first_train, first_test = ids(xtr[0], " ".join(train[0][1:])), ids(xte[0], " ".join(test[0][1:]))
-    assert first_test["zebra"] == datasets.UNK_ID and "zebra" not in train_words
-    assert first_test["quoted"] == first_train["quoted"] != datasets.UNK_ID  # shared words keep their training id
-    length = len(datasets.basic_english_tokens(" ".join(train[0][1:])))
+    assert first_test["zebra"] == data_formats.UNK_ID and "zebra" not in train_words
+    assert first_test["quoted"] == first_train["quoted"] != data_formats.UNK_ID  # shared words keep their training id
+    length = len(data_formats.basic_english_tokens(" ".join(train[0][1:])))
     assert (xtr[0, :length] > 0).all() and (xtr[0, length:] == 0).all()  # padded with 0
     long_row = ids(xtr[40], " ".join(train[40][1:]))
     assert (xtr[40, 1:] == long_row["goal"]).all() and xtr[40, 0] == long_row["long"]  # 251 tokens cut to 200
@@ -242,7 +243,7 @@ def test_agnews_vocab_as_the_authors_built_it(tmp_path):
     size (98,635 on the real files, FedALA's fastText). Recomputed here with a Counter."""
     train, test = write_agnews(str(tmp_path / "ag_news_csv"))
     xtr, _, xte, _ = datasets.load_arrays("agnews", str(tmp_path))
-    texts = [datasets.basic_english_tokens(" ".join(r[1:])) for r in train + test]
+    texts = [data_formats.basic_english_tokens(" ".join(r[1:])) for r in train + test]
     counts = Counter(t for tokens in texts for t in tokens)
     words = sorted(counts, key=lambda w: (-counts[w], w))
     expected = np.zeros((len(texts), 200), dtype=np.int64)

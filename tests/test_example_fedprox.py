@@ -40,7 +40,7 @@ def updates(mu, one_thread):
     theirs = fedprox.client_update(model, global_state, data, 1, args, 1)
     fedavg_args = fedavg.parse_args(["--dataset", "synthetic", "--num-clients", "4", "--device", "cpu",
                                      "--local-epochs", "3", "--lr", "0.05"])
-    return global_state, theirs, common.client_update(model, global_state, data, 1, fedavg_args, 1)
+    return global_state, theirs, fedavg.client_update(model, global_state, data, 1, fedavg_args, 1)
 
 
 def test_mu_0_is_fedavg_s_client_update_and_a_larger_mu_stays_nearer_the_global_model(one_thread):

@@ -17,6 +17,7 @@ import fedacd
 import run_folder
 from rounds import fedacd_local_train as local_train, fedacd_round
 from conftest import metrics_rows, run_dir
+from test_main_loops import class_mean_softmax, fedacd_objective, kl_score, margins_of
 from tools import fedacd_diagnostics
 
 CPU = torch.device("cpu")
@@ -161,16 +162,17 @@ def _tiny_data(num_clients=3, seed=0):
 def test_local_training_mixes_losses_and_replaces_p_with_the_epochs_mixup_weighted_outputs(mixup):
     """The schedule of fedacd_local_training on a frozen model (lr 0), two epochs, recomputed by hand:
     epoch 1's margins from the received model's unmixed P^m, epoch 2's from epoch 1's outputs weighted
-    by mixup; the returned P^m is the trained model's unmixed one."""
+    by mixup; the returned P^m is the trained model's unmixed one. P^m, Eq. (8)'s margins and the loss of
+    Eq. (9) are test_main_loops' plain ones, never fedacd's."""
     args, data = _tiny_data()
     args.local_epochs, args.lr, args.momentum, args.weight_decay, args.mixup = 2, 0.0, 0.0, 0.0, mixup  # frozen model
     torch.manual_seed(1)
     model = common.build_model("auto", data)
     idx, present = data.train_idx[0], torch.as_tensor(data.train_counts[0] > 0)
     loss, P = local_train(model, data, idx, present, args, batch_seed=5, mixup_seed=7)
-    clean = fedacd.probability_matrix(model, batches_of(data, idx), 10)
-    assert torch.equal(P, clean)  # the trained model's P^m, for V_m
-    margins, losses, g = fedacd.margin_deltas(clean, present, 0.01), [], torch.Generator().manual_seed(7)
+    clean = class_mean_softmax(model, data.x[idx], data.y[idx], 10)
+    torch.testing.assert_close(P, clean, rtol=1e-5, atol=1e-6)  # the trained model's P^m, for V_m
+    margins, losses, g = margins_of(clean, present, 0.01), [], torch.Generator().manual_seed(7)
     epochs = list(common.epoch_batches(idx, args.batch_size, 2, 5))
     per_epoch = len(epochs) // 2
     for epoch in (epochs[:per_epoch], epochs[per_epoch:]):
@@ -183,17 +185,17 @@ def test_local_training_mixes_losses_and_replaces_p_with_the_epochs_mixup_weight
                     perm = torch.randperm(len(batch), generator=g)
                     logits = model(mix * xb + (1 - mix) * xb[perm])
                     weights = mix * F.one_hot(yb, 10) + (1 - mix) * F.one_hot(yb[perm], 10)  # sample n -> class rows
-                    losses.append(mix * fedacd.fedacd_loss(logits, yb, margins, 1.0).mean()
-                                  + (1 - mix) * fedacd.fedacd_loss(logits, yb[perm], margins, 1.0).mean())
+                    losses.append(mix * fedacd_objective(logits, yb, margins, 1.0).mean()
+                                  + (1 - mix) * fedacd_objective(logits, yb[perm], margins, 1.0).mean())
                 else:
                     logits = model(xb)
                     weights = F.one_hot(yb, 10).float()
-                    losses.append(fedacd.fedacd_loss(logits, yb, margins, 1.0).mean())
+                    losses.append(fedacd_objective(logits, yb, margins, 1.0).mean())
                 sums += weights.T @ logits.softmax(1)
         rows = sums.sum(1) > 0
         epoch_P = clean.clone()
         epoch_P[rows] = sums[rows] / sums[rows].sum(1, keepdim=True)
-        margins = fedacd.margin_deltas(epoch_P, present, 0.01)  # the next epoch's
+        margins = margins_of(epoch_P, present, 0.01)  # the next epoch's
     assert loss.item() == pytest.approx(torch.stack(losses).mean().item(), rel=1e-5)
     if mixup:  # the mixed outputs moved P^m, so epoch 2 trained with other margins than epoch 1
         assert not torch.allclose(epoch_P, clean, atol=1e-3)
@@ -298,11 +300,11 @@ def test_p_matrix_is_replaced_at_every_epoch_end_when_a_single_sample_batch_is_m
     idx, present = data.train_idx[0][:21], torch.as_tensor(data.train_counts[0] > 0)  # batches of 10 and 11
     loss, P = local_train(model, data, idx, present, args, batch_seed=5, mixup_seed=7)
     rows = torch.bincount(data.y[idx], minlength=10) > 0
-    expected = fedacd.probability_matrix(model, batches_of(data, idx), 10)  # frozen: every epoch's P^m is this
+    expected = class_mean_softmax(model, data.x[idx], data.y[idx], 10)  # frozen: every epoch's P^m is this
     assert torch.allclose(P[rows], expected[rows], atol=1e-5)
-    with torch.no_grad():
-        by_hand = torch.stack([fedacd.fedacd_loss(model(data.x[b]), data.y[b],
-                                                  fedacd.margin_deltas(expected, present, 0.01), 1.0).mean()
+    with torch.no_grad():  # test_main_loops' plain P^m, margins and loss, never fedacd's
+        by_hand = torch.stack([fedacd_objective(model(data.x[b]), data.y[b], margins_of(expected, present, 0.01),
+                                                1.0).mean()
                                for b in common.epoch_batches(idx, 10, 3, 5)]).mean()
     assert loss.item() == pytest.approx(by_hand.item(), rel=1e-5)  # the mean over the 6 steps taken
 
@@ -382,10 +384,11 @@ def test_round_aggregates_with_scores_of_the_trained_models(uniform):
     present = torch.as_tensor(data.train_counts > 0)
     fedacd_round(global_model, worker, data, clients, args, 1, stack)
     scores = []
-    for slot, c in enumerate(clients):  # V_m recomputed from each uploaded model
+    assert args.score_kl == "mean"  # the script's default, which kl_score computes
+    for slot, c in enumerate(clients):  # V_m recomputed from each uploaded model, P^m and Eq. (10) by hand
         common.load_flat_state(check, stack[slot])
-        P = fedacd.probability_matrix(check, batches_of(data, data.train_idx[c]), 10)
-        scores.append(fedacd.aggregation_score(P, present[c], args.tau, reduction=args.score_kl)[0].item())
+        idx = data.train_idx[c]
+        scores.append(float(kl_score(class_mean_softmax(check, data.x[idx], data.y[idx], 10), present[c], args.tau)[0]))
     w = torch.ones(3) / 3 if uniform else torch.tensor(scores) / sum(scores)
     want = (w[:, None] * stack).sum(0)
     assert torch.allclose(common.flatten_state(global_model), want, atol=1e-6)

@@ -227,13 +227,34 @@ def test_w_persists_across_rounds():
 
 
 def test_subset_size_and_determinism():
-    ala = fedala.ALA(common.MLP(60, 10), num_clients=1, s=80)
-    seeds = [common.client_seed(0, r, 4, tag=1) for r in (2, 3)]
-    a, b = (ala.subset(37, torch.Generator().manual_seed(s)) for s in seeds)
-    assert len(a) == len(b) == round(0.8 * 37) == 30
-    assert len(set(a.tolist())) == 30 and 0 <= a.min() and a.max() < 37
-    assert not torch.equal(a, b)  # a fresh subset each round
-    assert torch.equal(a, ala.subset(37, torch.Generator().manual_seed(seeds[0])))  # same seed, same subset
+    """Alg. 1 l. 7 on the round's path: fedala.client_update, as main() calls it, trains W on a random s% of the
+    client's data drawn afresh each round from the seed that round passes (SeedSequence([seed, round, client, 1]),
+    written out here, not common.client_seed); the samples ALA's forward passes see are exactly that subset, of
+    round(s/100 n) samples, another one each round, and the same again for the same seed and round."""
+    data = tiny_fed_data(num_clients=2, n_train=37)
+    data.x[:, 0] = torch.arange(len(data.x), dtype=torch.float32)  # each sample names itself
+    args = fedala_args("--num-pre-loss", 2, "--max-init-epochs", 3, "--seed", 5)
+    global_model, worker, ala, local_models = setup(data, args)
+    seen, real = [], ala.initialise
+
+    def recording(client, global_model, local_model, *rest):  # the samples ALA's forward passes see
+        hook = local_model.register_forward_pre_hook(lambda m, inp: seen[-1].update(inp[0][:, 0].long().tolist()))
+        try:
+            return real(client, global_model, local_model, *rest)
+        finally:
+            hook.remove()
+
+    ala.initialise = recording
+    client, idx, drawn = 1, data.train_idx[1], {}
+    for round_ in (2, 3, 4, 3):
+        seen.append(set())
+        fedala.client_update(worker, global_model, local_models[client], ala, data, client, args, round_)
+        seed = int(np.random.SeedSequence([args.seed, round_, client, 1]).generate_state(1)[0])
+        want = idx[torch.randperm(37, generator=torch.Generator().manual_seed(seed))[:round(0.8 * 37)]]
+        assert len(want) == 30 and seen[-1] == set(want.tolist()), round_
+        drawn.setdefault(round_, seen[-1])
+    assert len({frozenset(s) for s in drawn.values()}) == 3  # a fresh subset each round
+    assert seen[-1] == drawn[3]  # the same seed and round: the same subset
     assert len(fedala.ALA(common.MLP(60, 10), num_clients=1, s=5).subset(7, torch.Generator())) == 1  # at least one
 
 

@@ -132,32 +132,48 @@ def record_calls(monkeypatch):
     return called
 
 
+def free_memory(monkeypatch, *free):
+    """datasets.memory_available as fedpake.py reads it, giving ``free`` (bytes; None: unknown) in turn, the last one
+    from then on. Returns the list of devices it was asked about."""
+    asked = []
+    monkeypatch.setattr(fedpake.datasets, "memory_available",
+                        lambda device="cpu": asked.append(device) or free[min(len(asked), len(free)) - 1])
+    return asked
+
+
 def test_fedpake_py_runs_the_one_pass_form_on_a_cnn_sized_stack(monkeypatch):
-    """server_update runs the readable fedpake_aggregate on a stack of the 4-layer CNN's size (Fashion-MNIST:
-    582,026 values a client, two clients: above 2^20 values) while its memory is free: its result, bit for bit."""
+    """With its memory free, auto is the readable fedpake_aggregate for the 4-layer CNN (Fashion-MNIST: 582,026
+    values a client, two clients: above 2^20 values), and server_update runs it: its result, bit for bit."""
     data = type("Data", (), {"x": torch.zeros(1, 1, 28, 28), "num_classes": 10})
-    x, w = skewed_stack(num_clients=2, dim=common.flatten_state(common.build_model("cnn", data)).numel())
+    model = common.build_model("cnn", data)
+    x, w = skewed_stack(num_clients=2, dim=common.flatten_state(model).numel())
     assert x.numel() > 2 ** 20
+    free_memory(monkeypatch, 2 ** 40)
+    args = fedpake.parse_args(["--dataset", "synthetic", "--num-clients", "2"])
+    form = fedpake.aggregation_form(args, model, "cpu")
     called = record_calls(monkeypatch)
-    new_global, _ = fedpake.server_update(x, w, fedpake.parse_args(["--dataset", "synthetic"]), round_=3)
-    assert [name for name, _ in called] == ["fedpake_aggregate"]
+    new_global, _ = fedpake.server_update(x, w, args, 3, form)
+    assert form == "one-pass" and [name for name, _ in called] == ["fedpake_aggregate"]
     assert torch.equal(new_global, fedpake.fedpake_aggregate(x, w))
 
 
 @pytest.mark.parametrize("ablate", [(), ("micro",), ("micro", "macro")])
 def test_fedpake_py_chunks_only_where_the_one_pass_form_does_not_fit(ablate, monkeypatch):
-    """The form by the memory free (monkeypatched): the chunked form only below one_pass_peak_bytes; and the
-    seeds server_update draws the ablations from: one generator each, independent."""
-    x, w = skewed_stack(num_clients=16, dim=300)
-    args = fedpake.parse_args(["--dataset", "synthetic", *(["--ablate", *ablate] if ablate else [])])
+    """auto by the memory free at the start (monkeypatched): chunked only below a round's K x D stack of the model
+    plus one_pass_peak_bytes beyond it (K = round(join ratio x clients)); and the seeds server_update draws the
+    ablations from: one generator each, independent."""
+    args = fedpake.parse_args(["--dataset", "synthetic", "--num-clients", "20", "--join-ratio", "0.8",
+                               *(["--ablate", *ablate] if ablate else [])])
+    model, x, w = torch.nn.Linear(29, 10), *skewed_stack(num_clients=16, dim=300)
+    need = 16 * 300 * 4 + fedpake.one_pass_peak_bytes(16, 300, 4, args.n_micro)  # D = 29 x 10 + 10 = 300
     called = record_calls(monkeypatch)
-    need = fedpake.one_pass_peak_bytes(*x.shape, x.element_size(), args.n_micro)
-    for free, form in ((need, "fedpake_aggregate"), (need - 1, "fedpake_aggregate_chunked"),
-                       (None, "fedpake_aggregate")):  # None: the free memory cannot be read
-        monkeypatch.setattr(fedpake.datasets, "memory_available", lambda device, free=free: free)
+    for free, form, function in ((need, "one-pass", "fedpake_aggregate"), (None, "one-pass", "fedpake_aggregate"),
+                                 (need - 1, "chunked", "fedpake_aggregate_chunked")):  # None: cannot be read
+        asked = free_memory(monkeypatch, free)
+        assert fedpake.aggregation_form(args, model, "cpu") == form and asked == ["cpu"]
         called.clear()
-        fedpake.server_update(x, w, args, round_=3)
-        assert [name for name, _ in called] == [form]
+        fedpake.server_update(x, w, args, 3, form)
+        assert [name for name, _ in called] == [function]
     generators = {k: v for k, v in called[0][1].items() if k.startswith("random_") and v is not None}
     assert set(generators) == {f"random_{kind}" for kind in ablate}
     seeds = [g.initial_seed() for g in generators.values()]
@@ -165,16 +181,29 @@ def test_fedpake_py_chunks_only_where_the_one_pass_form_does_not_fit(ablate, mon
 
 
 def test_aggregation_one_pass_or_chunked_is_the_form_whatever_the_memory(monkeypatch):
-    x, w = skewed_stack(num_clients=6, dim=50)
-    called = record_calls(monkeypatch)
+    model = torch.nn.Linear(4, 10)
     for free in (0, 2 ** 40):
-        monkeypatch.setattr(fedpake.datasets, "memory_available", lambda device, free=free: free)
+        asked = free_memory(monkeypatch, free)
         for form in ("one-pass", "chunked", "auto"):
-            called.clear()
-            fedpake.server_update(x, w, fedpake.parse_args(["--dataset", "synthetic", "--aggregation", form]), 1)
+            args = fedpake.parse_args(["--dataset", "synthetic", "--aggregation", form])
             expected = form if form != "auto" else ("one-pass" if free else "chunked")
-            assert [name for name, _ in called] == [{"one-pass": "fedpake_aggregate",
-                                                     "chunked": "fedpake_aggregate_chunked"}[expected]]
+            assert fedpake.aggregation_form(args, model, "cpu") == expected
+        assert len(asked) == 1  # auto only: a given form reads no memory
+
+
+def test_the_form_is_decided_once_at_the_start_printed_and_recorded(tmp_path, one_thread, monkeypatch, capsys):
+    """auto is decided once, before config.json is written, on the run's device: with the memory free flipping after
+    the first reading, every round runs the first decision; config.json's args record it (not auto), and so does the
+    start-up line."""
+    flags = ["--dataset", "synthetic", "--num-clients", "4", "--rounds", "3"]
+    for first, then, form, function in ((2 ** 40, 0, "one-pass", "fedpake_aggregate"),
+                                        (0, 2 ** 40, "chunked", "fedpake_aggregate_chunked")):
+        asked, called = free_memory(monkeypatch, first, then), record_calls(monkeypatch)
+        fedpake.main([*flags, "--out", str(tmp_path / form)])
+        assert asked == [torch.device("cpu")] and [name for name, _ in called] == [function] * 3
+        with open(os.path.join(run_dir(tmp_path / form), "config.json")) as f:
+            assert json.load(f)["args"]["aggregation"] == form
+        assert f"; aggregation {form}\n" in capsys.readouterr().out
 
 
 PEAK = """
@@ -416,7 +445,7 @@ def test_both_ablations_draw_from_two_independent_generators_on_the_cpu(monkeypa
         monkeypatch.setattr(fedpake, name, lambda *a, real=real, name=name: drawn.setdefault(name, real(*a)))
     args = fedpake.parse_args(["--dataset", "synthetic", "--ablate", "micro", "macro", "--n-micro", "4"])
     x, w = skewed_stack(num_clients=20, dim=500, seed=8)
-    fedpake.server_update(x, w, args, round_=1)
+    fedpake.server_update(x, w, args, 1, "one-pass")
     monkeypatch.undo()
     assert made and all(m == ((), {}) for m in made)  # no device given: CPU generators
     micro, macro = drawn["random_micro_classes"], drawn["random_macro_classes"]
@@ -476,25 +505,33 @@ def test_last10_mean_is_over_the_last_10_rounds_whatever_eval_every(tmp_path):
     assert summary["test_acc"]["last10_mean"] == pytest.approx(sum(last10) / 10, abs=1e-6)
 
 
-@pytest.mark.parametrize("made_before_the_flag", [True, False], ids=["config-without-aggregation", "auto"])
-def test_a_run_resumes_with_the_aggregation_form_it_ran(made_before_the_flag, tmp_path, one_thread, monkeypatch):
-    """A run folder made before --aggregation (config.json and checkpoint without it) resumes with the form such
-    runs ran, chunks of 2^20 values (run_folder.ADDED_FLAGS), and gives the rows of a whole run so; a run of today
-    resumes with its own (auto: one pass where it fits)."""
+@pytest.mark.parametrize("made", ["recorded", "recorded-auto"])
+def test_a_run_resumes_with_the_aggregation_form_it_ran(made, tmp_path, one_thread, monkeypatch):
+    """--stop-after then --resume equals the whole run, in the form the run records whatever the memory free now
+    (the memory reads chunked at the start, one-pass from then on); --aggregation auto given with --resume is refused
+    in one line, not ignored. A run whose config.json and checkpoint say auto (made before the form was decided at
+    the start) resumes with the form decided when it resumes, its record unchanged."""
     flags = ["--dataset", "synthetic", "--num-clients", "4", "--rounds", "3", "--checkpoint-every", "1"]
-    form = ["--aggregation", "chunked"] if made_before_the_flag else []
-    fedpake.main([*flags, *form, "--out", str(tmp_path / "whole")])
+    free_memory(monkeypatch, 0, 2 ** 40)
+    fedpake.main([*flags, "--out", str(tmp_path / "whole")])
+    free_memory(monkeypatch, 0, 2 ** 40)
     with pytest.raises(SystemExit):
         fedpake.main([*flags, "--stop-after", "1", "--out", str(tmp_path / "parts")])
     folder = run_dir(tmp_path / "parts")
-    if made_before_the_flag:
-        config_path, checkpoint_path = os.path.join(folder, "config.json"), os.path.join(folder, "checkpoint.pt")
+    config_path, checkpoint_path = os.path.join(folder, "config.json"), os.path.join(folder, "checkpoint.pt")
+    assert json.load(open(config_path))["args"]["aggregation"] == "chunked"
+    if made == "recorded":
+        with pytest.raises(common.UserError, match="cannot resume with other settings: --aggregation chunked"):
+            fedpake.main(["--resume", folder, "--aggregation", "auto"])
+    else:
         config, blob = json.load(open(config_path)), torch.load(checkpoint_path, weights_only=False)
-        del config["args"]["aggregation"], blob["args"]["aggregation"]
+        config["args"]["aggregation"] = blob["args"]["aggregation"] = "auto"
         json.dump(config, open(config_path, "w"))
         torch.save(blob, checkpoint_path)
     called = record_calls(monkeypatch)
+    free_memory(monkeypatch, 2 ** 40, 0)  # one-pass now, for the run that records auto
     fedpake.main(["--resume", folder])
-    expected = "fedpake_aggregate_chunked" if made_before_the_flag else "fedpake_aggregate"
-    assert [name for name, _ in called] == [expected] * 2
+    expected = {"recorded": "fedpake_aggregate_chunked", "recorded-auto": "fedpake_aggregate"}[made]
+    assert [name for name, _ in called] == [expected] * 2  # synthetic: one chunk, bit for bit the one-pass form
     assert read_rows(folder, MEASURED) == read_rows(run_dir(tmp_path / "whole"), MEASURED)
+    assert json.load(open(config_path))["args"]["aggregation"] == {"recorded": "chunked", "recorded-auto": "auto"}[made]

@@ -11,7 +11,7 @@ import pytest
 
 import fedavg
 import run_folder
-from conftest import ROOT
+from conftest import ROOT, needs_flower
 from tools import compare
 
 
@@ -49,6 +49,7 @@ def test_the_set_up_s_environment_is_ignored_by_git():
     assert ignored.returncode == 0
 
 
+@needs_flower  # flower/app.py needs requirements-flower.txt, even for --help
 def test_flower_app_help_lists_every_mode_and_its_own_flags():
     """Each first argument flower/app.py's main acts on, and each of its own flags, is in its --help."""
     app = subprocess.run([sys.executable, "flower/app.py", "--help"], cwd=ROOT, capture_output=True, text=True,

@@ -25,6 +25,7 @@ import fedavg
 import fedpake
 import pfedla
 from conftest import metrics_rows, run_dir, run_in_process
+from test_main_loops import HN_TENSORS, hypernetwork_alpha, layerwise, plain_ala
 
 TINY = ["--dataset", "synthetic", "--num-clients", "4", "--local-epochs", "1", "--batch-size", "16", "--device", "cpu",
         "--checkpoint-every", "1", "--parallel-clients", "1"]
@@ -59,8 +60,7 @@ def two_updates(script):
     start = common.flatten_state(global_model)
     worker = common.build_model(args.model, data)
     if script in ("fedavg", "fedpake"):
-        update = fedavg.client_update if script == "fedavg" else common.client_update  # FedPake's: FedAvg's
-        return start, global_model, lambda c: update(worker, start, data, c, args, 2)[0]
+        return start, global_model, lambda c: module.client_update(worker, start, data, c, args, 2)[0]
     if script == "fedala":
         ala = fedala.ALA(global_model, args.num_clients, batch_size=args.batch_size)
         local_models = (start + 0.01 * torch.randn(args.num_clients, len(start))).contiguous()  # older local models
@@ -98,7 +98,8 @@ def test_the_new_global_model_shares_no_storage_with_the_uploads(script):
     if script == "fedacd":
         new = fedacd.server_update(list(uploads), [torch.tensor(0.6, dtype=torch.float64)] * 3)
     elif script == "fedpake":
-        new = fedpake.server_update(uploads, [5, 6, 7], fedpake.parse_args(["--dataset", "synthetic"]), 1)[0]
+        new = fedpake.server_update(uploads, [5, 6, 7], fedpake.parse_args(["--dataset", "synthetic"]), 1,
+                                    "one-pass")[0]
     else:
         new = fedavg.server_update(uploads, [5, 6, 7])
     copy = uploads.clone()
@@ -150,17 +151,20 @@ def test_fedala_keeps_each_client_s_w_and_local_model_across_rounds_and_resume(t
 
 
 def test_pfedla_keeps_each_client_s_hypernetwork_and_stored_model_across_rounds_and_resume(tmp_path):
-    """A client that does not join keeps its stored model theta_j and its hypernetwork (v_j, psi_j: its rows of
-    every tensor) exactly; one that joins changes both; stops and --resume give the uninterrupted run's state."""
+    """A client that does not join keeps its stored model theta_j and its hypernetwork (v_j, psi_j: its row of
+    each tensor) exactly; one that joins changes both, its row of EACH tensor the paper trains (v_i, the MLP's and
+    the heads' weights and biases: one tensor left frozen, a v_i registered as a buffer, cannot hide behind the
+    others moving); stops and --resume give the uninterrupted run's state."""
     states, whole = stopped_and_resumed("pfedla", tmp_path, 3, "--join-ratio", "0.5")
     joined = sampled(0, 4, 0.5, 3)
     for round_ in (2, 3):
         before, after = states[round_ - 2], states[round_ - 1]
+        assert sorted(after["hypernetworks"]) == sorted(HN_TENSORS)
         for c in range(4):
-            same_model = torch.equal(before["stored_models"][c], after["stored_models"][c])
-            same_hn = all(torch.equal(before["hypernetworks"][k][c], after["hypernetworks"][k][c])
-                          for k in after["hypernetworks"])
-            assert same_model == same_hn == (c not in joined[round_ - 1])
+            assert torch.equal(before["stored_models"][c], after["stored_models"][c]) == (c not in joined[round_ - 1])
+            for name in HN_TENSORS:
+                same = torch.equal(before["hypernetworks"][name][c], after["hypernetworks"][name][c])
+                assert same == (c not in joined[round_ - 1]), (round_, c, name)
     assert torch.equal(states[-1]["stored_models"], whole["stored_models"])
     assert all(torch.equal(v, whole["hypernetworks"][k]) for k, v in states[-1]["hypernetworks"].items())
 
@@ -219,18 +223,15 @@ def test_fedala_evaluates_joining_clients_ala_initialised_and_the_others_on_thei
     join its current local model; every client, pooled. The global model and the trained local models give
     other numbers here."""
     row, args, data, model, after_1, after_2, joined = by_hand("fedala", tmp_path)
-    global_1 = common.build_model(args.model, data)
-    global_1.load_state_dict(after_1["state"]["global_model"])
-    ala = fedala.ALA(global_1, 4, p=args.p, eta=args.eta, s=args.s, batch_size=args.batch_size,
-                     threshold=args.threshold, num_pre_loss=args.num_pre_loss, max_init_epochs=args.max_init_epochs)
-    ala.load_state_dict(after_1["state"]["ala"])
+    state = after_1["state"]
+    global_1 = torch.cat([v.reshape(-1) for v in state["global_model"].values()])  # the MLP: no buffers
     results, trained = [], []
     for c in range(4):
-        common.load_flat_state(model, after_1["state"]["local_models"][c])
-        if c in joined:
-            idx = data.train_idx[c]
-            generator = torch.Generator().manual_seed(common.client_seed(args.seed, 2, c, tag=1))
-            ala.initialise(c, global_1, model, data.x[idx], data.y[idx], generator)
+        start = state["local_models"][c]
+        if c in joined:  # ALA written out in test_main_loops (plain_ala), never fedala.ALA
+            start, _, _, _ = plain_ala(model, data, c, 2, args, global_1, start, state["ala"]["weights"][c],
+                                       state["ala"]["initial_stage"][c], list(state["ala"]["init_losses"][c]))
+        common.load_flat_state(model, start)
         results.append(common.evaluate(model, data, [data.test_idx[c]]))
         common.load_flat_state(model, after_2["state"]["local_models"][c])
         trained.append(common.evaluate(model, data, [data.test_idx[c]]))
@@ -249,17 +250,16 @@ def test_pfedla_evaluates_every_client_s_personalised_model_not_its_stored_one(t
     receives next), for every client; test_acc_mean their unweighted mean. The joining clients alone, or the
     stored (trained) models, give other numbers here."""
     row, args, data, model, _, after_2, joined = by_hand("pfedla", tmp_path)
-    sizes = pfedla.layer_sizes(model)
-    hypernetworks = pfedla.LayerHypernetworks(4, len(sizes), args.embed_dim, args.hidden_dim)
-    hypernetworks.load_state_dict(after_2["state"]["hypernetworks"])
+    blocks = [sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()
+              if any(True for _ in m.parameters(recurse=False))]  # the MLP's layers
+    hypernetworks = after_2["state"]["hypernetworks"]  # Eq. (3)-(6) written out in test_main_loops, not the class
     stored = after_2["state"]["stored_models"]
-    with torch.no_grad():
-        alpha = hypernetworks(torch.arange(4))
     personalised, own = [], []
     for c in range(4):
-        pfedla.load_flat_state(model, pfedla.aggregate_layerwise(alpha[c:c + 1], stored, sizes)[0])
+        with torch.no_grad():
+            common.load_flat_state(model, layerwise(hypernetwork_alpha(hypernetworks, c), stored, blocks, c))
         personalised.append(common.evaluate(model, data, [data.test_idx[c]]))
-        pfedla.load_flat_state(model, stored[c])
+        common.load_flat_state(model, stored[c])
         own.append(common.evaluate(model, data, [data.test_idx[c]]))
     expected = pooled(personalised)
     assert float(row["test_acc_mean"]) == pytest.approx(expected["test_acc_mean"], abs=1e-4)

@@ -1,4 +1,4 @@
-"""The publishers' datasets are checked for their known content (datasets.KNOWN_CONTENT, docs/datasets.md):
+"""The publishers' datasets are checked for their known content (data_formats.KNOWN_CONTENT, docs/datasets.md):
 well-formed files with the wrong content are refused in one line naming the file; an idx file is never
 inflated beyond what its header declares; a load that fails leaves no folder it made. Files of the real
 sizes are fabricated here with only the property under test changed; Fashion-MNIST's own files are used
@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import common
+import data_formats
 import datasets
 import fedavg
 import run_folder
@@ -21,8 +22,8 @@ from test_datasets import NO_NETWORK
 from test_offline_data import idx_bytes
 
 FMNIST_DIR = os.environ.get("FMNIST_DIR", "/usr/share/datasets/fashion-mnist")
-STEMS = datasets.IDX_FILES["mnist"]  # MNIST's and Fashion-MNIST's file names
-MNIST = datasets.KNOWN_CONTENT["mnist"]
+STEMS = data_formats.IDX_FILES["mnist"]  # MNIST's and Fashion-MNIST's file names
+MNIST = data_formats.KNOWN_CONTENT["mnist"]
 
 
 @pytest.fixture
@@ -63,14 +64,14 @@ def tree(folder):
 # ----------------------------------------------------------------------------- the table itself
 
 def test_every_publishers_dataset_has_a_consistent_entry():
-    assert set(datasets.KNOWN_CONTENT) == set(datasets.VISION)
-    for name, known in datasets.KNOWN_CONTENT.items():
+    assert set(data_formats.KNOWN_CONTENT) == set(data_formats.VISION)
+    for name, known in data_formats.KNOWN_CONTENT.items():
         assert len(known["shape"]) == 3 and len(known["sizes"]) == 2, name
         for split in (0, 1):  # the per-class counts add up to the sizes, one count per class
             assert len(known["counts"][split]) == known["classes"] and \
                 sum(known["counts"][split]) == known["sizes"][split], name
         assert all(len(h) == 64 and int(h, 16) >= 0 for h in known.get("sha256", ())), name
-    assert datasets.KNOWN_CONTENT["fmnist"]["sha256"], "Fashion-MNIST's fingerprint was computed from its files"
+    assert data_formats.KNOWN_CONTENT["fmnist"]["sha256"], "Fashion-MNIST's fingerprint was computed from its files"
 
 
 # ----------------------------------------------------------------------------- wrong content, real sizes
@@ -114,7 +115,8 @@ def test_a_cifar_label_outside_the_classes_names_its_batch(tmp_path, monkeypatch
     miniature's sizes stands in for CIFAR-10's 50,000 images)."""
     from test_foundation import write_cifar
     written = write_cifar(str(tmp_path), 10)
-    monkeypatch.setitem(datasets.KNOWN_CONTENT, "cifar10", {**datasets.KNOWN_CONTENT["cifar10"], "sizes": (60, 12)})
+    monkeypatch.setitem(data_formats.KNOWN_CONTENT, "cifar10",
+                        {**data_formats.KNOWN_CONTENT["cifar10"], "sizes": (60, 12)})
     batch = tmp_path / "cifar-10-batches-py" / "data_batch_3"
     entry = {"data": written["data_batch_3"][0], "labels": [int(v) for v in written["data_batch_3"][1]]}
     entry["labels"][4] = 12
@@ -131,8 +133,8 @@ def test_another_fingerprint_is_refused_and_the_match_is_named(tmp_path, monkeyp
                               rng)
     x, y, x_test, y_test = (a[:, None] if a.ndim == 3 else a for a in arrays)
     entry = {"shape": (1, 28, 28), "classes": 4, "sizes": (40, 20), "counts": ((10,) * 4, (5,) * 4),
-             "sha256": tuple(datasets.content_sha256(a) for a in (x, y, x_test, y_test))}
-    monkeypatch.setattr(datasets, "KNOWN_CONTENT", {"fmnist": {**entry, "title": "Fashion-MNIST"},
+             "sha256": tuple(data_formats.content_sha256(a) for a in (x, y, x_test, y_test))}
+    monkeypatch.setattr(data_formats, "KNOWN_CONTENT", {"fmnist": {**entry, "title": "Fashion-MNIST"},
                                                     "mnist": {**entry, "title": "MNIST", "sha256": ("0" * 64,) * 4}})
     assert datasets.load_arrays("fmnist", str(tmp_path / "ours"))[0].shape == (40, 1, 28, 28)
     shutil.copytree(tmp_path / "ours", tmp_path / "changed")
@@ -141,7 +143,7 @@ def test_another_fingerprint_is_refused_and_the_match_is_named(tmp_path, monkeyp
         f.write(idx_bytes(x[:, 0]))
     line = refused("fmnist", tmp_path / "changed")
     assert line.startswith(f"{tmp_path / 'changed' / STEMS[0]} is not Fashion-MNIST's training images: the sha256 "
-                           f"of its decoded content is {datasets.content_sha256(x)[:16]}"), line
+                           f"of its decoded content is {data_formats.content_sha256(x)[:16]}"), line
     assert "these are" not in refused("fmnist", tmp_path / "changed")
     line = refused("mnist", tmp_path / "ours")  # Fashion-MNIST's content read as MNIST: named as what it is
     assert "is not MNIST's training images" in line and "(these are Fashion-MNIST's: --dataset fmnist)" in line
@@ -227,13 +229,13 @@ def test_a_gzip_bomb_is_refused_after_the_declared_size(tmp_path, fabricated_pub
 def test_read_idx_reads_exactly_the_declared_bytes(tmp_path):
     import io
     content = idx_bytes(np.arange(6, dtype=np.uint8).reshape(2, 3))
-    assert datasets.read_idx(io.BytesIO(content), "f").tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert data_formats.read_idx(io.BytesIO(content), "f").tolist() == [[0, 1, 2], [3, 4, 5]]
     stream = io.BytesIO(content + bytes(10))
     with pytest.raises(ValueError, match="holds more than the 6 bytes"):
-        datasets.read_idx(stream, "f")
+        data_formats.read_idx(stream, "f")
     assert stream.tell() == len(content) + 1  # read one byte beyond, no more
     with pytest.raises(ValueError, match="holds 5 bytes of data; its header says 6"):
-        datasets.read_idx(io.BytesIO(content[:-1]), "f")
+        data_formats.read_idx(io.BytesIO(content[:-1]), "f")
 
 
 # ----------------------------------------------------------------------------- a failed load leaves nothing it made

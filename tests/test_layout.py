@@ -11,7 +11,7 @@ from conftest import ROOT
 
 SCRIPTS = {"fedavg", "fedala", "pfedla", "fedpake", "fedacd"}
 # shared modules, lowest first: a module imports only modules on lower floors
-FLOORS = ["startup", "data_partition", "run_folder", "datasets", "common"]
+FLOORS = ["startup", "data_partition", "run_folder", "data_formats", "datasets", "common"]
 TOP_LEVEL = {"README.md", "LICENSE", "CITATION.cff", "requirements.txt", "requirements-flower.txt", "pytest.ini", ".gitignore", ".ci",
              "docs", "tests", "tools", "flower", "results", *(f"{m}.py" for m in [*FLOORS, *SCRIPTS])}
 FOLDERS = ["tools", "flower"]  # what a user runs beside the scripts: above the scripts, below nothing
@@ -133,23 +133,37 @@ def test_one_fedala_round_reads_in_the_lines_of_common_py_that_docs_layout_names
 
 
 def test_the_scripts_and_the_shared_modules_stay_within_their_lengths():
-    """The lengths the lean-scripts redesign brought them to, as upper bounds (lines, wc -l): each script
-    shorter than it was before it, fedavg.py at most 100 (with Alg. 1's ClientUpdate written out) and fedacd.py
-    at most 320 lines, fedala.py 248 (its rows named and dropped after the server step, as in every loop);
-    common.py at most 750 (834 before the stacked path left it for tools/together.py and the rows stopped being
-    reused), and common.py, datasets.py and run_folder.py together at most 3,432 (91 lines since the tools became all or nothing
-    and refuse before starting anything: atomic_write_all, leftover removal, the --out and --stop-after checks),
-    3,540 with the progress line of long rounds (Run.clients_done) and the CIFAR layout messages;
-    fedpake.py at most 314 (290 before --aggregation chose the one-pass or the chunked form by the memory free). Growing past them is a decision
-    to make explicitly, here."""
+    """Upper bounds (lines, wc -l), each a decision to change here, never a layer on top: the scripts as their
+    papers' rounds (fedavg.py with Alg. 1's ClientUpdate written out; fedpake.py with its own client update and its
+    aggregation form decided once per run); the shared modules a script imports, together, 3,180 lines (3,795 before
+    the run folder's validators and migrations moved to tools/run_records.py). Issue 86 asks run_folder.py <= 450 and
+    the sum <= 2,800: not reached yet (docs/layout.md)."""
     def length(name):
         return sum(1 for _ in open(os.path.join(ROOT, name)))
 
-    limits = {"fedavg.py": 100, "fedala.py": 248, "pfedla.py": 281, "fedpake.py": 314, "fedacd.py": 320,
-              "common.py": 750}
+    limits = {"fedavg.py": 101, "fedala.py": 249, "pfedla.py": 281, "fedpake.py": 328, "fedacd.py": 321,
+              "common.py": 750, "datasets.py": 450, "run_folder.py": 810}
     over = {name: length(name) for name, limit in limits.items() if length(name) > limit}
     assert not over, over
-    assert sum(length(f"{m}.py") for m in ("common", "datasets", "run_folder")) <= 3540
+    assert sum(length(f"{m}.py") for m in FLOORS) <= 3180
+
+
+def test_tools_import_no_private_name_of_a_shared_module():
+    """tools/ and flower/ use the shared modules' public names only (no ``module._name``)."""
+    import re
+    for name, path in modules().items():
+        if name.startswith(("tools.", "flower.")):
+            text = open(path).read()
+            found = re.findall(r"\b(?:%s)\._[a-z]\w*" % "|".join(FLOORS), text)
+            assert not found, (name, found)
+
+
+def test_importing_run_folder_changes_nothing_in_the_process():
+    code = ("import os, signal, atexit, sys, numpy, torch, filelock, data_partition; n = atexit._ncallbacks(); before = (os.umask(0o022), [signal.getsignal(s) for s in "
+            "(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)]); os.umask(before[0]); import run_folder; "
+            "after = (os.umask(0o022), [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)]);"
+            " assert before == after, (before, after); assert atexit._ncallbacks() == n, atexit._ncallbacks()")
+    subprocess.run([os.sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
 def test_shared_code_uses_no_private_torch_api_and_behaves_by_no_file_name():
@@ -187,3 +201,20 @@ def test_every_test_file_that_starts_flower_runs_on_the_flower_worker():
                 if starts_flower.search(f.read()):
                     found.add(name)
     assert found == conftest.FLOWER_FILES
+
+
+def test_datasets_py_holds_what_a_user_adapts_and_other_formats_sit_below_it():
+    """datasets.py stays at most 450 lines: synthetic data, .npz files, the checks, the tensors and the partition,
+    what a user reads to add a dataset; other people's formats live in data_formats.py, which imports no module above
+    it (anywhere, inside functions too), so datasets.py reads them and they never reach back. The two together stay
+    within the 1,370 lines of the split (1,346 before it): moving code between them is no room to grow."""
+    def length(name):
+        return sum(1 for _ in open(os.path.join(ROOT, name)))
+
+    assert length("datasets.py") <= 450, f"datasets.py has {length('datasets.py')} lines; move other people's " \
+        "formats to data_formats.py"
+    assert length("datasets.py") + length("data_formats.py") <= 1370
+    above = set(FLOORS[FLOORS.index("data_formats") + 1:]) | SCRIPTS | {m for m in modules() if "." in m}
+    imported = graph()["data_formats"]
+    assert imported <= {"data_partition", "run_folder"} and not imported & above, sorted(imported)
+    assert "data_formats" in graph()["datasets"]

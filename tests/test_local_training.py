@@ -10,6 +10,8 @@ import torch
 
 import common
 import fedavg
+import fedpake
+import pfedla
 import run_folder
 from conftest import metrics_rows, run_dir
 from tools import fedavg_variants
@@ -147,10 +149,10 @@ def test_fedavg_py_points_to_the_moved_flags_and_their_old_runs_resume_here_only
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_fedavg_client_update_is_common_client_update_bit_for_bit(threads):
-    """fedavg.py writes out Alg. 1's ClientUpdate; the other scripts train with common.local_train (through
-    common.client_update): the two give the same trained model and loss, bit for bit, with momentum, weight
-    decay, several epochs and an uneven last batch, on one torch thread and on two. What holds them together."""
+def test_fedavg_client_update_is_common_local_train_bit_for_bit(threads):
+    """fedavg.py writes out Alg. 1's ClientUpdate; the other scripts' clients train with common.local_train (FedPake's
+    and pFedLA's client_update over it): the same trained model and loss, bit for bit, with momentum, weight decay,
+    several epochs and an uneven last batch, on one torch thread and on two. What holds them together."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -163,12 +165,13 @@ def test_fedavg_client_update_is_common_client_update_bit_for_bit(threads):
         start = common.flatten_state(model).detach().clone() + 0.01
         for client in range(4):
             ours, our_loss = fedavg.client_update(model, start, data, client, args, 2)
-            theirs, their_loss = common.client_update(model, start, data, client, args, 2)
-            assert torch.equal(ours, theirs) and torch.equal(our_loss, their_loss)
             assert (ours - start).abs().max() > 1e-3  # it trained
             common.load_flat_state(model, start)
             by_hand = common.local_train(model, data, data.train_idx[client], args,
                                          common.client_seed(args.seed, 2, client))
             assert torch.equal(common.flatten_state(model), ours) and torch.equal(by_hand, our_loss)
+            for script in (fedpake, pfedla):
+                theirs, their_loss = script.client_update(model, start, data, client, args, 2)
+                assert torch.equal(theirs, ours) and torch.equal(their_loss, our_loss), script.__name__
     finally:
         torch.set_num_threads(previous)

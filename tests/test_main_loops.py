@@ -381,55 +381,100 @@ def test_fedacd_client_update_re_estimates_p_at_each_epoch_s_end_on_a_client_of_
 
 # ----------------------------------------------------------------------------- pFedLA and HeurpFedLA
 
+# The hypernetworks HN_i(v_i; psi_i) of Eq. (3)-(4) written out here as a dict of plain tensors, one row per client
+# (never pfedla.LayerHypernetworks or its .parameters(): a tensor the script fails to train, a v_i registered as a
+# buffer, must differ from what is trained here). The tensors the paper trains, by the names the script's state
+# uses: the embedding v_i, then psi_i: the MLP's weights and biases and one linear head per model layer.
+HN_TENSORS = ["embedding", "mlp_weight.0", "mlp_weight.1", "mlp_weight.2", "mlp_bias.0", "mlp_bias.1", "mlp_bias.2",
+              "head_weight", "head_bias"]
+
+
+def hypernetwork_init(num_clients, num_layers, embed_dim, hidden_dim, generator):
+    """The initialisation docs/pfedla.md gives (as nn.Embedding and nn.Linear: N(0, 1), U(+-1/sqrt(fan_in))), drawn
+    from ``generator`` in the order embedding, MLP weights, MLP biases, head weights, head biases."""
+    def uniform(*shape, fan_in):
+        bound = 1 / fan_in ** 0.5
+        return torch.empty(*shape).uniform_(-bound, bound, generator=generator)
+
+    n, dims = num_clients, [embed_dim, hidden_dim, hidden_dim, hidden_dim]
+    tensors = {"embedding": torch.randn(n, embed_dim, generator=generator)}
+    tensors.update({f"mlp_weight.{k}": uniform(n, a, b, fan_in=a) for k, (a, b) in enumerate(zip(dims, dims[1:]))})
+    tensors.update({f"mlp_bias.{k}": uniform(n, b, fan_in=a) for k, (a, b) in enumerate(zip(dims, dims[1:]))})
+    tensors["head_weight"] = uniform(n, hidden_dim, num_layers, n, fan_in=hidden_dim)
+    tensors["head_bias"] = uniform(n, num_layers, n, fan_in=hidden_dim)
+    return tensors
+
+
+def hypernetwork_alpha(tensors, i):
+    """Eq. (3)-(4) for client i: v_i -> 3 x (Linear, ReLU) -> per layer l a linear head of N scores -> softmax over
+    the clients; alpha_i as a (layers, N) tensor."""
+    h = tensors["embedding"][i]
+    for k in range(3):
+        h = torch.relu(h @ tensors[f"mlp_weight.{k}"][i] + tensors[f"mlp_bias.{k}"][i])
+    return (torch.einsum("h,hlj->lj", h, tensors["head_weight"][i]) + tensors["head_bias"][i]).softmax(-1)
+
+
+def layerwise(alpha_i, stored, blocks, i, retained=()):
+    """Eq. (5)-(6): theta_bar_i^l = sum_j alpha_i^{l,j} theta_j^l per layer (``blocks`` the layers' lengths in the
+    flat model); Alg. 2 l. 7: the layers in ``retained`` are client i's own stored ones."""
+    parts, offset = [], 0
+    for layer, size in enumerate(blocks):
+        own = stored[i, offset:offset + size]
+        mixed = sum(alpha_i[layer, j] * stored[j, offset:offset + size] for j in range(len(stored)))
+        parts.append(own if layer in retained else mixed)
+        offset += size
+    return torch.cat(parts)
+
+
+def top_self_weight(alpha_i, i, k):
+    """Eq. (12): the k layers of largest self-weight alpha_i^{l,i}."""
+    return set(torch.argsort(alpha_i[:, i].detach(), descending=True)[:k].tolist())
+
+
+def hypernetwork_step(tensors, clients, stored, blocks, deltas, hn_lr):
+    """Alg. 1 l. 8, Eq. (10)-(11) (Alg. 2 l. 10 alike): v_i, psi_i += hn_lr (d theta_bar_i / d(v_i, psi_i))^T
+    Delta theta_i, theta_bar_i the full layer-wise aggregate of l. 5 (every layer aggregated) and Delta theta_i
+    (``deltas``, one row per client of ``clients``) over all layers; autograd of the plain forward above. Returns
+    the new tensors (new leaves) and the step of each."""
+    leaves = {name: value.detach().clone().requires_grad_() for name, value in tensors.items()}
+    theta_bar = torch.stack([layerwise(hypernetwork_alpha(leaves, i), stored, blocks, i) for i in clients])
+    grads = torch.autograd.grad(theta_bar, list(leaves.values()), deltas)
+    steps = {name: hn_lr * g for name, g in zip(leaves, grads)}
+    return {name: (leaves[name] + steps[name]).detach() for name in leaves}, steps
+
+
 def pfedla_reference(k):
     args, data, model, rng = setup(pfedla, ["--k", str(k)])
     N = args.num_clients
-    # the hypernetworks' initialisation is drawn after the model's from --seed's stream (the piece is
-    # tests/test_pfedla.py's); their forward is Eq. (3)-(4), the rest of the round is written here
-    hypernetworks = pfedla.LayerHypernetworks(N, 2, args.embed_dim, args.hidden_dim, generator=torch.default_generator)
+    # the hypernetworks' initialisation is drawn after the model's from --seed's stream
+    hypernetworks = hypernetwork_init(N, 2, args.embed_dim, args.hidden_dim, torch.default_generator)
     blocks = [sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()
               if any(True for _ in m.parameters(recurse=False))]
     stored = parameters_to_vector(model.parameters()).detach().repeat(N, 1)  # Alg. 1 l. 1
 
-    def personalised(alpha_i, i, retained):  # Eq. (5)-(6); Alg. 2 l. 7: retained layers are client i's own
-        parts, offset = [], 0
-        for layer, size in enumerate(blocks):
-            own = stored[i, offset:offset + size]
-            mixed = sum(alpha_i[layer, j] * stored[j, offset:offset + size] for j in range(N))
-            parts.append(own if layer in retained else mixed)
-            offset += size
-        return torch.cat(parts)
-
-    def top_self_weight(alpha_i, i):  # Eq. (12): the k layers of largest alpha_i^{l,i}
-        return set(torch.argsort(alpha_i[:, i].detach(), descending=True)[:k].tolist())
-
     rows = []
     for round_ in (1, 2):
         clients = sampled(rng, N, args.join_ratio)
-        alpha = hypernetworks(torch.tensor(clients))
-        theta_bar = [personalised(alpha[s], i, set()) for s, i in enumerate(clients)]  # with the graph
-        received = [personalised(alpha[s].detach(), i, top_self_weight(alpha[s], i)).detach()
-                    for s, i in enumerate(clients)]
+        with torch.no_grad():
+            alpha = [hypernetwork_alpha(hypernetworks, i) for i in clients]
+            received = [layerwise(alpha[s], stored, blocks, i, top_self_weight(alpha[s], i, k))
+                        for s, i in enumerate(clients)]
         trained, losses = [], []
         for s, i in enumerate(clients):
             flat, loss = train_plain(model, received[s], data, data.train_idx[i],
                                      minibatches(data.train_idx[i], args.batch_size, args.local_epochs,
                                                  seed_of(args.seed, round_, i)), args.lr)
             trained.append(flat), losses.append(loss)
-        # Alg. 1 l. 8, Eq. (10)-(11): psi_i, v_i += hn_lr (d theta_bar_i / d psi_i)^T Delta theta_i
-        params = list(hypernetworks.parameters())
-        vjp = torch.autograd.grad(theta_bar, params, [t - r for t, r in zip(trained, received)])
-        with torch.no_grad():
-            for p, g in zip(params, vjp):
-                p.add_(g, alpha=args.hn_lr)
+        hypernetworks, _ = hypernetwork_step(hypernetworks, clients, stored, blocks,  # Alg. 1 l. 8
+                                             torch.stack([t - r for t, r in zip(trained, received)]), args.hn_lr)
         for s, i in enumerate(clients):  # l. 7: theta_i := theta_bar_i + Delta theta_i
             stored[i] = trained[s]
         with torch.no_grad():  # evaluated: what each client receives next
-            alpha = hypernetworks(torch.arange(N))
-            results = [evaluated(model, personalised(alpha[i], i, top_self_weight(alpha[i], i)), data, i)
-                       for i in range(N)]
+            alpha = [hypernetwork_alpha(hypernetworks, i) for i in range(N)]
+            results = [evaluated(model, layerwise(alpha[i], stored, blocks, i, top_self_weight(alpha[i], i, k)),
+                                 data, i) for i in range(N)]
         rows.append({**accuracy(results), "train_loss": sum(losses) / len(losses),
-                     "self_weight": float(torch.stack([alpha[i, :, i] for i in range(N)]).mean())})
+                     "self_weight": float(torch.stack([alpha[i][:, i] for i in range(N)]).mean())})
     return rows, stored, hypernetworks
 
 
@@ -439,15 +484,19 @@ def test_pfedla_main_aggregates_layerwise_steps_the_hypernetworks_and_evaluates_
     expected, stored, hypernetworks = pfedla_reference(k)
     assert_rows(rows, expected)
     assert (checkpoint["state"]["stored_models"] - stored).abs().max() <= PARAMS_ATOL
-    for name, value in hypernetworks.state_dict().items():
-        assert (checkpoint["state"]["hypernetworks"][name] - value).abs().max() <= PARAMS_ATOL, name
+    saved = checkpoint["state"]["hypernetworks"]
+    assert sorted(saved) == sorted(HN_TENSORS)  # v_i and psi_i, nothing else
+    for name in HN_TENSORS:  # each trained as Eq. (10)-(11) trains it here
+        assert (saved[name] - hypernetworks[name]).abs().max() <= PARAMS_ATOL, name
 
 
 # ----------------------------------------------------------------------------- FedPake
 
-def fedpake_server(rows, n, kappa, n_micro, n_macro, delta):
+def fedpake_server(rows, n, kappa, n_micro, n_macro, delta, draw_micro=None, draw_macro=None):
     """FedPake's aggregation as docs/fedpake.md reconstructs Eq. (2)-(11), written here column by column in
-    float64 numpy: (the new global model, |H| / D, the number of Macro-Classes)."""
+    float64 numpy: (the new global model, |H| / D, the number of Macro-Classes). --ablate (Table 4):
+    ``draw_micro(|H|, K)`` gives the random Micro-Classes (K x |H|), ``draw_macro(K)`` the random Macro-Classes
+    (lists of clients) in place of the paper's."""
     W, n = torch.stack(rows).double().numpy(), np.asarray(n, dtype=np.float64)
     out = (n / n.sum()) @ W  # the low-dispersion part: FedAvg's mean
     cv = W.std(0) / (np.abs(W.mean(0)) + 1e-12)  # Eq. (2)-(5), population std over clients
@@ -459,9 +508,12 @@ def fedpake_server(rows, n, kappa, n_micro, n_macro, delta):
     mic = np.minimum(np.floor((V - lo) / np.maximum(hi - lo, np.finfo(np.float64).tiny) * n_micro),
                      n_micro - 1).astype(int)  # Eq. (6)-(7): n_micro equal bins of [min, max]
     K = len(W)
+    if draw_micro is not None:
+        mic = draw_micro(len(high), K)
     D = np.array([[np.mean(mic[a] != mic[b]) for b in range(K)] for a in range(K)])  # Eq. (8)
-    clusters = [[k] for k in range(K)]
-    while len(clusters) > 1:  # average linkage: merge the closest pair while D <= delta or too many clusters
+    clusters = [[k] for k in range(K)] if draw_macro is None else draw_macro(K)
+    # average linkage (not under --ablate macro): merge the closest pair while D <= delta or too many clusters
+    while len(clusters) > 1 and draw_macro is None:
         best = None
         for a in range(len(clusters)):
             for b in range(a + 1, len(clusters)):
@@ -513,6 +565,52 @@ def test_fedpake_main_aggregates_by_micro_and_macro_classes_as_reconstructed(tmp
 
 # ----------------------------------------------------------------------------- FedALA
 
+def ala_weights(model, p):
+    """The number of ALA weights: the parameters of the model's top p layers (modules that own parameters)."""
+    owners = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
+    return sum(q.numel() for m in owners[-p:] for q in m.parameters(recurse=False))
+
+
+def plain_ala(model, data, i, round_, args, global_, local_i, w_i, initial, epoch_losses):
+    """FedALA's Alg. 1 l. 7-15 for client i in ``round_``, written here (never fedala.ALA): Theta_hat = Theta_i +
+    (Theta - Theta_i) (.) W on the top p layers (Eq. 4), the lower ones the global model's; W <- clip(W - eta dL/dW)
+    (Eq. 5-7), one epoch after the initial stage, in it until the std of the last --num-pre-loss epoch losses is below
+    --threshold (or --max-init-epochs), on a random s% of the client's data, drawn afresh with this round's seed
+    (SeedSequence([seed, round, client, 1])). ``model`` a plain model without buffers (flat = its parameters),
+    ``global_``, ``local_i`` flat, ``w_i`` client i's W; ``epoch_losses`` (client i's list) receives the initial
+    stage's epoch losses. Returns (Theta_hat_i, the new W_i, the weight-learning epochs, still in the initial stage)."""
+    owners = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
+    top = [p for m in owners[-args.p:] for p in m.parameters(recurse=False)]  # the top p layers
+    top_at = parameters_to_vector(top).numel()
+    old, update, w = local_i[-top_at:], (global_ - local_i)[-top_at:], w_i.clone()
+    g = torch.Generator().manual_seed(seed_of(args.seed, round_, i, 1))
+    idx = data.train_idx[i]
+    subset = idx[torch.randperm(len(idx), generator=g)[:max(1, round(args.s / 100 * len(idx)))]]
+    epochs = 0
+    while True:
+        order = subset[torch.randperm(len(subset), generator=g)]
+        cuts = list(range(0, len(order), args.batch_size))
+        if len(cuts) > 1 and len(order) - cuts[-1] == 1:
+            cuts.pop()
+        losses = []
+        for a, b in zip(cuts, cuts[1:] + [len(order)]):
+            vector_to_parameters(torch.cat([global_[:-top_at], torch.addcmul(old, update, w)]), model.parameters())
+            loss = F.cross_entropy(model(data.x[order[a:b]]), data.y[order[a:b]])
+            grad = parameters_to_vector(torch.autograd.grad(loss, top))
+            w = torch.addcmul(w, grad, update, value=-args.eta).clamp(0, 1)
+            losses.append(float(loss.detach()))
+        epochs += 1
+        if not initial:
+            break
+        epoch_losses.append(sum(losses) / len(losses))
+        recent = epoch_losses[-args.num_pre_loss:]
+        if (len(epoch_losses) >= args.num_pre_loss and np.std(recent) < args.threshold) \
+                or epochs >= args.max_init_epochs:
+            initial = False
+            break
+    return torch.cat([global_[:-top_at], torch.addcmul(old, update, w)]), w, epochs, initial
+
+
 def test_fedala_main_learns_ala_weights_aggregates_the_local_models_and_evaluates_them(tmp_path):
     """Three rounds: round 1 without ALA, then each joining client's initial stage (weights learned until the std
     of the last --num-pre-loss epoch losses is below --threshold), then one ALA epoch a round with its weights kept."""
@@ -522,43 +620,13 @@ def test_fedala_main_learns_ala_weights_aggregates_the_local_models_and_evaluate
     N = args.num_clients
     global_ = parameters_to_vector(model.parameters()).detach().clone()
     local = [global_.clone() for _ in range(N)]  # Alg. 1 l. 1
-    owners = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
-    top = [p for m in owners[-args.p:] for p in m.parameters(recurse=False)]  # the top p layers
-    top_at = parameters_to_vector(top).numel()
-    W = [torch.ones(top_at) for _ in range(N)]  # Alg. 1 l. 2
+    W = [torch.ones(ala_weights(model, args.p)) for _ in range(N)]  # Alg. 1 l. 2
     initial_stage, epoch_losses = [True] * N, [[] for _ in range(N)]
 
     def ala(i, round_):
-        """Alg. 1 l. 7-15: Theta_hat = Theta_i + (Theta - Theta_i) (.) W on the top layers (Eq. 4), the lower ones
-        the global model's; W <- clip(W - eta dL/dW) (Eq. 5-7) on a random s% of the data."""
-        old, update = local[i][-top_at:], (global_ - local[i])[-top_at:]
-        g = torch.Generator().manual_seed(seed_of(args.seed, round_, i, 1))
-        idx = data.train_idx[i]
-        subset = idx[torch.randperm(len(idx), generator=g)[:max(1, round(args.s / 100 * len(idx)))]]
-        epochs = 0
-        while True:
-            order = subset[torch.randperm(len(subset), generator=g)]
-            cuts = list(range(0, len(order), args.batch_size))
-            if len(cuts) > 1 and len(order) - cuts[-1] == 1:
-                cuts.pop()
-            losses = []
-            for a, b in zip(cuts, cuts[1:] + [len(order)]):
-                vector_to_parameters(torch.cat([global_[:-top_at], torch.addcmul(old, update, W[i])]),
-                                     model.parameters())
-                loss = F.cross_entropy(model(data.x[order[a:b]]), data.y[order[a:b]])
-                grad = parameters_to_vector(torch.autograd.grad(loss, top))
-                W[i] = torch.addcmul(W[i], grad, update, value=-args.eta).clamp(0, 1)
-                losses.append(float(loss.detach()))
-            epochs += 1
-            if not initial_stage[i]:
-                break
-            epoch_losses[i].append(sum(losses) / len(losses))
-            recent = epoch_losses[i][-args.num_pre_loss:]
-            if (len(epoch_losses[i]) >= args.num_pre_loss and np.std(recent) < args.threshold) \
-                    or epochs >= args.max_init_epochs:
-                initial_stage[i] = False
-                break
-        return torch.cat([global_[:-top_at], torch.addcmul(old, update, W[i])]), epochs
+        start, W[i], epochs, initial_stage[i] = plain_ala(model, data, i, round_, args, global_, local[i], W[i],
+                                                          initial_stage[i], epoch_losses[i])
+        return start, epochs
 
     expected = []
     for round_ in range(1, args.rounds + 1):

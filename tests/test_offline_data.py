@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import common
+import data_formats
 import datasets
 import fedavg
 import run_folder
@@ -199,7 +200,7 @@ def test_a_readable_cifar_folder_of_another_layout_is_not_called_corrupt_and_nam
 def test_cifar_files_of_other_sizes_name_the_npz_route(tmp_path, capsys, monkeypatch):
     from test_foundation import write_cifar
     write_cifar(str(tmp_path), 10)  # 60 + 12 images, a table that expects CIFAR-10's 50,000 + 10,000
-    monkeypatch.setitem(datasets.KNOWN_CONTENT, "cifar10", {"title": "CIFAR-10", "shape": (3, 32, 32),
+    monkeypatch.setitem(data_formats.KNOWN_CONTENT, "cifar10", {"title": "CIFAR-10", "shape": (3, 32, 32),
                                                             "classes": 10, "sizes": (50000, 10000)})
     line = refused_line("cifar10", tmp_path, capsys)
     assert "is not CIFAR-10's training images: 60 images" in line and line.endswith("(docs/datasets.md)")

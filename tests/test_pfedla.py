@@ -17,6 +17,7 @@ import datasets
 import pfedla
 from rounds import pfedla_round
 from conftest import metrics_rows, run_dir, run_in_process, layer_state_keys
+from test_main_loops import HN_TENSORS, hypernetwork_alpha, hypernetwork_step, layerwise, top_self_weight
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models run faster on one thread
@@ -164,6 +165,64 @@ def test_hypernetwork_step_moves_personalised_model_towards_trained_and_equals_v
     old_dist = (theta_bar.detach() - trained).norm(dim=1)
     new_dist = (new_bar - trained).norm(dim=1)
     assert (new_dist < old_dist).all(), (old_dist, new_dist)
+
+
+@pytest.mark.parametrize("k", [0, 1], ids=["pfedla", "heurpfedla-k1"])
+def test_every_tensor_the_paper_trains_moves_by_eq_10_11_for_each_joining_client(k, monkeypatch):
+    """Each tensor Eq. (10)-(11) trains, by name: the embedding v_i, the hypernetwork's weights psi_i (its MLP and
+    its heads; under HeurpFedLA the heads of the retained layers too, Alg. 2 l. 10). In a round of the script's
+    pieces (tests/rounds.py, as main() runs them), each joining client's row of each moves by hn_lr (d theta_bar_i
+    / d(v_i, psi_i))^T Delta theta_i, computed here by autograd of a plain re-implementation (test_main_loops:
+    never the script's class, so a tensor it does not train, v_i registered as a buffer, fails); the rows of the
+    clients that do not join stay as they were."""
+    data = group_data()
+    n, joining = data.num_clients, [0, 2, 3]
+    worker, sizes, stored_models, hn = seeded_setup(data)
+    args = make_args(k=k)
+    pfedla_round(hn, stored_models, worker, data, list(range(n)), args, 1, sizes)  # the stored models now differ
+    before = {name: value.detach().clone() for name, value in hn.state_dict().items()}
+    stored = stored_models.clone()
+    log, real_train = [], common.local_train
+
+    def recording_train(model, *a, **kw):
+        start = common.flatten_state(model).clone()
+        loss = real_train(model, *a, **kw)
+        log.append((start, common.flatten_state(model).clone()))
+        return loss
+
+    monkeypatch.setattr(common, "local_train", recording_train)
+    pfedla_round(hn, stored_models, worker, data, joining, args, 2, sizes)
+    received, trained = (torch.stack(t).double() for t in zip(*log))
+    assert sorted(before) == sorted(HN_TENSORS)  # the script's hypernetworks hold these, and nothing else
+    blocks = [sum(p.numel() for p in m.parameters(recurse=False)) for m in worker.modules()
+              if any(True for _ in m.parameters(recurse=False))]  # fc1, fc: found here, not by pfedla.layer_sizes
+    plain = {name: value.double() for name, value in before.items()}
+    with torch.no_grad():
+        retained = [top_self_weight(hypernetwork_alpha(plain, i), i, k) for i in joining]
+        want_received = torch.stack([layerwise(hypernetwork_alpha(plain, i), stored.double(), blocks, i, kept)
+                                     for i, kept in zip(joining, retained)])
+    torch.testing.assert_close(received, want_received, rtol=1e-5, atol=1e-6)  # Alg. 2 l. 7: what each started from
+    _, steps = hypernetwork_step(plain, joining, stored.double(), blocks, trained - received, args.hn_lr)
+    after = hn.state_dict()
+    for name in HN_TENSORS:
+        moved = after[name].double() - before[name].double()
+        for i in range(n):
+            if i not in joining:
+                assert torch.equal(after[name][i], before[name][i]), (name, i)
+                continue
+            want = steps[name][i]
+            assert want.abs().max() > 1e-6, (name, i)  # the paper's step moves this row
+            torch.testing.assert_close(moved[i], want, rtol=1e-3, atol=1e-3 * float(want.abs().max()),
+                                       msg=lambda m: f"{name}, client {i}: {m}")
+    if k:  # HeurpFedLA: the head of each joining client's retained layer learns (Alg. 2 l. 10)
+        assert all(len(kept) == 1 for kept in retained)
+        for i, kept in zip(joining, retained):
+            (layer,) = kept
+            for name, head in (("head_weight", lambda t: t[i][:, layer]), ("head_bias", lambda t: t[i][layer])):
+                want = head(steps[name])
+                assert want.abs().max() > 1e-6, (name, i, layer)
+                torch.testing.assert_close(head(after[name]).double() - head(before[name]).double(), want,
+                                           rtol=1e-3, atol=1e-3 * float(want.abs().max()))
 
 
 # ----------------------------------------------------------------------------- 3. HeurpFedLA, Alg. 2 / Eq. (12)

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import common
+import data_formats
 import datasets
 import fedacd
 import fedavg
@@ -96,7 +97,7 @@ def test_each_client_trains_and_is_tested_on_exactly_its_files(tmp_path):
     for part in ("train", "test"):
         path = os.path.join(folder, part, "2.npz")
         theirs = np.load(path, allow_pickle=True)["data"].tolist()
-        ours = datasets.read_pfllib_npz(path)
+        ours = data_formats.read_pfllib_npz(path)
         assert all(np.array_equal(a, theirs[k]) and a.dtype == theirs[k].dtype for a, k in zip(ours, "xy"))
 
 
@@ -120,8 +121,8 @@ def test_flags_that_partition_or_split_are_refused(folder, flags):
 def test_a_named_dataset_wins_over_a_folder_of_its_name(tmp_path, monkeypatch):
     make_folder(tmp_path, name="mnist")
     monkeypatch.chdir(tmp_path)
-    assert not datasets.is_pfllib_folder("mnist") and datasets.is_pfllib_folder("./mnist")
-    assert not datasets.is_pfllib_folder("./nosuch") and not datasets.is_pfllib_folder("synthetic")
+    assert not data_formats.is_pfllib_folder("mnist") and data_formats.is_pfllib_folder("./mnist")
+    assert not data_formats.is_pfllib_folder("./nosuch") and not data_formats.is_pfllib_folder("synthetic")
 
 
 # ----------------------------------------------------------------------------- no pickle runs code
@@ -199,7 +200,7 @@ def test_an_object_array_longer_than_its_list_is_refused_not_handed_to_numpy(fol
     state = (1, (10 ** 9,), np.dtype(object), False, [1, 2])
     write_npz(path, {"data.npy": npy_of_pickle(pickle.dumps(_Build(state), protocol=4))})
     with pytest.raises(UserError, match="is refused: an object array of shape"):
-        datasets.read_pfllib_npz(path)
+        data_formats.read_pfllib_npz(path)
 
 
 class _Build:
@@ -240,8 +241,8 @@ def test_sizes_beyond_memory_are_refused_before_anything_is_inflated(folder, mon
     # 8 MB of zeros compress to a few KB: the zip header's declared size is what counts
     write_client(os.path.join(folder, "train", "0.npz"), np.zeros((8192, *SHAPE), np.float32),
                  np.zeros(8192, np.int64))
-    monkeypatch.setattr(datasets, "memory_available", lambda device="cpu": 4 * 2 ** 20)
-    monkeypatch.setattr(datasets, "read_pfllib_npz", lambda path: pytest.fail(f"{path} was inflated"))
+    monkeypatch.setattr(data_formats, "memory_available", lambda device="cpu": 4 * 2 ** 20)
+    monkeypatch.setattr(data_formats, "read_pfllib_npz", lambda path: pytest.fail(f"{path} was inflated"))
     with pytest.raises(UserError, match=f"the client files of {folder} would take about 16.[0-9] MB, more than"):
         load(folder)
 
@@ -262,7 +263,7 @@ def test_a_member_that_inflates_beyond_its_declared_size_is_refused_within_that_
     tracemalloc.start()
     try:
         with pytest.raises(UserError, match="is not a readable PFLlib client file"):
-            datasets.read_pfllib_npz(path)
+            data_formats.read_pfllib_npz(path)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -280,16 +281,16 @@ def pickle_with_harmless_work(x, y, opcodes):
 
 
 def test_the_unpicklers_work_is_bounded_by_the_files_declared_size(folder):
-    x, y = datasets.read_pfllib_npz(os.path.join(folder, "train", "0.npz"))
+    x, y = data_formats.read_pfllib_npz(os.path.join(folder, "train", "0.npz"))
     path = os.path.join(folder, "train", "0.npz")
     write_npz(path, {"data.npy": npy_of_pickle(pickle_with_harmless_work(x, y, 10))})
-    assert np.array_equal(datasets.read_pfllib_npz(path)[0], x)  # a little harmless work: the same arrays
+    assert np.array_equal(data_formats.read_pfllib_npz(path)[0], x)  # a little harmless work: the same arrays
     write_npz(path, {"data.npy": npy_of_pickle(pickle_with_harmless_work(x, y, 300000))})
-    declared = datasets.pfllib_declared_bytes(path)  # 600 KB declared, about 2 KB on disk
+    declared = data_formats.pfllib_declared_bytes(path)  # 600 KB declared, about 2 KB on disk
     tracemalloc.start()
     try:
         with pytest.raises(UserError, match=f"{path}: its pickle holds more than 4096 opcodes"):
-            datasets.read_pfllib_npz(path)
+            data_formats.read_pfllib_npz(path)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -373,7 +374,7 @@ def replace_client(part, i, change):
     """A mutation: client i's file in ``part`` rewritten with ``change(x, y)`` -> (x, y)."""
     def mutate(folder):
         path = os.path.join(folder, part, f"{i}.npz")
-        write_client(path, *change(*datasets.read_pfllib_npz(path)))
+        write_client(path, *change(*data_formats.read_pfllib_npz(path)))
     return mutate
 
 

@@ -98,10 +98,9 @@ def test_main_shows_its_loop_over_clients_and_the_client_and_server_steps_are_fu
     main = inspect.getsource(SCRIPTS[name].main)
     assert "for round_ in range(start, args.rounds + 1):" in main
     assert "pool.train(lambda model, client:" in main and "client_update(" in main
-    update = SCRIPTS[name].client_update if hasattr(SCRIPTS[name], "client_update") else common.client_update
-    assert "out=" not in main and "out" not in inspect.signature(update).parameters
+    assert "out=" not in main and "out" not in inspect.signature(SCRIPTS[name].client_update).parameters
     names = {node.name for node in module_functions(SCRIPTS[name])}
-    assert "client_update" in names or name == "fedpake"  # FedPake's clients are FedAvg's: common.client_update
+    assert "client_update" in names
     assert "server_update" in names or name == "fedala"  # FedALA's server step is FedAvg's average
 
 

@@ -32,7 +32,8 @@ import pytest
 import torch
 
 from conftest import ROOT, metrics_rows, run_dir
-from run_folder import ADDED_FLAGS, cpu_model, todays_command
+from run_folder import cpu_model
+from tools.run_records import MOVED, todays_command
 from test_real_data import fmnist_dir  # noqa: F401  the fixture
 
 pytestmark = pytest.mark.slow
@@ -92,7 +93,7 @@ def table_of(folder):
 
 
 def script_of(config):
-    """The program that runs the run's command today (a flag that moved to tools/: run_folder.MOVED)."""
+    """The program that runs the run's command today (a flag that moved to tools/: MOVED)."""
     return todays_command(config["command"])[0]
 
 
@@ -181,10 +182,10 @@ def test_a_committed_run_s_command_repeats_its_first_rounds_at_another_omp_num_t
     if script == "fedacd.py":
         flags += [f for f, column in (("--log-risk", "local_risk"), ("--log-kl", "local_kl"))
                   if column in metrics_rows(folder)[0] and f not in flags]
-    # fedpake.py's runs made before --aggregation ran chunks of 2^20 values (run_folder.ADDED_FLAGS): so they run
-    if script == "fedpake.py" and "aggregation" not in config["args"]:
-        flags += ["--aggregation", ADDED_FLAGS["aggregation"]]
-    # a flag that left its script for tools/ since (run_folder.MOVED): the command runs there, as docs/running.md says
+    # fedpake.py's aggregation form as config.json records it (runs made before --aggregation ran "chunked")
+    if script == "fedpake.py" and "--aggregation" not in flags:
+        flags += ["--aggregation", config["args"]["aggregation"]]
+    # a flag that left its script for tools/ since (tools/run_records.MOVED): the command runs there (docs/running.md)
     script, *flags = todays_command([script, *flags])
     proc = subprocess.run([sys.executable, os.path.join(ROOT, script), *flags, "--rounds", str(rounds), "--device",
                            "cpu", "--data-dir", data_dir, "--out", str(tmp_path)], cwd=ROOT, capture_output=True,

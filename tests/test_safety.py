@@ -422,8 +422,8 @@ def test_client_models_beyond_the_memory_are_refused_before_allocating(script, f
                                                                        monkeypatch):
     """Every client's own model kept by the server (and pFedLA's hypernetworks), estimated before the
     copies are made: here against a machine with 1 KB free."""
-    import datasets
-    monkeypatch.setattr(datasets, "memory_available", lambda device="cpu": 1024)
+    import data_formats
+    monkeypatch.setattr(data_formats, "memory_available", lambda device="cpu": 1024)
     with pytest.raises(SystemExit) as stop:
         run_folder.run_main({**SCRIPTS, "fedavg_variants": fedavg_variants}[script].main,
                             [*SMALL, *flags, "--out", str(tmp_path / "runs")])

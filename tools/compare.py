@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 # Flags that cannot change results: runs differing only in these (and the seed) are grouped.
 NO_EFFECT = {"seed", "out", "resume", "device", "data_dir", "parallel_clients", "stop_after",
              "eval_every", "checkpoint_every"}
-# run_folder.REMOVED_FLAGS's flags with the value that runs today repeat: a run that recorded it is grouped with
+# tools/run_records.REMOVED_FLAGS's flags with the value that runs today repeat: a run that recorded it is grouped with
 # the runs made since, which record no such flag (tests/test_compare.py checks the two agree)
 REMOVED_FLAGS = {"clients_together": False}
 # metrics.csv columns that are bookkeeping, not metrics.
@@ -611,11 +611,11 @@ PLOT_TEMPORARY = ".tmp-compare-plot-"  # --plot's temporary file: what a killed 
 def plot(runs, rows, metric_of, table, path):
     """Write plot_bytes to ``path``, whole or not at all: a full disk leaves the previous file as it was (an
     OSError naming path); the temporary file a killed earlier run left beside it is removed."""
-    import run_folder  # here, not at the top: it loads torch, which the table does not need
+    from tools import run_records  # here, not at the top: it loads torch, which the table does not need
     drawn = plot_bytes(runs, rows, metric_of, table, os.path.splitext(path)[1].lower()[1:])
-    for left in run_folder.remove_leftovers(os.path.dirname(path) or ".", PLOT_TEMPORARY):
+    for left in run_records.remove_leftovers(os.path.dirname(path) or ".", PLOT_TEMPORARY):
         print(f"removed {one_line(left)} (left by a killed --plot)", file=sys.stderr)
-    run_folder.atomic_write_all({path: drawn}, prefix=PLOT_TEMPORARY)
+    run_records.atomic_write_all({path: drawn}, prefix=PLOT_TEMPORARY)
 
 
 def plot_bytes(runs, rows, metric_of, table, kind):

@@ -34,7 +34,7 @@ import torch.nn.functional as F  # noqa: E402
 import fedacd  # noqa: E402
 import run_folder  # noqa: E402
 
-PROGRAM = "tools/fedacd_diagnostics"  # config.json's script; --resume checks it (run_folder.MOVED)
+PROGRAM = "tools/fedacd_diagnostics"  # config.json's script; --resume checks it (tools/run_records.MOVED)
 FEDAVG_HEADLINE = ("global_acc: FedAvg's global model on the uniform test set (the FedAvg baseline, in brackets "
                    "in FedACD's Table 1; the paper does not say best or final round)")
 
@@ -140,7 +140,8 @@ def main(argv=None):
         risk = (class_test_idx, priors) if evaluate and args.log_risk else None  # Table 3's diagnostic
         global_state = common.flatten_state(global_model)
         client_states, losses, scores, kls, risks = pool.train(lambda model, client: client_update(
-            model, global_state, data, client, classes, args, round_, risk), clients)
+            model, global_state, data, client, classes, args, round_, risk), clients,
+                                                               progress=run.progress(round_))
         losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         if args.fedavg:
             num_samples = [len(data.train_idx[client]) for client in clients]

@@ -34,7 +34,7 @@ import torch  # noqa: E402
 import fedavg  # noqa: E402
 import run_folder  # noqa: E402
 
-PROGRAM = "tools/fedavg_variants"  # config.json's script; --resume checks it (run_folder.MOVED)
+PROGRAM = "tools/fedavg_variants"  # config.json's script; --resume checks it (tools/run_records.MOVED)
 HEADLINE_LOCAL = ("final test_acc_mean (pFedLA Tables 1-2: Local Training, the mean over clients after the last "
                   "round)")
 
@@ -95,7 +95,8 @@ def main(argv=None):
         start_state = state["local_models"] if args.local_training else dict.fromkeys(
             clients, common.flatten_state(global_model))
         client_states, losses = pool.train(lambda model, client: fedavg.client_update(
-            model, start_state[client], data, client, args, round_), clients)
+            model, start_state[client], data, client, args, round_), clients,
+                                           progress=run.progress(round_))
         losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         if args.local_training:
             state["local_models"][clients] = client_states

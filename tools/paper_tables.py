@@ -33,7 +33,7 @@
 FEDAVG_VARS = "tools/fedavg_variants.py"
 FEDACD_DIAG = "tools/fedacd_diagnostics.py"
 # fedpake.py's flag for the tables whose FedPake runs were made before --aggregation (synthetic, synthetic-sweep,
-# pfllib-fmnist): the form they ran, chunks of 2^20 values (run_folder.ADDED_FLAGS), so that they continue as made
+# pfllib-fmnist): the form they ran, chunks of 2^20 values (tools/run_records.ADDED_FLAGS), so that they continue as made
 CHUNKED = ["--aggregation", "chunked"]
 # FedALA, Sec. "Experimental Setup": 20 clients, rho = 1, batch 10, 1 local epoch, 2000 iterations, 25% of
 # each client's data for testing; lr 0.005 for the 4-layer CNN (0.1 on MNIST), 0.1 for fastText and ResNet-18.

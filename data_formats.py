@@ -1,0 +1,1025 @@
+"""Other people's data formats, read without trusting them: torchvision's MNIST family and CIFAR from the
+publishers' files (``load_vision``, checked against their known content), Tiny-ImageNet-200 and AG News
+(``LOADERS``), and PFLlib's dataset folders (``load_pfllib_folder``: their pickles read by an unpickler that builds
+numeric arrays and runs nothing). Every reader checks a declared size against memory before allocating it
+(``check_fits``). datasets.py calls them (``load_arrays``, ``load_federated_data``); this imports run_folder only.
+"""
+import collections
+import contextlib
+import csv
+import math
+import os
+import pickle
+import socket
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+from run_folder import UserError, check_regular, quoted, shortened
+
+
+# ----------------------------------------------------------------------------- sizes, before anything is allocated
+
+def memory_available(device="cpu"):
+    """Bytes that tensors may take on ``device`` now: the free memory of a CUDA device, else the host's
+    MemAvailable (Linux; None where it cannot be read)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        try:
+            return torch.cuda.mem_get_info(device)[0]
+        except (RuntimeError, AssertionError):
+            return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def human_bytes(n):
+    for unit, size in (("TB", 2 ** 40), ("GB", 2 ** 30), ("MB", 2 ** 20)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n / 2 ** 10:.1f} KB"
+
+
+def check_fits(what, nbytes, device="cpu"):
+    """Refuse, before it is allocated, ``what`` of about ``nbytes`` that cannot fit in the memory of
+    ``device`` (the host's for the CPU): one line with the estimate."""
+    free = memory_available(device)
+    if free is not None and nbytes > free:
+        where = "on " + str(device) if torch.device(device).type == "cuda" else "in this machine's memory"
+        raise UserError(f"{what} would take about {human_bytes(nbytes)}, more than the {human_bytes(free)} "
+                        f"free {where}")
+
+
+MAX_FEATURE = 1e10
+
+
+def first_few(values, most=10):
+    """``values`` as '3, 7, 9' (the first ``most`` of them, then how many more)."""
+    more = f" and {len(values) - most} more" if len(values) > most else ""
+    return ", ".join(str(v) for v in values[:most]) + more
+
+
+# ----------------------------------------------------------------------------- torchvision: MNIST family, CIFAR
+
+VISION = {  # --dataset: (torchvision.datasets class, its arguments, the folder its files go in)
+    "mnist": ("MNIST", {}, "MNIST/raw"), "fmnist": ("FashionMNIST", {}, "FashionMNIST/raw"),
+    "emnist": ("EMNIST", {"split": "digits"}, "EMNIST/raw"),
+    "cifar10": ("CIFAR10", {}, "cifar-10-batches-py"), "cifar100": ("CIFAR100", {}, "cifar-100-python")}
+IDX_FILES = {  # the publishers' idx files: train images, train labels, test images, test labels (each may be .gz)
+    "mnist": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+    "emnist": tuple(f"emnist-digits-{part}-idx{n}-ubyte" for part, n in
+                    (("train-images", 3), ("train-labels", 1), ("test-images", 3), ("test-labels", 1)))}
+IDX_FILES["fmnist"] = IDX_FILES["mnist"]
+EMNIST_ZIP = "gzip.zip"  # EMNIST's one download; its folder gzip/ holds the .gz files of every split
+OFFLINE_SOURCES = {"fmnist": " (or take Debian's copy: apt-get install dataset-fashion-mnist, then "
+                             "--data-dir /usr/share/datasets/fashion-mnist)"}
+
+# What the publishers' files hold, checked after decoding (check_known_content; docs/datasets.md says what is
+# checked for which dataset). sizes: (train, test) samples; counts: samples per class (train, test), from the
+# publishers' documentation (CIFAR's and EMNIST digits' classes are balanced); sha256: of the decoded arrays
+# (content_sha256) x_train, y_train, x_test, y_test, where we could compute it: Fashion-MNIST from Debian's
+# dataset-fashion-mnist, whose archives were recompressed (their md5 differs from the publisher's, the content not).
+KNOWN_CONTENT = {
+    "mnist": {"title": "MNIST", "shape": (1, 28, 28), "classes": 10, "sizes": (60000, 10000),
+              "counts": ((5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949),
+                         (980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009))},
+    "fmnist": {"title": "Fashion-MNIST", "shape": (1, 28, 28), "classes": 10, "sizes": (60000, 10000),
+               "counts": ((6000,) * 10, (1000,) * 10),
+               "sha256": ("2e487a6c89124f78f2d7521542223cafe96f7123c3ca13d447772ac6ecbb3012",
+                          "657fbd221bfc9f4198cc14b5619cc33ec57c58dd0e47af4d99d6650759e869a7",
+                          "c867c93ff95360594e8ec3287995350b824dd110b11595c0e13d5423f621867a",
+                          "3d0e6c6ea990b53b6f8f500a41cac93881d981b315f84578b7d915342ade01e9")},
+    "emnist": {"title": "EMNIST digits", "shape": (1, 28, 28), "classes": 10, "sizes": (240000, 40000),
+               "counts": ((24000,) * 10, (4000,) * 10)},
+    "cifar10": {"title": "CIFAR-10", "shape": (3, 32, 32), "classes": 10, "sizes": (50000, 10000),
+                "counts": ((5000,) * 10, (1000,) * 10)},
+    "cifar100": {"title": "CIFAR-100", "shape": (3, 32, 32), "classes": 100, "sizes": (50000, 10000),
+                 "counts": ((500,) * 100, (100,) * 100)},
+}
+ARRAYS = ("training images", "training labels", "test images", "test labels")
+READ_CHUNK = 1 << 24  # bytes inflated at a time
+
+
+def content_sha256(array):
+    """The fingerprint of a decoded array: sha256 of its bytes in C order, images as uint8 (N, C, H, W) and labels
+    as one byte each (a known dataset's labels are checked to be below its class count first)."""
+    import hashlib
+    return hashlib.sha256(np.ascontiguousarray(array, dtype=np.uint8).data).hexdigest()
+
+
+def read_idx(stream, what, expected=None):
+    """The array in an idx stream (LeCun's format: two zero bytes, type 0x08 for unsigned bytes, the number of
+    dimensions, each dimension as a big-endian int32, the data). A header other than ``expected`` (a known
+    dataset's dimensions) is refused before any data is read; no more than the header declares is read or allocated
+    (a .gz that inflates beyond it is refused after one byte more), and a cut file is refused, not read short."""
+    head = stream.read(4)  # buffered streams (files, gzip, zip members) return fewer bytes only at their end
+    if len(head) < 4 or head[:3] != b"\0\0\x08" or not 1 <= head[3] <= 4:
+        raise ValueError(f"{what} is not an idx file of unsigned bytes")
+    sizes = stream.read(4 * head[3])
+    if len(sizes) < 4 * head[3]:
+        raise ValueError(f"{what} ends inside its header")
+    dims = tuple(int(d) for d in np.frombuffer(sizes, ">u4"))
+    if expected is not None and dims != tuple(expected):
+        raise ContentError(f"its header declares {'x'.join(map(str, dims))} values where "
+                           f"{'x'.join(map(str, expected))} are expected")
+    declared = math.prod(dims)
+    check_fits(f"{what} (its header declares {'x'.join(map(str, dims))} bytes)", declared)
+    data = np.empty(declared, np.uint8)
+    view, got = memoryview(data), 0
+    while got < declared:
+        n = stream.readinto(view[got: got + READ_CHUNK])
+        if not n:
+            raise ValueError(f"{what} holds {got} bytes of data; its header says {declared}")
+        got += n
+    if stream.read(1):
+        raise ValueError(f"{what} holds more than the {declared} bytes of data its header says")
+    return data.reshape(dims)
+
+
+def find_idx(name, data_dir):
+    """Where the four idx files of ``name`` are: (the folder, [(the file's path, a function opening it as a stream)]
+    for each), or (None, None). Looked for in data_dir/<torchvision's folder> (MNIST/raw, ...) and in data_dir, each
+    plain or gzipped; EMNIST's also inside its gzip.zip. Nothing is unpacked on disk: the streams inflate as read."""
+    import gzip
+    import zipfile
+    for folder in (os.path.join(data_dir, VISION[name][2]), data_dir):
+        paths = []
+        for stem in IDX_FILES[name]:
+            found = [os.path.join(folder, f) for f in (stem, stem + ".gz") if os.path.isfile(os.path.join(folder, f))]
+            paths.append(found[0] if found else None)
+        if all(paths):
+            return folder, [(p, lambda p=p: gzip.open(p, "rb") if p.endswith(".gz") else open(p, "rb")) for p in paths]
+        archive = os.path.join(folder, EMNIST_ZIP)
+        if name == "emnist" and os.path.isfile(archive):  # read from the zip as it is
+            def member(stem):
+                @contextlib.contextmanager
+                def opened():
+                    with zipfile.ZipFile(archive) as z, z.open(f"gzip/{stem}.gz") as f, gzip.GzipFile(fileobj=f) as g:
+                        yield g
+                return opened
+            return folder, [(f"{archive} (gzip/{stem}.gz)", member(stem)) for stem in IDX_FILES[name]]
+    return None, None
+
+
+class NotCanonical(ValueError):
+    """A CIFAR file that is read whole but holds something else than torchvision's layout."""
+
+
+NPZ_ROUTE = ("; data of your own goes in an .npz with x, y (optional x_test, y_test): --dataset path/to/file.npz "
+             "(docs/datasets.md)")
+
+
+def read_cifar(name, folder):
+    """CIFAR's pickled batches in ``folder`` as torchvision reads them (each a dict with 'data', uint8
+    (N, 3072), and 'labels', CIFAR-100's 'fine_labels'): (x_train, y_train, x_test, y_test) as (N, 3, 32, 32)
+    uint8 and int64, and for each array the [(file, samples)] it came from."""
+    import torchvision
+    cls = getattr(torchvision.datasets, VISION[name][0])
+    arrays, sources = [], []
+    for files in (cls.train_list, cls.test_list):
+        images, labels, parts = [], [], []
+        for file, _ in files:
+            path = os.path.join(folder, file)
+            with open(path, "rb") as f:
+                entry = pickle.load(f, encoding="latin1")
+            label_key = next((k for k in ("labels", "fine_labels") if isinstance(entry, dict) and k in entry), None)
+            if label_key is None or "data" not in entry:
+                raise NotCanonical(f"{file} is no dict with 'data' and 'labels' ('fine_labels')")
+            x, y = np.asarray(entry["data"]), np.asarray(entry[label_key])
+            if x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3072 or y.ndim != 1 or len(y) != len(x):
+                raise NotCanonical(f"{file} holds no uint8 (N, 3072) images with N labels")
+            if not np.issubdtype(y.dtype, np.integer):
+                raise NotCanonical(f"{file} has labels of {y.dtype}, not integers")
+            images.append(x)
+            labels.append(y.astype(np.int64))
+            parts.append((path, len(y)))
+        arrays += [np.concatenate(images).reshape(-1, 3, 32, 32), np.concatenate(labels)]
+        sources += [parts, parts]
+    return arrays, sources
+
+
+CIFAR_MAX_BYTES = 60000 * 4096  # the unpacked files of either CIFAR: 60,000 images of 3072 bytes, labels, names
+
+
+def unpack_cifar(name, data_dir):
+    """CIFAR's tar.gz in data_dir (or in the folder it unpacks to, as an older message of ours said), unpacked into
+    data_dir/cifar-10-batches-py (cifar-100-python) when that folder lacks its files: only the files torchvision
+    reads, only if their tar headers declare a CIFAR's sizes, each renamed into place whole (runs that start
+    together read no half file); a folder made for an archive that fails to unpack is removed again."""
+    import tarfile
+    import torchvision
+    cls = getattr(torchvision.datasets, VISION[name][0])
+    folder = os.path.join(data_dir, cls.base_folder)
+    if all(os.path.isfile(os.path.join(folder, f)) for f, _ in cls.train_list + cls.test_list):
+        return
+    for archive in (os.path.join(data_dir, cls.filename), os.path.join(folder, cls.filename)):
+        if os.path.isfile(archive):
+            with removed_on_failure(folder):
+                os.makedirs(folder, exist_ok=True)
+                with tempfile.TemporaryDirectory(dir=data_dir, prefix=".unpack-") as tmp:
+                    with tarfile.open(archive, "r:gz") as tar:
+                        wanted = {f"{cls.base_folder}/{f}" for f, _ in cls.train_list + cls.test_list + [
+                            (cls.meta["filename"], None)]}
+                        members, declared = [], 0
+                        for member in tar:  # refused at the header that declares too much, before its data
+                            if member.name in wanted:
+                                members.append(member)
+                                declared += member.size
+                            if declared > CIFAR_MAX_BYTES:
+                                raise UserError(f"{archive}: its files declare more than {name}'s "
+                                                f"{human_bytes(CIFAR_MAX_BYTES)} at most ({member.name}: "
+                                                f"{human_bytes(member.size)}); it is not {name}'s archive")
+                        tar.extractall(tmp, members=members, filter="data")  # only the files that are read
+                    unpacked = os.path.join(tmp, cls.base_folder)
+                    for f in os.listdir(unpacked):
+                        os.replace(os.path.join(unpacked, f), os.path.join(folder, f))
+            return
+
+
+@contextlib.contextmanager
+def removed_on_failure(folder):
+    """``folder`` and those of its parents that do not exist yet, removed again with what they hold if the
+    block fails (offline, a refused download, a damaged archive): a failed load leaves no folder it made."""
+    import shutil
+    top, path = None, os.path.abspath(folder)
+    while not os.path.lexists(path):
+        top, path = path, os.path.dirname(path)
+    try:
+        yield
+    except BaseException:
+        if top is not None:
+            shutil.rmtree(top, ignore_errors=True)
+        raise
+
+
+def _fetch(folder, download, missing, put):
+    """Run ``download`` into ``folder``, network reads timing out after 20 s; if it fails (offline, refused, a bad
+    checksum: all the same to the user), the folders it made are removed and one line says what to put where."""
+    timeout = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(20)
+    try:
+        with removed_on_failure(folder):
+            download()
+    except Exception as e:  # noqa: BLE001  every failure gets the same advice
+        raise UserError(f"{missing} and could not be downloaded ({e.__class__.__name__}); put {put}")
+    finally:
+        socket.setdefaulttimeout(timeout)
+
+
+def _torchvision_download(name, data_dir):
+    """torchvision's download of ``name`` into data_dir (_fetch). CIFAR's extracted files need only exist (the md5
+    of the archive is checked when it is downloaded); its class names are not read."""
+    import torchvision
+    cls = getattr(torchvision.datasets, VISION[name][0])
+    folder = os.path.join(data_dir, VISION[name][2])
+    if name.startswith("cifar"):  # torchvision unpacks the archive from data_dir
+        where, what = data_dir, f"{cls.filename} from {cls.url} in {data_dir} (it is unpacked into {folder})"
+
+        class Cifar(cls):
+            def _check_integrity(self):
+                return all(os.path.isfile(os.path.join(self.root, self.base_folder, f))
+                           for f, _ in self.train_list + self.test_list)
+
+            def _load_meta(self):
+                self.classes = []
+        cls = Cifar
+    elif name == "emnist":
+        where, what = folder, (f"{EMNIST_ZIP} from {cls.url} (or the files {', '.join(IDX_FILES[name])}, "
+                               f"gzipped or not, from inside it) in {folder}")
+    else:
+        where, what = folder, f"{', '.join(f + '.gz' for f in IDX_FILES[name])} from {cls.mirrors[0]} in {folder}"
+
+    def download():
+        for train in (True, False):
+            cls(data_dir, train=train, download=True, **VISION[name][1])
+    _fetch(folder, download, f"{name} is not in {where}", what + OFFLINE_SOURCES.get(name, ""))
+
+
+class ContentError(UserError):
+    """A publisher's file whose content is not the dataset's (check_known_content)."""
+
+
+def _same_as_other(name, arrays):
+    """' (these are X's: --dataset x)' when the arrays are the content of another known dataset."""
+    for other, known in KNOWN_CONTENT.items():
+        if other == name or tuple(a.shape[1:] for a in arrays[::2]) != (known["shape"],) * 2 or \
+                (len(arrays[0]), len(arrays[2])) != known["sizes"] or \
+                any(len(y) and (y.min() < 0 or y.max() >= known["classes"]) for y in arrays[1::2]):
+            continue
+        if known.get("sha256"):
+            if all(content_sha256(a) == h for a, h in zip(arrays, known["sha256"])):
+                return f" (these are {known['title']}'s: --dataset {other})"
+        elif all(tuple(np.bincount(y, minlength=known["classes"])) == c for y, c in zip(arrays[1::2], known["counts"])):
+            return f" (their class counts are {known['title']}'s: --dataset {other}?)"
+    return ""
+
+
+def check_known_content(name, arrays, sources):
+    """Refuse the decoded arrays of a known dataset (KNOWN_CONTENT) unless they are the publisher's: a label outside
+    its classes (naming the file and the sample), other sizes, counts per class or fingerprint, in that order; one
+    line naming the file. ``sources``: for each of the four arrays, the [(file, samples)] it was read from."""
+    known = KNOWN_CONTENT.get(name)
+    if known is None:
+        return
+    title, classes = known["title"], known["classes"]
+
+    def refuse(i, why):  # naming the file(s) the array came from
+        files = [path for path, _ in sources[i]]
+        names = ", ".join(map(os.path.basename, files))
+        where = files[0] if len(files) == 1 else f"{os.path.dirname(files[0])} ({names})"
+        raise ContentError(f"{where} is not {title}'s {ARRAYS[i]}: {why}{_same_as_other(name, arrays)}")
+
+    for i in (1, 3):
+        outside = np.flatnonzero((arrays[i] < 0) | (arrays[i] >= classes))
+        if len(outside):
+            sample = int(outside[0])
+            for path, n in sources[i]:  # the file that holds it, and its place there
+                if sample < n:
+                    break
+                sample -= n
+            raise ContentError(f"{path}: label {arrays[i][outside[0]]} (sample {sample}) is outside {title}'s "
+                               f"classes 0..{classes - 1}: this is not {title}'s file")
+    for i, split in ((0, 0), (2, 1)):
+        shape, expected = tuple(arrays[i].shape[1:]), known["sizes"][split]
+        if (len(arrays[i]), shape) != (expected, known["shape"]):
+            refuse(i, f"{len(arrays[i])} images of {'x'.join(map(str, shape))}, {title}'s are {expected} of "
+                      f"{'x'.join(map(str, known['shape']))}")
+    for i, split in ((1, 0), (3, 1)):
+        counts = tuple(int(c) for c in np.bincount(arrays[i], minlength=classes))
+        if counts != tuple(known["counts"][split]):
+            expected = known["counts"][split]
+            same = f"{expected[0]} in each" if len(set(expected)) == 1 else first_few(list(expected))
+            refuse(i, f"its classes hold {first_few(list(counts))} samples, {title}'s {same}")
+    for i, expected in enumerate(known.get("sha256") or ()):
+        found = content_sha256(arrays[i])
+        if found != expected:
+            refuse(i, f"the sha256 of its decoded content is {found[:16]}..., {title}'s {expected[:16]}...")
+
+
+def load_vision(name, data_dir):
+    """(x_train, y_train, x_test, y_test) of MNIST, FashionMNIST, EMNIST (digits), CIFAR-10 or CIFAR-100 as uint8
+    (N, C, H, W) images and int64 labels. The publishers' files are read where they lie (find_idx, unpack_cifar),
+    else torchvision downloads them (md5-checked) into data_dir. What is read is checked against the known content
+    (check_known_content), not the archives' checksums, so a copy from elsewhere (Debian's) loads too."""
+    import torchvision
+    folder = os.path.join(data_dir, VISION[name][2])
+    cls = getattr(torchvision.datasets, VISION[name][0])
+    address = cls.url if hasattr(cls, "url") else cls.mirrors[0]
+    known = KNOWN_CONTENT.get(name)
+    try:
+        if name in IDX_FILES:
+            found, files = find_idx(name, data_dir)
+            if files is None:
+                _torchvision_download(name, data_dir)
+                found, files = find_idx(name, data_dir)
+            folder = found or folder
+            arrays, sources = [], []
+            for i, (path, opener) in enumerate(files):  # a known dataset's images are (N, H, W), labels (N,)
+                expected = (known["sizes"][i // 2], *known["shape"][1:])[:3 if i % 2 == 0 else 1] if known else None
+                try:
+                    with opener() as stream:
+                        arrays.append(read_idx(stream, IDX_FILES[name][i], expected))
+                except ContentError as e:
+                    raise ContentError(f"{path} is not {known['title']}'s {ARRAYS[i]}: {e}") from None
+                sources.append([(path, len(arrays[-1]))])
+            xtr, ytr, xte, yte = arrays
+        else:
+            unpack_cifar(name, data_dir)
+            if not all(os.path.isfile(os.path.join(folder, f)) for f, _ in cls.train_list + cls.test_list):
+                _torchvision_download(name, data_dir)
+            (xtr, ytr, xte, yte), sources = read_cifar(name, folder)
+    except UserError:
+        raise
+    except NotCanonical as e:  # read whole: not damaged, another layout
+        raise UserError(f"the {name} files in {folder} are readable but not the canonical {name} set "
+                        f"that torchvision reads ({e}){NPZ_ROUTE}")
+    except Exception as e:  # noqa: BLE001  what the parsers raise on a damaged file
+        raise UserError(f"the {name} files in {folder} are corrupt or truncated ({e.__class__.__name__}: {e}); "
+                        f"delete them and run again to download them from {address}"
+                        + (NPZ_ROUTE if name.startswith("cifar") else ""))
+    if name in IDX_FILES:
+        if xtr.ndim != 3 or xte.ndim != 3 or ytr.ndim != 1 or yte.ndim != 1:
+            raise UserError(f"the {name} files in {folder} hold arrays of shapes {xtr.shape}, {ytr.shape}, "
+                            f"{xte.shape} and {yte.shape}; expected images (N, H, W) and labels (N,)")
+        if name == "emnist":  # EMNIST stores its images transposed
+            xtr, xte = xtr.transpose(0, 2, 1), xte.transpose(0, 2, 1)
+        xtr, xte = xtr[:, None].copy(), xte[:, None].copy()
+    arrays = xtr, ytr.astype(np.int64), xte, yte.astype(np.int64)
+    try:
+        check_known_content(name, arrays, sources)
+    except ContentError as e:  # CIFAR has no fingerprint: read whole, its sizes or classes are another set's
+        raise ContentError(f"{e}{NPZ_ROUTE}" if name.startswith("cifar") else str(e)) from None
+    return arrays
+
+
+# ----------------------------------------------------------------------------- Tiny-ImageNet, AG News
+
+TINY_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
+TINY_MD5 = "90528d7ca1a48142e341f4ef8d21d0de"  # 248,100,043 bytes
+TINY_CACHE = "tiny-imagenet-200-uint8.npz"  # decoded once, then reused (delete it to rebuild)
+AGNEWS_URL = "https://raw.githubusercontent.com/mhjabreel/CharCnn_Keras/master/data/ag_news_csv/"
+AGNEWS_MAX_LEN = 200  # tokens per text: cut, or padded with PAD_ID (PFLlib's max_len for FedALA)
+AGNEWS_MIN_COUNT = 1  # a training word is in the vocabulary if seen this often; no size cap (torchtext default)
+PAD_ID, UNK_ID = 0, 1  # id 0 pads (a zero embedding); UNK_ID: unknown words under --agnews-vocab train
+
+
+class ChecksumError(Exception):
+    """A downloaded file does not have the published md5."""
+
+
+def _write_whole(path, write, prefix):
+    """``write(f)`` to a temporary file beside ``path``, renamed to ``path`` once it succeeded: never half a file."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=prefix)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private to this user
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _download(url, path, md5=None):
+    """Download ``url`` to ``path`` (_write_whole), checking ``md5`` when given. Network reads time out after 20 s."""
+    import hashlib
+    import urllib.request
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+
+    def write(f):
+        digest = hashlib.md5()
+        with urllib.request.urlopen(url, timeout=20) as response:
+            for chunk in iter(lambda: response.read(1 << 20), b""):
+                f.write(chunk)
+                digest.update(chunk)
+        if md5 and digest.hexdigest() != md5:
+            raise ChecksumError(f"md5 of {url} is {digest.hexdigest()}, expected {md5}")
+    _write_whole(path, write, ".download-")
+
+
+def _extract_tiny(archive, data_dir):
+    """Unzip tiny-imagenet-200.zip into ``data_dir`` via a temporary folder: no half-extracted folder is taken."""
+    import zipfile
+    with tempfile.TemporaryDirectory(dir=data_dir, prefix=".extract-", ignore_cleanup_errors=True) as tmp:
+        try:
+            with zipfile.ZipFile(archive) as z:
+                if not {"tiny-imagenet-200/wnids.txt", "tiny-imagenet-200/val/val_annotations.txt"} <= \
+                        set(z.namelist()):
+                    raise ValueError("it has no tiny-imagenet-200/wnids.txt and val/val_annotations.txt")
+                z.extractall(tmp)  # checks every member's CRC
+            if not os.path.isdir(os.path.join(data_dir, "tiny-imagenet-200")):  # else another run extracted it
+                os.replace(os.path.join(tmp, "tiny-imagenet-200"), os.path.join(data_dir, "tiny-imagenet-200"))
+        except (zipfile.BadZipFile, ValueError, EOFError, OSError) as e:
+            raise UserError(f"{archive} is corrupt, truncated or not the Tiny-ImageNet archive ({e}); "
+                            "delete it and run again to re-download")
+
+
+def _decode_tiny(root):
+    """The extracted tiny-imagenet-200/ folder as (x_train, y_train, x_val, y_val, wnids). A class's label is its line
+    in wnids.txt. Train: train/<wnid>/images/*.JPEG. Val: val/images/<file>, labelled by the wnid on its line of
+    val/val_annotations.txt (file, wnid, box; tab-separated), never by file order. test/ is unlabelled: not used."""
+    def incomplete(path):
+        return UserError(f"{path} is missing: {root} is incomplete; delete it (keep the zip) to re-extract")
+
+    def lines(path):
+        try:
+            with open(path) as f:
+                return [line.rstrip("\r\n") for line in f if line.strip()]
+        except OSError:
+            raise incomplete(path)
+
+    def images_in(folder):
+        if not os.path.isdir(folder):
+            raise incomplete(folder)
+        return sorted(n for n in os.listdir(folder) if n.lower().endswith((".jpeg", ".jpg")))
+
+    wnids = [w.strip() for w in lines(os.path.join(root, "wnids.txt"))]
+    label_of = {w: i for i, w in enumerate(wnids)}
+    if len(label_of) != len(wnids):
+        raise UserError(f"{os.path.join(root, 'wnids.txt')} lists a class twice")
+    train_files, train_labels = [], []
+    for wnid in wnids:
+        folder = os.path.join(root, "train", wnid, "images")
+        names = images_in(folder)
+        train_files += [os.path.join(folder, n) for n in names]
+        train_labels += [label_of[wnid]] * len(names)
+    annotations = os.path.join(root, "val", "val_annotations.txt")
+    val_files, val_labels = [], []
+    for number, line in enumerate(lines(annotations), 1):
+        fields = line.split("\t")
+        if len(fields) < 2 or fields[1] not in label_of:
+            raise UserError(f"{annotations} line {number} is not 'file<TAB>wnid<TAB>box' with a wnid of wnids.txt")
+        val_files.append(os.path.join(root, "val", "images", fields[0]))
+        val_labels.append(label_of[fields[1]])
+    if set(images_in(os.path.join(root, "val", "images"))) != {os.path.basename(f) for f in val_files}:
+        raise UserError(f"{annotations} does not label exactly the images in {os.path.join(root, 'val', 'images')}")
+    print(f"tinyimagenet: decoding {len(train_files)} train and {len(val_files)} val images once "
+          f"(about 0.3 ms each) into {TINY_CACHE}", flush=True)
+
+    def decode(files):  # grayscale and CMYK JPEGs converted to RGB
+        from PIL import Image
+        x = np.empty((len(files), 3, 64, 64), dtype=np.uint8)
+        for i, path in enumerate(files):
+            try:
+                with Image.open(path) as image:
+                    pixels = np.asarray(image.convert("RGB"))
+            except (OSError, ValueError) as e:
+                raise UserError(f"{path} is not a readable image ({e.__class__.__name__}); replace it or "
+                                "re-extract the zip")
+            if pixels.shape != (64, 64, 3):
+                raise UserError(f"{path} is {pixels.shape[1]}x{pixels.shape[0]}, but Tiny-ImageNet images are 64x64")
+            x[i] = pixels.transpose(2, 0, 1)
+        return x
+
+    return (decode(train_files), np.array(train_labels, dtype=np.int64),
+            decode(val_files), np.array(val_labels, dtype=np.int64), np.array(wnids))
+
+
+def load_tinyimagenet(data_dir):
+    """Tiny-ImageNet-200 (Le & Yang 2015): 100k train and 10k val images, 3x64x64 uint8, 200 classes; the val set
+    is the test set (labelled by val_annotations.txt). Read from, in order of preference: the cache
+    <data_dir>/tiny-imagenet-200-uint8.npz; the extracted folder <data_dir>/tiny-imagenet-200/;
+    <data_dir>/tiny-imagenet-200.zip (extracted); a download of that zip from cs231n.stanford.edu (md5 checked)."""
+    cache = os.path.join(data_dir, TINY_CACHE)
+    if os.path.exists(cache):
+        try:
+            with np.load(cache, allow_pickle=False) as d:
+                arrays = tuple(d[k] for k in ("x_train", "y_train", "x_test", "y_test"))
+        except (OSError, ValueError, KeyError, EOFError) as e:
+            raise UserError(f"{cache} is corrupt or truncated ({e.__class__.__name__}); delete it to rebuild it")
+        if arrays[0].shape[1:] != (3, 64, 64) or arrays[2].shape[1:] != (3, 64, 64):
+            raise UserError(f"{cache} does not hold 3x64x64 images; delete it to rebuild it")
+        return arrays
+    root = os.path.join(data_dir, "tiny-imagenet-200")
+    if not os.path.isdir(root):
+        archive = os.path.join(data_dir, "tiny-imagenet-200.zip")
+        if not os.path.exists(archive):
+            _fetch(data_dir, lambda: _download(TINY_URL, archive, TINY_MD5), "tinyimagenet not found",
+                   f"tiny-imagenet-200.zip from {TINY_URL} (or its extracted folder tiny-imagenet-200/) in {data_dir}")
+        _extract_tiny(archive, data_dir)
+    x_train, y_train, x_test, y_test, wnids = _decode_tiny(root)
+    try:
+        arrays = dict(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test, wnids=wnids)
+        _write_whole(cache, lambda f: np.savez(f, **arrays), ".tmp-")  # uncompressed: loads in about a second
+    except OSError as e:  # a read-only or full data dir: train anyway, decode again next time
+        print(f"tinyimagenet: could not write the cache {cache} ({e.__class__.__name__}: {e})", file=sys.stderr)
+    return x_train, y_train, x_test, y_test
+
+
+_BASIC_ENGLISH = [(r"\'", " '  "), (r"\"", ""), (r"\.", " . "), (r"<br \/>", " "), (r",", " , "), (r"\(", " ( "),
+                  (r"\)", " ) "), (r"\!", " ! "), (r"\?", " ? "), (r"\;", " "), (r"\:", " "), (r"\s+", " ")]
+
+
+def basic_english_tokens(text):
+    """torchtext's ``basic_english`` tokeniser (used by PFLlib/FedALA for AG News): lower-case,
+    put spaces around ' . , ( ) ! ?, drop double quotes, ; and :, split on whitespace."""
+    import re
+    text = text.lower()
+    for pattern, replacement in _BASIC_ENGLISH:
+        text = re.sub(pattern, replacement, text)
+    return text.split()
+
+
+def build_vocab(token_lists, min_count=AGNEWS_MIN_COUNT, first_id=UNK_ID + 1):
+    """word -> id for words seen at least ``min_count`` times, most frequent first (ties in
+    alphabetical order, as torchtext's build_vocab_from_iterator); ids start at ``first_id``
+    (after PAD_ID and UNK_ID; 1 for the authors' vocabulary, whose only special, id 0, pads)."""
+    counts = collections.Counter(t for tokens in token_lists for t in tokens)
+    words = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
+    return {w: i for i, w in enumerate(words, start=first_id)}
+
+
+def encode_tokens(token_lists, vocab, max_len=AGNEWS_MAX_LEN, unknown=UNK_ID):
+    """(N, max_len) int64 ids: the first ``max_len`` tokens, unknown words -> ``unknown``, padded with PAD_ID."""
+    x = np.full((len(token_lists), max_len), PAD_ID, dtype=np.int64)
+    for row, tokens in enumerate(token_lists):
+        ids = [vocab.get(t, unknown) for t in tokens[:max_len]]
+        x[row, :len(ids)] = ids
+    return x
+
+
+def _read_agnews_csv(path):
+    """Rows "class index","title","description" (no header, class 1-4) -> (title + " " + description, class - 1)."""
+    texts, labels = [], []
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            for number, row in enumerate(csv.reader(f), 1):
+                if len(row) < 2 or row[0].strip() not in ("1", "2", "3", "4"):
+                    raise ValueError(f"line {number} is not \"class 1-4\",\"title\",\"description\"")
+                texts.append(" ".join(row[1:]))
+                labels.append(int(row[0]) - 1)
+    except (OSError, ValueError, csv.Error) as e:
+        raise UserError(f"{path} is corrupt or truncated ({e}); delete it and run again to re-download")
+    if not labels:
+        raise UserError(f"{path} is empty; delete it and run again to re-download")
+    return texts, np.array(labels, dtype=np.int64)
+
+
+def load_agnews(data_dir, vocabulary="authors"):
+    """AG News (Zhang et al. 2015) from <data_dir>/ag_news_csv/{train,test}.csv: 120k train and 7.6k test news
+    texts, 4 classes, as (N, 200) int64 token ids. ``vocabulary="authors"``: built from the train and test texts
+    together, words from id 1, id 0 the "<unk>" that also pads (TsingZ0/PFLlib dataset/generate_agnews.py @ 45e310d;
+    no word is unknown then); ``"train"`` (ours): from the training texts only, a test word not in it is UNK_ID."""
+    folder = os.path.join(data_dir, "ag_news_csv")
+    paths = [os.path.join(folder, name) for name in ("train.csv", "test.csv")]
+    for path in paths:
+        if not os.path.exists(path):
+            _fetch(folder, lambda: _download(AGNEWS_URL + os.path.basename(path), path), "agnews not found",
+                   f"train.csv and test.csv (the AG News CSVs at {AGNEWS_URL}) in {folder}")
+    (train_texts, y_train), (test_texts, y_test) = (_read_agnews_csv(p) for p in paths)
+    train_tokens = [basic_english_tokens(t) for t in train_texts]
+    test_tokens = [basic_english_tokens(t) for t in test_texts]
+    if vocabulary == "authors":
+        vocab, unknown = build_vocab(train_tokens + test_tokens, first_id=PAD_ID + 1), PAD_ID
+    else:
+        vocab, unknown = build_vocab(train_tokens), UNK_ID
+    return (encode_tokens(train_tokens, vocab, unknown=unknown), y_train,
+            encode_tokens(test_tokens, vocab, unknown=unknown), y_test)
+
+
+LOADERS = {"tinyimagenet": load_tinyimagenet, "agnews": load_agnews}
+
+
+# ----------------------------------------------------------------------------- PFLlib dataset folders
+
+# A folder that PFLlib's generators write (TsingZ0/PFLlib dataset/utils/dataset_utils.py, save_file):
+# config.json, train/<i>.npz and test/<i>.npz for client i, each npz holding one entry, data.npy: a 0-d
+# object array whose pickle holds the dict {'x': samples, 'y': labels}. Pickles are programs; these files
+# are read by a reader that understands exactly that pickle and builds nothing else (_PfllibUnpickler).
+PFLLIB_MAX_CLIENTS = 100000
+PFLLIB_MAX_CLASSES = 100000
+PFLLIB_CONFIG_MAX_BYTES = 64 * 2 ** 20
+PFLLIB_RESPLIT_FLAGS = ("train_ratio", "test_split")  # with common.PARTITION_FLAGS: refused for a folder
+# PFLlib's pickle of {'x': array, 'y': array} takes about 160 opcodes; more are work no PFLlib file asks for. They
+# are counted before any is run (pickletools only decodes them), so that the unpickler's work and memory stay within
+# a small multiple of the payload, whose size was checked: millions of harmless opcodes would each build an object.
+PFLLIB_MAX_PICKLE_OPS = 4096
+_PICKLE_RECONSTRUCT = {("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "_reconstruct")}
+# bool, integers, floats; O: the 0-d object array around the dict
+_PICKLE_DTYPES = {"b1", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "O4", "O8"}
+
+
+def is_pfllib_folder(name):
+    """Whether --dataset ``name`` is read as a PFLlib dataset folder: an existing folder (not a file) whose
+    name is not one of the datasets' names (``mnist``, ``synthetic(...)``: those names win, ``./mnist`` is
+    the folder) nor ends in .npz. What it holds is checked when it is read (``read_pfllib_config``)."""
+    return (name not in VISION and name not in LOADERS and name != "synthetic" and not name.startswith("synthetic(")
+            and not name.lower().endswith(".npz") and os.path.isdir(name))
+
+
+PFLLIB_MAX_CONFIG_INT = 2 ** 63 - 1  # no count, label or size of a folder comes near; 1e999 is no number at all
+
+
+class _ConfigNumber(ValueError):
+    """A number in a folder's config.json that is not finite or not in range (its text, cut)."""
+
+
+def _config_int(text):
+    """An integer of config.json, in range (parsed before any use: no later int() can overflow or take long)."""
+    if len(text) > 20 or abs(int(text)) > PFLLIB_MAX_CONFIG_INT:
+        raise _ConfigNumber(shortened(text, 24))
+    return int(text)
+
+
+def _config_float(text):
+    """A number with a fraction or exponent of config.json: finite, or refused (1e999 parses as inf); also
+    NaN, Infinity and -Infinity, which Python's json reads and JSON does not have."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise _ConfigNumber(shortened(text, 24))
+    return value
+
+
+def read_pfllib_config(folder):
+    """The config.json of the PFLlib dataset folder ``folder`` (a dict), with its num_clients and num_classes
+    checked, and train/ and test/ present: one line naming what is missing or wrong."""
+    import json
+    path = os.path.join(folder, "config.json")
+    layout = "a PFLlib dataset folder holds config.json, train/0.npz ... and test/0.npz ... (docs/datasets.md)"
+    for part in ("config.json", "train", "test"):
+        if not os.path.lexists(os.path.join(folder, part)):
+            raise UserError(f"--dataset {quoted(folder)} is a folder without {part}; {layout}")
+    check_regular(path, doing="--dataset")
+    try:
+        if os.path.getsize(path) > PFLLIB_CONFIG_MAX_BYTES:
+            raise UserError(f"{quoted(path)} is {human_bytes(os.path.getsize(path))}; a PFLlib config.json is a "
+                            f"few KB (at most {human_bytes(PFLLIB_CONFIG_MAX_BYTES)} is read)")
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f, parse_int=_config_int, parse_float=_config_float, parse_constant=_config_float)
+    except _ConfigNumber as e:
+        raise UserError(f"{quoted(path)} holds the number {e}; PFLlib's config.json holds finite numbers and "
+                        f"integers of at most {len(str(PFLLIB_MAX_CONFIG_INT))} digits")
+    except OSError as e:
+        raise UserError(f"cannot read {quoted(path)}: {e.strerror or e.__class__.__name__}")
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested beyond Python's stack
+        why = shortened((str(e).splitlines() or [""])[0], 100)
+        raise UserError(f"{quoted(path)} is not JSON ({e.__class__.__name__}: {why})")
+    if not isinstance(config, dict):
+        raise UserError(f"{quoted(path)} holds {type(config).__name__}, not PFLlib's object with num_clients, "
+                        "num_classes, ...")
+    for key, least, most in (("num_clients", 1, PFLLIB_MAX_CLIENTS), ("num_classes", 2, PFLLIB_MAX_CLASSES)):
+        value = config.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= most:
+            raise UserError(f"{quoted(path)}: {key} must be an integer from {least} to {most}, got "
+                            f"{value!r}" if key in config else f"{quoted(path)} has no {key}; {layout}")
+    for part in ("train", "test"):
+        if not os.path.isdir(os.path.join(folder, part)):
+            raise UserError(f"{quoted(os.path.join(folder, part))} is not a folder; {layout}")
+    return config
+
+
+PFLLIB_PARTITION_KEYS = ("partition", "alpha", "balance", "non_iid", "num_clients", "num_classes")
+
+
+def pfllib_partition(config):
+    """How PFLlib's generator made a folder's clients, as its config.json says (partition 'pat' or 'dir', alpha,
+    balance, ...), in place of our partition flags: plain values only, each string cut to 40 characters."""
+    settings = {key: config.get(key) for key in PFLLIB_PARTITION_KEYS}
+    return {key: value[:40] if isinstance(value, str) else value for key, value in settings.items()
+            if value is None or isinstance(value, (bool, int, float, str))}
+
+
+def pfllib_client_files(folder, num_clients):
+    """[(train/<i>.npz, test/<i>.npz)] of the folder's clients: exactly 0.npz ... <n-1>.npz in each of
+    train/ and test/, nothing missing and nothing else there."""
+    files = []
+    for part in ("train", "test"):
+        where = os.path.join(folder, part)
+        try:
+            present = set(os.listdir(where))
+        except OSError as e:
+            raise UserError(f"cannot read {quoted(where)}: {e.strerror or e.__class__.__name__}")
+        expected = [f"{i}.npz" for i in range(num_clients)]
+        missing = [name for name in expected if name not in present]
+        extra = sorted(present - set(expected))
+        said = f"its config.json says {num_clients} client(s): {part}/0.npz ... {part}/{num_clients - 1}.npz"
+        if missing:
+            raise UserError(f"{quoted(os.path.join(where, missing[0]))} is missing ({len(missing)} file(s) missing); "
+                            f"{said}")
+        if extra:
+            raise UserError(f"{quoted(os.path.join(where, extra[0]))} is not a client's file of {quoted(folder)} "
+                            f"({len(extra)} such); {said} and nothing else; move it away")
+        files.append([os.path.join(where, name) for name in expected])
+    return list(zip(*files))
+
+
+class _PickledArray:
+    """What the pickle of an ndarray builds here instead of the array: ``__setstate__`` receives numpy's state
+    (version, shape, dtype, Fortran order, the raw bytes or, for an object array, a list) and checks that the
+    bytes are exactly the shape's before making the array from them, so no declared shape is ever allocated
+    (numpy's own ``__setstate__`` segfaults on an object array whose list is shorter than its shape)."""
+    value = None
+
+    def __setstate__(self, state):
+        if not (isinstance(state, tuple) and len(state) == 5):
+            raise pickle.UnpicklingError("an array's state is not numpy's (version, shape, dtype, order, data)")
+        version, shape, dtype, fortran, raw = state
+        if version != 1 or not isinstance(dtype, _PickledDtype) or not isinstance(fortran, bool) or \
+                not (isinstance(shape, tuple) and len(shape) <= 8 and all(type(n) is int and n >= 0 for n in shape)):
+            raise pickle.UnpicklingError("an array's state is not numpy's (version 1, a shape, a dtype, the order)")
+        if dtype.dtype.kind == "O":  # the 0-d array around PFLlib's dict
+            if shape != () or not (isinstance(raw, list) and len(raw) == 1):
+                raise pickle.UnpicklingError(f"an object array of shape {shape}; only arrays of numbers are read "
+                                             "(PFLlib's text datasets keep (tokens, length) objects: not these)")
+            self.value = raw[0]
+            return
+        if not isinstance(raw, bytes) or len(raw) != math.prod(shape) * dtype.dtype.itemsize:
+            raise pickle.UnpicklingError(f"an array of shape {shape} and dtype {dtype.dtype} whose data is not "
+                                         "exactly its size")
+        self.value = np.frombuffer(raw, dtype.dtype).reshape(shape, order="F" if fortran else "C")
+
+
+class _PickledDtype:
+    """What the pickle of a numeric (or object) numpy dtype builds here; ``__setstate__`` takes its byte order."""
+
+    def __init__(self, spec):
+        self.dtype = np.dtype(spec)
+
+    def __setstate__(self, state):
+        if not (isinstance(state, tuple) and len(state) == 8 and state[1] in ("<", ">", "|", "=")
+                and state[2] is None and state[3] is None and state[4] is None):
+            raise pickle.UnpicklingError("a dtype with fields or sub-arrays; only plain numbers are read")
+        if state[1] in "<>" and self.dtype.itemsize > 1:
+            self.dtype = self.dtype.newbyteorder(state[1])
+
+
+_NDARRAY = object()  # what the pickle's numpy.ndarray stands for: a token, never the class (it would allocate)
+
+
+def _reconstruct(subtype, shape, typecode):
+    """numpy's ``_reconstruct(ndarray, (0,), b'b')``, the first step of every pickled array, as a _PickledArray."""
+    if subtype is not _NDARRAY or shape != (0,) or typecode != b"b":
+        raise pickle.UnpicklingError("numpy's array reconstruction with other arguments than numpy writes")
+    return _PickledArray()
+
+
+def _dtype(spec, align=False, copy=True):
+    """numpy's ``dtype(spec, align, copy)`` of a pickle, for plain numbers and objects only."""
+    if not (isinstance(spec, str) and spec in _PICKLE_DTYPES) or align is not False or copy is not True:
+        raise pickle.UnpicklingError(f"the dtype {spec!r}; only bool, integer, float (and the object array around "
+                                     "the dict) are read")
+    return _PickledDtype(spec)
+
+
+class _PfllibUnpickler(pickle.Unpickler):
+    """An unpickler that knows three names, numpy's ``_reconstruct``, ``ndarray`` and ``dtype``, each as its stand-in
+    above; any other global (os.system, builtins.eval, ...) is refused before it is looked up."""
+
+    def find_class(self, module, name):
+        if (module, name) in _PICKLE_RECONSTRUCT:
+            return _reconstruct
+        if (module, name) == ("numpy", "ndarray"):
+            return _NDARRAY
+        if (module, name) == ("numpy", "dtype"):
+            return _dtype
+        raise pickle.UnpicklingError(f"it asks for {str(module)[:60]}.{str(name)[:60]}, which a PFLlib file never "
+                                     "holds (it holds numpy arrays in a dict); nothing of it was run")
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("it holds a persistent id, which a PFLlib file never holds")
+
+
+class _Refused(Exception):
+    """Why one client file is not what PFLlib's save_file writes."""
+
+
+def _pfllib_member(z):
+    """The ZipInfo of data.npy, the one member a PFLlib client file has."""
+    names = z.namelist()
+    if names != ["data.npy"]:
+        raise _Refused(f"it holds {first_few([quoted(n) for n in names], 3) or 'nothing'}; PFLlib's files hold "
+                       "data.npy only")
+    info = z.getinfo("data.npy")
+    if info.flag_bits & 0x1:  # zipfile would ask for a password
+        raise _Refused("its data.npy is encrypted; PFLlib's files are not")
+    return info
+
+
+def _unreadable(path, e):
+    """The one line of a client file that cannot be read as PFLlib's, for the exception ``e``."""
+    if isinstance(e, _Refused):
+        return UserError(f"{quoted(path)}: {e}")
+    if isinstance(e, pickle.UnpicklingError):
+        return UserError(f"{quoted(path)} is refused: {e}")
+    if isinstance(e, OSError) and e.strerror:
+        return UserError(f"cannot read {quoted(path)}: {e.strerror}")
+    # not a zip, a bad CRC, cut short, a malformed header
+    why = shortened((str(e).strip().splitlines() or [""])[0], 120)
+    return UserError(f"{quoted(path)} is not a readable PFLlib client file ({e.__class__.__name__}"
+                     f"{': ' + why if why else ''})")
+
+
+def pfllib_declared_bytes(path):
+    """The uncompressed size that the zip header of ``path`` declares for its data.npy (read, not inflated)."""
+    import zipfile
+    check_regular(path, doing="--dataset")
+    try:
+        with zipfile.ZipFile(path) as z:
+            return _pfllib_member(z).file_size
+    except Exception as e:  # noqa: BLE001  not a zip, cut short
+        raise _unreadable(path, e)
+
+
+def read_pfllib_npz(path):
+    """(x, y) of one PFLlib client file, running nothing it carries: the zip must hold data.npy alone, its .npy header
+    a 0-d object array; at most the size the zip header declares is inflated (the caller checked it against memory),
+    CRC checked; _PfllibUnpickler reads a dict of exactly 'x' and 'y', numeric arrays."""
+    import io
+    import pickletools
+    import zipfile
+    check_regular(path, doing="--dataset")
+    try:
+        with zipfile.ZipFile(path) as z, z.open(_pfllib_member(z)) as f:
+            version = np.lib.format.read_magic(f)
+            if version not in ((1, 0), (2, 0)):
+                raise _Refused(f"its data.npy is .npy version {version[0]}.{version[1]}; numpy writes 1.0 or 2.0")
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0
+            shape, _, dtype = read_header(f, max_header_size=10000)
+            if shape != () or dtype != np.dtype(object):
+                raise _Refused(f"its data.npy is a {dtype} array of shape {shape}, not PFLlib's pickled dict "
+                               "{'x': ..., 'y': ...}")
+            payload = bytearray()
+            for chunk in iter(lambda: f.read(1 << 20), b""):  # read(): one inflate of up to 2 GB, whatever the
+                payload += chunk  # header declares; read(n) inflates n at a time, up to the declared size and CRC
+        for count, _ in enumerate(pickletools.genops(payload), 1):
+            if count > PFLLIB_MAX_PICKLE_OPS:
+                raise _Refused(f"its pickle holds more than {PFLLIB_MAX_PICKLE_OPS} opcodes; PFLlib's dict of two "
+                               "arrays takes about 160, so it is not PFLlib's file (nothing of it was run)")
+        holder = _PfllibUnpickler(io.BytesIO(payload)).load()
+    except Exception as e:  # noqa: BLE001  not a zip, a bad CRC, a cut file, a malformed pickle or header
+        raise _unreadable(path, e)
+    data = holder.value if isinstance(holder, _PickledArray) else None
+    if not isinstance(data, dict) or set(data) != {"x", "y"}:
+        what = f"a dict of {first_few(sorted(map(repr, data)), 4)}" if isinstance(data, dict) else \
+            type(data).__name__
+        raise UserError(f"{quoted(path)} holds {what}, not PFLlib's dict of 'x' and 'y'")
+    arrays = []
+    for key in ("x", "y"):
+        value = data[key].value if isinstance(data[key], _PickledArray) else None
+        if not isinstance(value, np.ndarray):
+            raise UserError(f"{quoted(path)}: its '{key}' is not a numpy array of numbers")
+        arrays.append(value.astype(value.dtype.newbyteorder("="), copy=False))
+    return tuple(arrays)
+
+
+def _check_pfllib_client(path, x, y, num_classes, like):
+    """One line naming ``path`` unless its (x, y) are samples with as many integer labels in 0..num_classes-1,
+    finite and bounded, of the shape and dtype of ``like`` (the first client's x)."""
+    if x.ndim == 3:  # (N, H, W): one channel, as .npz files
+        x = x[:, None]
+    if y.ndim != 1 or x.ndim not in (2, 4) or len(x) != len(y) or 0 in x.shape[1:]:
+        raise UserError(f"{quoted(path)}: x and y must be (N, features), (N, H, W) or (N, C, H, W) samples with N "
+                        f"labels; got shapes {x.shape} and {y.shape}")
+    if x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):  # before any size or model check
+        raise UserError(f"{quoted(path)} holds channels-last images {x.shape} (N, H, W, C); PFLlib's generators "
+                        "write (N, C, H, W): transpose x to (0, 3, 1, 2) when making the folder")
+    if not len(y):
+        raise UserError(f"{quoted(path)} holds no samples; every client needs training and test samples")
+    if y.dtype.kind not in "iu":
+        raise UserError(f"{quoted(path)}: the labels y are {y.dtype}; they must be integers 0..C-1")
+    if x.dtype.kind not in "uif":
+        raise UserError(f"{quoted(path)}: x is {x.dtype}; samples must be real numbers (integers or floats)")
+    if like is not None and (x.shape[1:], x.dtype) != (like.shape[1:], like.dtype):
+        raise UserError(f"{quoted(path)} holds samples of shape {x.shape[1:]} and dtype {x.dtype}; the first "
+                        f"client's are {like.shape[1:]}, {like.dtype}: every client's must be the same")
+    if x.dtype.kind == "f" and not np.isfinite(x).all():
+        raise UserError(f"{quoted(path)}: x has {int(np.count_nonzero(~np.isfinite(x)))} non-finite value(s) "
+                        "(NaN or inf)")
+    if max(abs(float(x.max())), abs(float(x.min()))) > MAX_FEATURE:
+        raise UserError(f"{quoted(path)}: x has values beyond {MAX_FEATURE:.0e}; scale the features")
+    if y.min() < 0 or y.max() >= num_classes:
+        raise UserError(f"{quoted(path)} has labels from {y.min()} to {y.max()}; its folder's config.json says "
+                        f"num_classes {num_classes}, so labels are 0..{num_classes - 1}")
+    return x, y.astype(np.int64)
+
+
+def _check_pfllib_statistic(folder, config, labels):
+    """PFLlib's config.json lists each client's [label, count] pairs over its train and test data ("Size of samples
+    for labels in clients"); where it does, they must be the files' counts exactly: each pair two integers (6.9 is
+    no count, true no label), each label once, every label the files hold and no other."""
+    statistic = config.get("Size of samples for labels in clients")
+    if statistic is None:
+        return
+    path = os.path.join(folder, "config.json")
+    if not isinstance(statistic, list) or len(statistic) != len(labels):
+        raise UserError(f"{quoted(path)}: 'Size of samples for labels in clients' must list {len(labels)} clients")
+    for client, (pairs, y) in enumerate(zip(statistic, labels)):
+        if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 and all(type(v) is int for v in p)
+                                                  for p in pairs):  # type(): no float, no bool
+            raise UserError(f"{quoted(path)}: 'Size of samples for labels in clients' of client {client} is not a "
+                            "list of [label, count] pairs of integers")
+        said = [(label, count) for label, count in pairs]
+        if len(said) > config["num_classes"]:
+            raise UserError(f"{quoted(path)} lists {len(said)} labels of client {client}; its num_classes is "
+                            f"{config['num_classes']}")
+        times = collections.Counter(label for label, _ in said)  # linear: a client may list 10^6 pairs
+        twice = sorted(label for label, n in times.items() if n > 1)
+        if twice:
+            raise UserError(f"{quoted(path)} lists label {twice[0]} of client {client} more than once; PFLlib "
+                            "lists each label of a client once")
+        found = dict(zip(*(v.tolist() for v in np.unique(y, return_counts=True))))
+        if dict(said) != found:
+            raise UserError(f"{quoted(path)} counts client {client}'s labels as {first_few(sorted(said), 4)}, "
+                            f"but train/{client}.npz and test/{client}.npz hold {first_few(sorted(found.items()), 4)}")
+
+
+def load_pfllib_folder(folder, num_clients=None):
+    """A PFLlib dataset folder as (x, y, train, test, num_classes): client i's train and test samples are exactly
+    those of train/<i>.npz and test/<i>.npz (no re-split), ``train[i]`` and ``test[i]`` their indices into x and y
+    (all clients' training samples first); the classes are config.json's num_classes. ``num_clients``: what the run
+    expects (a --resume), refused if config.json differs. All declared sizes are checked against memory first;
+    the checks of every dataset (datasets.check_arrays) follow in datasets.load_federated_data."""
+    config = read_pfllib_config(folder)
+    n = config["num_clients"]
+    if num_clients is not None and num_clients != n:  # a run resumed on a folder changed since
+        raise UserError(f"{quoted(os.path.join(folder, 'config.json'))} says {n} clients, but the run has "
+                        f"{num_clients} (--num-clients)")
+    files = pfllib_client_files(folder, n)
+    declared = sum(pfllib_declared_bytes(path) for pair in files for path in pair)
+    check_fits(f"the client files of {quoted(folder)}", 2 * declared)  # the files' arrays, then one copy of all
+    parts, like = {"train": [], "test": []}, None
+    for pair in files:
+        for part, path in zip(("train", "test"), pair):
+            x, y = _check_pfllib_client(path, *read_pfllib_npz(path), config["num_classes"], like)
+            like = x if like is None else like
+            parts[part].append((x, y))
+    x, y, ranges = stack_clients(parts["train"] + parts["test"])
+    _check_pfllib_statistic(folder, config, [np.concatenate([y[ranges[k]], y[ranges[n + k]]]) for k in range(n)])
+    return x, y, ranges[:n], ranges[n:], config["num_classes"]
+
+
+def stack_clients(clients):
+    """The [(x, y)] of each client as one x and one y, and each client's indices into them."""
+    starts = np.cumsum([0] + [len(y) for _, y in clients])
+    return (np.concatenate([x for x, _ in clients]), np.concatenate([y for _, y in clients]),
+            [np.arange(starts[k], starts[k + 1]) for k in range(len(clients))])
+

@@ -212,6 +212,7 @@ def main(argv=None):
           f"p={args.p} layer(s) ({', '.join(ala.top)}): {ala.weights.shape[1]} learnable weights per client"
           f"{' (off: --no-ala)' if args.no_ala else ''}; {len(pool)} client(s) at a time")
 
+    # plumbing, not the algorithm: progress=, check_finite, run.add_bytes, log, checkpoint, stop (run_folder.py)
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)  # Alg. 1 l. 4-5
         evaluate = run.should_eval(round_)

@@ -78,6 +78,7 @@ def main(argv=None):
     print(f"[fedavg] model {global_model.__class__.__name__}: {common.flatten_state(global_model).numel()} parameters, "
           f"{model_bytes / 2**20:.2f} MB; {len(pool)} client(s) at a time")
 
+    # plumbing, not the algorithm: progress=, check_finite, run.add_bytes, log, checkpoint, stop (run_folder.py)
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
         global_state = common.flatten_state(global_model)

@@ -301,6 +301,7 @@ def main(argv=None):
           f"n_micro {args.n_micro}, n_macro {args.n_macro}, delta {args.delta}"
           + (f", ablate {' and '.join(args.ablate)}" if args.ablate else "") + f"; aggregation {form}")
 
+    # plumbing, not the algorithm: progress=, check_finite, run.add_bytes, log, checkpoint, stop (run_folder.py)
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
         global_state = common.flatten_state(global_model)

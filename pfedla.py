@@ -245,6 +245,7 @@ def main(argv=None):
           f"hypernetworks: {args.num_clients} x {hn_params // args.num_clients} = {hn_params} parameters; "
           f"{len(pool)} client(s) at a time")
 
+    # plumbing, not the algorithm: progress=, check_finite, run.add_bytes, log, checkpoint, stop (run_folder.py)
     for round_ in range(start, args.rounds + 1):
         clients = common.sample_clients(rng, args.num_clients, args.join_ratio)
         ids = torch.as_tensor(clients, device=device)

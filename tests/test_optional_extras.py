@@ -41,7 +41,8 @@ def planted_run(tmp_path, ci):
         env["CI"] = "true"
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "tests"), ROOT, env.get("PYTHONPATH", "")])
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rsfE", "-p", "conftest", "-p", "no:cacheprovider",
-                           "-p", "no:xdist", "-c", os.devnull, "--rootdir", str(tmp_path), str(tmp_path)],
+                           "-p", "no:xdist", "-W", "ignore::pytest.PytestUnknownMarkWarning", "-c", os.devnull,
+                           "--rootdir", str(tmp_path), "--continue-on-collection-errors", str(tmp_path)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
     return done.returncode, done.stdout
 

@@ -9,6 +9,7 @@ import argparse
 import math
 import os
 import queue
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -140,7 +141,7 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
     """Parse and validate every flag before anything is written. ``resolve(args)`` fills the
     dataset-dependent defaults; ``checks`` are the script's own (ok, message) pairs as a
     function of args. With ``--resume`` the run's saved settings are used (run_folder.resumed_args)."""
-    args = parser.parse_args(argv)
+    args, given = parser.parse_args(argv), run_folder.given_flags(parser, argv)
     if args.resume is not None and not args.resume.strip():
         raise UserError("--resume needs the run folder to continue (given: an empty name)")
     if args.resume:
@@ -148,7 +149,7 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
     elif resolve:
         resolve(args)
     if not args.resume and datasets.is_pfllib_folder(args.dataset):
-        pfllib_folder_settings(args, run_folder.given_flags(parser, argv))
+        pfllib_folder_settings(args, given)
     if args.threads == "auto":  # the count the run takes, recorded (torch's own: OMP_NUM_THREADS or the cores)
         args.threads = torch.get_num_threads()
     finite = lambda v: v is not None and math.isfinite(v)
@@ -177,20 +178,19 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
         (args.classes_per_client is None or args.classes_per_client >= 1,
          f"--classes-per-client must be >= 1, got {args.classes_per_client}"),
         (args.stop_after is None or args.stop_after >= 1, "--stop-after must be >= 1"),
+        *((getattr(args, k) == "auto" or type(getattr(args, k)) is int and getattr(args, k) >= 1,
+           f"--{k.replace('_', '-')} must be 'auto' or an integer >= 1, got {getattr(args, k)!r}")
+          for k in ("parallel_clients", "samples_per_client")),
         (bool(args.out.strip()), "--out must name a folder (. for the current one)"),
     ]
     for ok, message in [*shared, *(checks(args) if callable(checks) else checks)]:
-        if not ok and args.resume:  # a value read from the run's config.json, unless given now
-            flag = message.split()[0].rstrip(":,;").removeprefix("--").replace("-", "_")
-            given = run_folder.given_flags(parser, argv)
-            raise UserError(message if flag in given else f"cannot resume: {os.path.join(args.resume, 'config.json')}"
-                            f" holds an invalid setting: {message} (the file was edited or damaged)")
-        if not ok:
-            raise UserError(message)
+        flag = message.split()[0].rstrip(":,;").removeprefix("--").replace("-", "_")
+        if not ok:  # with --resume, a value not given now is config.json's
+            raise UserError(message if not args.resume or flag in given else f"cannot resume: {args.resume}/config."
+                            f"json holds an invalid setting: {message} (the file was edited or damaged)")
     if not args.resume:  # before any data is loaded: an --out that cannot hold a run folder
         run_folder.check_out_folder(args.out)
     if not args.resume and synthetic_setting(args.dataset) is not None:
-        given = run_folder.given_flags(parser, argv)
         ignored = [f"--{dest.replace('_', '-')}" for dest in PARTITION_FLAGS if dest in given]
         if ignored:  # they would be recorded in config.json, and compare.py would label the runs by them
             raise UserError(f"{', '.join(ignored)} does not apply to synthetic data: each client's data is generated "
@@ -580,8 +580,7 @@ def weighted_average(stacked, weights):
 
 
 def check_finite(loss, round_, client):
-    """One host sync per client: stop the run when training diverged (the data was checked to be
-    finite when loaded, so the step size is to blame)."""
+    """One host sync per client: stop a run that diverged (the data was checked finite: the step size is to blame)."""
     value = float(loss)
     if not math.isfinite(value):
         raise DivergedError(f"training loss became {value} in round {round_} on client {client}; "
@@ -652,8 +651,7 @@ class ClientPool:
         """``[client_update(model, client) for client in clients]``, each call given a free model."""
         if len(self.models) == 1:
             return [client_update(self.models[0], client) for client in clients]
-        from concurrent.futures import ThreadPoolExecutor
-        free = queue.SimpleQueue()
+        free, threads = queue.SimpleQueue(), torch.get_num_threads()
         for model in self.models:
             free.put(model)
 
@@ -664,32 +662,27 @@ class ClientPool:
             finally:
                 free.put(model)
 
-        threads = torch.get_num_threads()
         torch.set_num_threads(1)
         executor = ThreadPoolExecutor(len(self.models))
         try:
-            futures = {client: executor.submit(run, client)
-                       for client in sorted(clients, key=lambda c: -self.client_sizes[c])}
+            futures = {c: executor.submit(run, c) for c in sorted(clients, key=lambda c: -self.client_sizes[c])}
             return [futures[client].result() for client in clients]
         finally:  # after a second Ctrl-C or a failing client no queued client starts
             executor.shutdown(wait=False, cancel_futures=True)
             torch.set_num_threads(threads)
 
     def train(self, client_update, clients, progress=None):
-        """The round's client updates through ``map``: ``client_update(model, client)`` returns (the client's
-        trained model, flat; anything else). Returns the trained models as the rows of a new (K x D) tensor, in
-        the order of ``clients``, then each further return value as a list over the clients. Each model is
-        copied into its row when its client finishes, so a round holds no K models besides the rows (ResNet-18's
-        FedAvg round peaked at 3,010 MB instead of 2,100 when it did, docs/speed.md). ``progress(client, of, done)``,
-        if given (the run's progress line: run_folder.Run.progress), is told when each client starts and ends."""
-        state = float_state(self.models[0])
+        """``map`` of ``client_update(model, client)`` -> (the trained model, flat; anything else): the trained
+        models as the rows of a new (K x D) tensor, each copied in as its client ends (no K models held besides:
+        docs/speed.md), then each further value as a list. ``progress(client, of, done)`` is told as each starts
+        and ends (the script passes its run's: run_folder.Run.progress)."""
+        state, report = float_state(self.models[0]), progress or (lambda *_: None)
         rows = torch.empty(len(clients), sum(v.numel() for v in state), dtype=state[0].dtype, device=state[0].device)
-        position, report = {client: k for k, client in enumerate(clients)}, progress or (lambda *_: None)
 
         def update(model, client):
             report(client, len(clients), False)
             trained, *rest = client_update(model, client)
-            rows[position[client]] = trained
+            rows[clients.index(client)] = trained
             report(client, len(clients), True)
             return rest
 

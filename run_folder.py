@@ -274,12 +274,15 @@ def resumed_args(parser, argv):
     path = os.path.join(folder, "config.json")
     config = read_json(path)
     try:
-        saved, script = dict(config["args"]), config["script"]
+        saved, script, _ = dict(config["args"]), config["script"], config["args"]["rounds"]
+        if not isinstance(script, str) or not isinstance(config["algorithm"], str):
+            raise KeyError("script")  # null or a number: no script to name
         script = {"heurpfedla": "pfedla"}.get(config["algorithm"], config["algorithm"]) \
             if script == "flower_app" else str(script)  # flower/app.py's checkpoint is the script's
         form_ok = "data_sha256" in config and isinstance(saved.get("threads"), int)
     except (KeyError, TypeError, ValueError) as e:
-        raise UserError(f"cannot resume: {quoted(path)} is not a run's config.json (no {e})") from None
+        raise UserError(f"cannot resume: {quoted(path)} is not a run's config.json "
+                        f"({f'no {e}' if isinstance(e, KeyError) else 'damaged'})") from None
     if f"{script}.py" != parser.prog:
         raise UserError(f"cannot resume: {quoted(folder)} is a run of {script}.py, not {parser.prog}; "
                         f"use python {shlex.join([f'{script}.py', '--resume', folder])}")
@@ -452,7 +455,7 @@ class Run:
             self.dir = args.resume
             self.take_lock()
             for name in os.listdir(self.dir):  # what a run killed in the middle of atomic_write left
-                if name.startswith(".tmp-"):
+                if re.fullmatch(r"\.tmp-[0-9a-f]{8}", name):  # atomic_write's; another program's stays
                     with contextlib.suppress(OSError):
                         os.remove(os.path.join(self.dir, name))
             saved = read_json(os.path.join(self.dir, "config.json")).get("data_sha256")
@@ -713,10 +716,13 @@ class Run:
                      if k != "dataset" and (k in vars(self.args) or v not in (False, None))}
             if saved != self.fixed_args():
                 raise ValueError(f"other settings: {', '.join(k for k in saved if saved[k] != vars(self.args).get(k))}")
-            if not all(round_ >= r["round"] >= 1 for r in rows) or not 1 <= round_ <= self.args.rounds:
-                raise ValueError(f"round {round_} with rows of rounds {[r['round'] for r in rows][-3:]}")
+            seen, every = [int(r["round"]) for r in rows], self.args.eval_every  # increasing, each --eval-every there
+            if round_ < 1 or seen != sorted(set(seen)) or seen and not 1 <= seen[0] <= seen[-1] <= round_ \
+                    or set(range(every, round_ + 1, every)) - set(seen):
+                raise ValueError(f"round {round_} with rows of rounds {seen[-3:]}")
             for k, v in blob["state"].items():
-                if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all()):
+                if any(isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all())
+                       for t in (v.values() if isinstance(v, dict) else [v])):  # a module's state_dict too
                     raise ValueError("it holds non-finite weights")
                 if hasattr(state[k], "load_state_dict"):
                     state[k].load_state_dict(v)
@@ -732,6 +738,8 @@ class Run:
         except Exception as e:  # noqa: BLE001  anything wrong with the file is the same answer
             raise UserError(f"cannot resume: {quoted(path)} is not a valid checkpoint of this run "
                             f"({shortened((str(e).splitlines() or [type(e).__name__])[0], 150)})") from None
+        if round_ > self.args.rounds:
+            raise UserError(f"cannot resume with --rounds {self.args.rounds}: {quoted(self.dir)} already has {round_} rounds")
         if self.args.stop_after is not None and round_ >= self.args.stop_after:
             raise UserError(stop_after_refusal(self.dir, self.args.stop_after, round_))
         self.rows, self.bytes_down, self.bytes_up = rows, int(down), int(up)

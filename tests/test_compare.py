@@ -455,8 +455,8 @@ def test_synthetic_runs_are_labelled_by_what_applies(tmp_path):
 def test_a_run_that_recorded_a_removed_flag_at_its_kept_value_groups_with_runs_made_since(tmp_path):
     """Runs made while --clients-together existed record clients_together: false; runs made since record no such
     flag: one setting. A run recorded with it on stays a setting of its own."""
-    import run_folder
-    assert compare_tool.REMOVED_FLAGS == {k: value for k, (value, _) in run_folder.REMOVED_FLAGS.items()}
+    from tools import run_records
+    assert compare_tool.REMOVED_FLAGS == {k: value for k, (value, _) in run_records.REMOVED_FLAGS.items()}
     make_run(tmp_path, "fedavg-synthetic-s0", seed=0, clients_together=False)
     make_run(tmp_path, "fedavg-synthetic-s1", seed=1)
     make_run(tmp_path, "fedavg-synthetic-s2", seed=2, clients_together=True)

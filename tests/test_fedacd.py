@@ -18,7 +18,7 @@ import run_folder
 from rounds import fedacd_local_train as local_train, fedacd_round
 from conftest import metrics_rows, run_dir
 from test_main_loops import class_mean_softmax, fedacd_objective, kl_score, margins_of
-from tools import fedacd_diagnostics
+from tools import fedacd_diagnostics, run_records
 
 CPU = torch.device("cpu")
 
@@ -520,8 +520,9 @@ def test_clients_in_parallel_give_the_same_round_as_one_at_a_time():
 
 
 def test_a_run_made_before_the_diagnostic_flags_resumes_logging_them(tmp_path, capsys):
-    """Runs made before --log-risk and --log-kl logged both at every evaluation: resumed, they go on so, with
-    tools/fedacd_diagnostics.py (fedacd.py, which they were made with, says so in one line)."""
+    """Runs made before --log-risk and --log-kl logged both at every evaluation: fedacd.py, which they were made
+    with, refuses them in one line naming tools/run_records.py --upgrade, which records both on and makes the run
+    tools/fedacd_diagnostics.py's; resumed there, they go on logging both."""
     flags = ["--dataset", "synthetic", "--num-clients", "3", "--rounds", "3", "--local-epochs", "1",
              "--checkpoint-every", "1", "--device", "cpu", "--fedavg", "--log-risk", "--log-kl"]
     with pytest.raises(SystemExit) as stop:
@@ -533,9 +534,19 @@ def test_a_run_made_before_the_diagnostic_flags_resumes_logging_them(tmp_path, c
     blob = torch.load(checkpoint_path, weights_only=False)
     for saved in (config["args"], blob["args"]):  # as an older fedacd.py wrote them
         del saved["log_risk"], saved["log_kl"]
-    config["script"], config["command"][0] = "fedacd", "fedacd.py"
+    config["script"] = "fedacd"
+    config["command"] = ["fedacd.py", *[f for f in flags if f not in ("--log-risk", "--log-kl")]]
     json.dump(config, open(config_path, "w"))
     torch.save(blob, checkpoint_path)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        run_folder.run_main(fedacd.main, ["--resume", folder])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and f"python tools/run_records.py --upgrade {folder}" in err[0]
+    assert run_records.main(["--upgrade", folder]) == 0
+    upgraded = json.load(open(config_path))
+    assert upgraded["script"] == "tools/fedacd_diagnostics" and upgraded["command"][0] == "tools/fedacd_diagnostics.py"
+    assert upgraded["args"]["log_risk"] is True and upgraded["args"]["log_kl"] is True
     with pytest.raises(SystemExit) as stop:
         run_folder.run_main(fedacd.main, ["--resume", folder])
     assert stop.value.code == 2 and "use python tools/fedacd_diagnostics.py --resume" in capsys.readouterr().err

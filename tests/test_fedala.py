@@ -18,6 +18,7 @@ import datasets
 import fedala
 from rounds import fedala_round, fedavg_round
 from conftest import metrics_rows, run_dir, run_script
+from test_main_loops import plain_ala
 
 
 @pytest.fixture(autouse=True)
@@ -208,22 +209,22 @@ def test_round1_skips_ala_round2_trains_to_convergence_then_one_epoch(threshold,
 
 
 def test_w_persists_across_rounds():
-    """Round 3's ALA starts from the W learned in round 2, not from ones."""
+    """Round 3's ALA starts from the W learned in round 2, not from ones: client 0's W after round 3 is one ALA
+    epoch (its initial stage is over) from round 2's W, computed by test_main_loops' plain ALA (never fedala.ALA);
+    from ones it would be another."""
     data = tiny_fed_data()
     args = fedala_args("--num-pre-loss", 3, "--eta", 5)
     global_model, worker, ala, local_models = setup(data, args)
     for round_ in (1, 2):
         fedala_round(global_model, worker, local_models, ala, data, [0, 1, 2], args, round_)
-    w2, state = ala.weights.clone(), (copy.deepcopy(global_model), local_models.clone())
+    w2, global_2, local_2 = ala.weights.clone(), common.flatten_state(global_model).clone(), local_models[0].clone()
+    assert not ala.initial_stage[0] and not torch.equal(w2[0], torch.ones_like(w2[0]))
     fedala_round(global_model, worker, local_models, ala, data, [0], args, 3)
-    fresh = copy.deepcopy(ala)
-    fresh.weights.copy_(w2)
     for start, expect_equal in ((w2[0], True), (torch.ones_like(w2[0]), False)):
-        fresh.weights[0] = start
-        common.load_flat_state(worker, state[1][0])
-        generator = torch.Generator().manual_seed(common.client_seed(args.seed, 3, 0, tag=1))
-        fresh.initialise(0, state[0], worker, data.x[data.train_idx[0]], data.y[data.train_idx[0]], generator)
-        assert torch.equal(fresh.weights[0], ala.weights[0]) == expect_equal
+        _, w, epochs, _ = plain_ala(copy.deepcopy(worker), data, 0, 3, args, global_2, local_2, start, False, [])
+        assert epochs == 1
+        assert torch.allclose(w, ala.weights[0], rtol=0, atol=1e-5) == expect_equal
+    assert not torch.allclose(ala.weights[0], w2[0], rtol=0, atol=1e-5)  # round 3's epoch moved it
 
 
 def test_subset_size_and_determinism():

@@ -42,6 +42,22 @@ def full_disk(monkeypatch):
     monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
 
 
+def full_disk_under_atomic_write(monkeypatch):
+    """From here on each temporary file atomic_write makes (``.tmp-`` and 8 hex digits, made with os.open) is on
+    a full disk: it is made, but every write to it fails with ENOSPC (its descriptor is /dev/full's)."""
+    real = os.open
+
+    def open_(path, flags, mode=0o777, *args, **kwargs):
+        fd = real(path, flags, mode, *args, **kwargs)
+        if os.path.basename(str(path)).startswith(".tmp-") and flags & os.O_CREAT:
+            full = real("/dev/full", os.O_WRONLY)
+            os.dup2(full, fd)
+            os.close(full)
+        return fd
+
+    monkeypatch.setattr(os, "open", open_)
+
+
 def leftovers(folder):
     return [name for name in os.listdir(folder) if name.startswith(".tmp-")]
 
@@ -59,9 +75,10 @@ def test_a_full_disk_keeps_the_previous_file_and_names_the_real_one(content, tmp
     path = tmp_path / "report.md"
     path.write_text("the previous report\n")
     if not callable(content):
-        full_disk(monkeypatch)
+        full_disk_under_atomic_write(monkeypatch)
     with pytest.raises(OSError) as caught:
         run_folder.atomic_write(str(path), content)
+    monkeypatch.undo()
     assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(path)
     assert path.read_text() == "the previous report\n"
     assert leftovers(tmp_path) == []
@@ -81,9 +98,13 @@ def test_a_failure_names_the_file_not_the_temporary_one(tmp_path):
 
 def test_a_written_file_is_whole_and_gets_the_umask(tmp_path):
     path = tmp_path / "a.bin"
-    run_folder.atomic_write(str(path), lambda f: f.write(b"\x00\x01" * 5))
+    umask = os.umask(0o027)  # not the usual 022: the mode comes from the umask, not a fixed one
+    try:
+        run_folder.atomic_write(str(path), lambda f: f.write(b"\x00\x01" * 5))
+    finally:
+        os.umask(umask)
     assert path.read_bytes() == b"\x00\x01" * 5
-    assert os.stat(path).st_mode & 0o777 == 0o666 & ~run_folder._UMASK
+    assert os.stat(path).st_mode & 0o777 == 0o640
     assert leftovers(tmp_path) == []
 
 

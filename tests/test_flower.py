@@ -139,15 +139,15 @@ def test_resume_refuses_a_named_pipe_in_the_run_folder_never_opens_it(name, tmp_
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
-    assert str(refused.value) == f"cannot resume: {folder / name} is a named pipe, not a regular file; move it away"
+    assert str(refused.value) == f"cannot resume: {folder / name} is not a regular file; move it away"
 
 
 @pytest.mark.parametrize("algorithm, flag", [("fedavg", "--local-training"), ("fedavg", "--eval-local-models"),
                                              ("fedacd", "--fedavg"), ("fedacd", "--log-risk")])
 def test_the_modes_that_left_the_scripts_are_refused_not_ignored(algorithm, flag):
     """Flower runs the scripts' own client and server steps: the modes of tools/ are not run there, and their
-    flags are refused in one line that says where they went."""
-    with pytest.raises(common.UserError, match=f"{flag} is tools/"):
+    flags are refused as any flag the script does not have, in one line."""
+    with pytest.raises(common.UserError, match=f"^unrecognized arguments: {flag}$"):
         flower_app.Job(algorithm, ["--dataset", "synthetic", "--num-clients", "4", flag])
 
 
@@ -167,8 +167,8 @@ def test_server_setup_refuses_what_the_script_refuses_after_set_up(algorithm, fl
 
 
 def test_clients_together_is_refused_not_ignored():
-    """The removed flag is refused in one line naming where its piece went, not ignored."""
-    with pytest.raises(common.UserError, match="--clients-together was removed: .*tools/together.py"):
+    """The removed flag is refused in one line, not ignored."""
+    with pytest.raises(common.UserError, match="^unrecognized arguments: --clients-together$"):
         flower_app.Job("fedavg", ["--dataset", "synthetic", "--num-clients", "4", "--clients-together"])
 
 
@@ -181,9 +181,9 @@ def test_resume_of_a_config_json_nested_too_deeply_is_one_line(tmp_path):
 
 
 def test_checks_that_need_no_data_refuse_before_ray_starts(tmp_path, monkeypatch):
-    """An --out that cannot hold a run folder, --min-clients above --num-clients, and --resume with a --stop-after
-    the run's checkpoint has reached: one line, before the simulation (Ray and its session folder) starts, and
-    nothing is made."""
+    """An --out that cannot hold a run folder and --min-clients above --num-clients: one line, before the simulation
+    (Ray and its session folder) starts, and nothing is made. (A --resume with a --stop-after the run's checkpoint has
+    reached is refused by Run.resume, as the script refuses it: tests/test_stop_after.py.)"""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(flower_app, "simulate", lambda *a, **k: pytest.fail("Ray started before the refusal"))
     (tmp_path / "afile").write_text("")
@@ -193,15 +193,3 @@ def test_checks_that_need_no_data_refuse_before_ray_starts(tmp_path, monkeypatch
     with pytest.raises(common.UserError, match="--min-clients 3 is more than the run's 2 clients"):
         flower_app.main([*small, "--min-clients", "3"])
     assert sorted(os.listdir(tmp_path)) == ["afile"]
-    from conftest import run_in_process
-    assert run_in_process("fedavg.py", "--dataset", "synthetic", "--num-clients", "2", "--rounds", "3",
-                          "--out", "runs", "--stop-after", "2") == 0
-    folder = run_dir(str(tmp_path / "runs"))
-    config = json.loads(open(os.path.join(folder, "config.json")).read())
-    config["flower"] = {"algorithm": "fedavg", "flags": config["command"][1:]}  # as flower/app.py records it
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(config, f)
-    before = sorted(os.listdir(folder))
-    with pytest.raises(common.UserError, match="has its checkpoint at round 2 already"):
-        flower_app.main(["--resume", folder, "--stop-after", "2"])
-    assert sorted(os.listdir(folder)) == before  # no lock left

@@ -28,7 +28,8 @@ def drawn_classes(args, round_, ablate):
         return torch.Generator().manual_seed(seed_of(args.seed, round_, 0, tag))
 
     def micro(num_high, K):
-        return torch.randint(args.n_micro, (num_high, K), generator=generator(7), dtype=torch.uint8).T.numpy().astype(int)
+        drawn = torch.randint(args.n_micro, (num_high, K), generator=generator(7), dtype=torch.uint8)
+        return drawn.T.numpy().astype(int)
 
     def macro(K):
         draw = torch.randint(min(args.n_macro, K), (K,), generator=generator(8)).tolist()

@@ -1,7 +1,8 @@
 """tools/fedavg_variants.py --local-training: the "Local Training" row of pFedLA's Tables 1-2 (each client
 alone, no aggregation), checked against an independent chain of local training per client; and
 tools/fedavg_variants.py --eval-local-models, FedAvg's trained models before aggregation, evaluated by hand.
-Both were fedavg.py's flags: its runs made with them continue here, and fedavg.py points here."""
+Both were fedavg.py's flags: its runs made with them continue here after tools/run_records.py --upgrade;
+fedavg.py refuses the flags as any it does not have."""
 import json
 import os
 
@@ -14,7 +15,7 @@ import fedpake
 import pfedla
 import run_folder
 from conftest import metrics_rows, run_dir
-from tools import fedavg_variants
+from tools import fedavg_variants, run_records
 
 FLAGS = ["--dataset", "synthetic", "--num-clients", "3", "--local-epochs", "2", "--batch-size", "8",
          "--checkpoint-every", "1", "--device", "cpu"]
@@ -104,9 +105,11 @@ def test_eval_local_models_with_local_training_is_one_line(tmp_path, capsys):
     assert os.listdir(tmp_path) == []
 
 
-def test_without_either_flag_a_new_run_is_refused_and_a_fedavg_py_run_still_continues(tmp_path, capsys, one_thread):
+def test_without_either_flag_a_new_run_is_refused_and_a_fedavg_py_run_continues_only_with_fedavg_py(
+        tmp_path, capsys, one_thread):
     """Plain FedAvg is fedavg.py: the program refuses a new run without --local-training or --eval-local-models
-    (exit 2, one line, nothing written) instead of running it; a fedavg.py run still continues here (--resume)."""
+    (exit 2, one line, nothing written) instead of running it; a fedavg.py run resumes only with fedavg.py, the
+    program that made it (config.json's script): the program says so in one line."""
     with pytest.raises(SystemExit) as stop:
         run_folder.run_main(fedavg_variants.main, [*FLAGS, "--out", str(tmp_path / "refused")])
     err = capsys.readouterr().err.strip().splitlines()
@@ -116,36 +119,56 @@ def test_without_either_flag_a_new_run_is_refused_and_a_fedavg_py_run_still_cont
         run_folder.run_main(fedavg.main, [*FLAGS, "--rounds", "2", "--out", str(tmp_path / "plain"),
                                           "--stop-after", "1"])
     assert stop.value.code == 0
-    run_folder.run_main(fedavg_variants.main, ["--resume", run_dir(tmp_path / "plain")])
-    assert len(metrics_rows(run_dir(tmp_path / "plain"))) == 2
+    folder = run_dir(tmp_path / "plain")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        run_folder.run_main(fedavg_variants.main, ["--resume", folder])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and f"use python fedavg.py --resume {folder}" in err[0]
+    assert len(metrics_rows(folder)) == 1  # nothing written
+    run_folder.run_main(fedavg.main, ["--resume", folder])
+    assert len(metrics_rows(folder)) == 2
 
 
-def test_fedavg_py_points_to_the_moved_flags_and_their_old_runs_resume_here_only(tmp_path, capsys, one_thread):
-    """A run made as ``fedavg.py --local-training`` (config.json as that version wrote it) continues with
-    tools/fedavg_variants.py to the uninterrupted run's metrics; fedavg.py refuses it, and the flag, in one line."""
+def test_fedavg_py_refuses_the_moved_flags_and_their_old_runs_resume_here_after_the_upgrade(tmp_path, capsys,
+                                                                                           one_thread):
+    """fedavg.py refuses the moved flags as any flag it does not have (argparse's one line). A run made as
+    ``fedavg.py --local-training`` (config.json as that version wrote it) is refused by fedavg.py as of an older
+    form; tools/run_records.py --upgrade makes it tools/fedavg_variants.py's (script and command), which then
+    continues it to the uninterrupted run's metrics (fedavg.py names the program)."""
     for flag in ("--local-training", "--eval-local-models"):
         with pytest.raises(SystemExit) as stop:
             run_folder.run_main(fedavg.main, [*FLAGS, flag, "--out", str(tmp_path / "refused")])
         assert stop.value.code == 2
-        assert capsys.readouterr().err.strip() == \
-            f"error: unrecognized arguments: {flag}; {flag} is tools/fedavg_variants.py's now"
+        assert capsys.readouterr().err.strip() == f"error: unrecognized arguments: {flag}"
+    assert not os.path.exists(tmp_path / "refused")
     flags = [*FLAGS, "--rounds", "2", "--local-training"]
-    assert run_folder.todays_command(["fedavg.py", *flags]) == ["tools/fedavg_variants.py", *flags]  # tests/test_results
+    assert run_records.todays_command(["fedavg.py", *flags]) == ["tools/fedavg_variants.py", *flags]  # tests/test_results
     run_folder.run_main(fedavg_variants.main, [*flags, "--out", str(tmp_path / "full")])
     with pytest.raises(SystemExit):
         run_folder.run_main(fedavg_variants.main, [*flags, "--out", str(tmp_path / "old"), "--stop-after", "1"])
-    path = os.path.join(run_dir(tmp_path / "old"), "config.json")
+    folder = run_dir(tmp_path / "old")
+    path = os.path.join(folder, "config.json")
     with open(path) as f:
         config = json.load(f)
-    config["script"], config["command"][0] = "fedavg", "fedavg.py"  # as fedavg.py wrote it
+    config["script"], config["command"] = "fedavg", ["fedavg.py", *flags]  # as fedavg.py wrote it
     with open(path, "w") as f:
         json.dump(config, f)
+    capsys.readouterr()
     with pytest.raises(SystemExit) as stop:
-        run_folder.run_main(fedavg.main, ["--resume", run_dir(tmp_path / "old")])
+        run_folder.run_main(fedavg.main, ["--resume", folder])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and f"python tools/run_records.py --upgrade {folder}" in err[0]
+    assert run_records.main(["--upgrade", folder]) == 0
+    with open(path) as f:
+        upgraded = json.load(f)
+    assert upgraded["script"] == "tools/fedavg_variants" and upgraded["command"][0] == "tools/fedavg_variants.py"
+    assert upgraded["command_line"].startswith("python tools/fedavg_variants.py ")
+    with pytest.raises(SystemExit) as stop:
+        run_folder.run_main(fedavg.main, ["--resume", folder])
     assert stop.value.code == 2 and "use python tools/fedavg_variants.py --resume" in capsys.readouterr().err
-    run_folder.run_main(fedavg_variants.main, ["--resume", run_dir(tmp_path / "old")])
-    assert metrics_rows(run_dir(tmp_path / "old"))[-1]["test_acc_mean"] == \
-        metrics_rows(run_dir(tmp_path / "full"))[-1]["test_acc_mean"]
+    run_folder.run_main(fedavg_variants.main, ["--resume", folder])
+    assert metrics_rows(folder)[-1]["test_acc_mean"] == metrics_rows(run_dir(tmp_path / "full"))[-1]["test_acc_mean"]
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -441,7 +441,7 @@ INCONSISTENT = {  # case: (mutation, the path the line names, relative to the fo
     "no test folder": (remove("test"), "", "is a folder without test"),
     "config.json not JSON": (not_json, "config.json", "is not JSON"),
     "num_clients a string": (edit_config(num_clients="4"), "config.json", "num_clients must be an integer"),
-    "a named pipe": (fifo, "test/1.npz", "is a named pipe"),
+    "a named pipe": (fifo, "test/1.npz", "is not a regular file"),
 }
 
 
@@ -524,8 +524,10 @@ def test_a_run_whose_folder_moved_resumes_from_its_new_place_checked_by_its_fing
     shutil.move(os.path.dirname(moved), again)
     capsys.readouterr()
     assert run_in_process("fedavg.py", "--resume", run, "--rounds", "3", "--dataset",
-                          os.path.join(again, "FashionMNIST-tiny")) == 2
-    assert "cannot resume with other settings: --dataset" in capsys.readouterr().err
+                          os.path.join(again, "FashionMNIST-tiny")) == 2  # an older form: upgraded first
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and f"python tools/run_records.py --upgrade {run}" in error
+    assert read_config(run) == config  # nothing changed
 
 
 def test_flower_app_takes_the_folder(folder):

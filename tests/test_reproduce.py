@@ -442,12 +442,21 @@ def test_a_job_running_already_is_never_started_again(holder, finished, tmp_path
     job = jobs_of(tables, out)[0]
     (folder,) = reproduce.run_folders(job["dir"])
     os.remove(os.path.join(folder, "summary.json"))  # resumable: reproduce.py would continue it
-    # a live process that is not ours to stop; for "launch" its command line names the job's script and folder
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "fedavg.py", job["dir"]])
+    # a live process that is not ours to stop; for "lock" it holds the run folder's lock as a run does
+    # (run_folder.Run.take_lock: filelock, "PID HOST" in the file), for "launch" its command line names the job's
+    # script and folder
+    hold = ("import os, socket, sys, time, filelock\n"
+            "lock = filelock.FileLock(sys.argv[1], timeout=0)\n"
+            "lock.acquire()\n"
+            "open(sys.argv[1], 'w').write(f'{os.getpid()} {socket.gethostname()}\\n')\n"
+            "print('held', flush=True)\n"
+            "time.sleep(120)\n")
+    lock = os.path.join(folder, ".lock")
+    sleeper = subprocess.Popen([sys.executable, "-c", hold if holder == "lock" else "import time; time.sleep(120)",
+                                lock, "fedavg.py", job["dir"]], stdout=subprocess.PIPE, text=True)
     try:
         if holder == "lock":
-            with open(os.path.join(folder, ".lock"), "w") as f:
-                f.write(f"{sleeper.pid} {socket.gethostname()}\n")
+            assert sleeper.stdout.readline() == "held\n"
         else:
             with open(os.path.join(job["dir"], "reproduce.json"), "w") as f:
                 json.dump({"launches": [{"time": "x", "host": socket.gethostname(), "command": ["python"],
@@ -768,8 +777,32 @@ def _tmp_files(folder):
     return [os.path.join(d, f) for d, _, files in os.walk(folder) for f in files if f.startswith(".tmp-")]
 
 
+def full_disk(monkeypatch):
+    """From here on each temporary file that run_folder.atomic_write (os.open of a .tmp- name) and
+    run_records.atomic_write_all (tempfile.mkstemp) make is on a full disk: made, but every write to it fails with
+    ENOSPC (its descriptor is /dev/full's)."""
+    import tempfile
+    real_open, real_mkstemp = os.open, tempfile.mkstemp
+
+    def on_full_disk(fd):
+        full = real_open("/dev/full", os.O_WRONLY)
+        os.dup2(full, fd)
+        os.close(full)
+        return fd
+
+    def open_(path, flags, *args, **kwargs):
+        fd = real_open(path, flags, *args, **kwargs)
+        return on_full_disk(fd) if os.path.basename(str(path)).startswith(".tmp-") else fd
+
+    def mkstemp(*args, **kwargs):
+        fd, path = real_mkstemp(*args, **kwargs)
+        return on_full_disk(fd), path
+
+    monkeypatch.setattr(os, "open", open_)
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+
+
 def test_a_report_on_a_full_disk_keeps_the_previous_files(finished, tmp_path, monkeypatch):
-    from test_files_written import full_disk
     out, _ = _damage_copy(finished, tmp_path)
     before = {name: (out / name).read_bytes() for name in ("tiny.md", "tiny-syn-4.png")}
     full_disk(monkeypatch)

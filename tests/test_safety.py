@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 
+import filelock
 import numpy as np
 import pytest
 import torch
@@ -21,7 +22,7 @@ import fedpake
 import pfedla
 import run_folder
 from conftest import ROOT, metrics_rows, run_dir, run_in_process, run_script
-from tools import fedavg_variants
+from tools import fedavg_variants, run_records
 
 SCRIPTS = {"fedavg": fedavg, "fedala": fedala, "pfedla": pfedla, "fedpake": fedpake, "fedacd": fedacd}
 SMALL = ["--dataset", "synthetic", "--num-clients", "4", "--rounds", "2"]
@@ -77,9 +78,13 @@ def edit_checkpoint(folder, edit):
     torch.save(blob, path)
 
 
-def held_lock(folder):  # a live process on this host (this one) holds the folder
-    with open(os.path.join(folder, ".lock"), "w") as f:
-        f.write(f"{os.getpid()} {socket.gethostname()}\n")
+HELD = []  # the locks held_lock takes, released after the case
+
+
+def held_lock(folder):  # another run (an OS lock on .lock, as Run takes it) holds the folder
+    lock = filelock.FileLock(os.path.join(folder, ".lock"), timeout=0)
+    lock.acquire()
+    HELD.append(lock)
 
 
 # (case, script, argv with RUN for a copy of the FedALA run and OUT for a fresh --out, prepare(run_copy), expected)
@@ -89,15 +94,19 @@ CASES = [
     ("another script's run (fedpake)", "fedpake", ["--resume", "RUN"], None, "use python fedala.py --resume"),
     ("changed flags on resume", "fedala", ["--resume", "RUN", "--lr", "0.5", "--dataset", "cifar10", "--rounds", "6"],
      None, "--dataset synthetic (now cifar10); --lr 0.005 (now 0.5)"),
-    ("a second process on the folder", "fedala", ["--resume", "RUN", "--rounds", "3"], held_lock, "is in use by process"),
-    ("config.json missing keys", "fedala", ["--resume", "RUN"], lambda d: config_without(d, "lr"), "lacks the settings lr"),
+    ("a second process on the folder", "fedala", ["--resume", "RUN", "--rounds", "3"], held_lock,
+     "is in use by another run; wait for it to end"),
+    ("config.json missing keys", "fedala", ["--resume", "RUN"], lambda d: config_without(d, "lr"),
+     "was made by an older version of fedala.py; bring it to today's form with: python tools/run_records.py "
+     "--upgrade "),
     ("config.json not json", "fedala", ["--resume", "RUN"],
      lambda d: open(os.path.join(d, "config.json"), "w").write("{"), "cannot resume"),
     ("no checkpoint", "fedala", ["--resume", "RUN"], lambda d: os.remove(os.path.join(d, "checkpoint.pt")),
      "has no checkpoint.pt"),
     ("truncated checkpoint", "fedala", ["--resume", "RUN", "--rounds", "3"],
      lambda d: open(os.path.join(d, "checkpoint.pt"), "r+b").truncate(100), "not a valid checkpoint"),
-    ("fewer rounds than done", "fedala", ["--resume", "RUN", "--rounds", "1"], None, "already has 2 rounds"),
+    ("fewer rounds than done", "fedala", ["--resume", "RUN", "--rounds", "1"], None,
+     "cannot resume with --rounds 1: RUN already has 2 rounds"),
     ("no such run", "fedala", ["--resume", "/no/such/run"], None, "cannot resume"),
     ("a finished run resumed as it is", "fedala", ["--resume", "RUN"], None, "has finished its 2 rounds; give --rounds"),
     ("another run's checkpoint", "fedala", ["--resume", "RUN", "--rounds", "3"],
@@ -106,10 +115,11 @@ CASES = [
      lambda d: edit_checkpoint(d, lambda blob: blob["state"]["global_model"]["fc.weight"].fill_(float("nan"))),
      "non-finite weights"),
     ("a config value of the wrong type", "fedala", ["--resume", "RUN", "--rounds", "3"],
-     lambda d: config_with(d, batch_size=2.5), "config.json has args.batch_size = 2.5, which must be an integer >= 1"),
+     lambda d: config_with(d, batch_size=2.5),
+     "RUN/config.json has batch_size = 2.5, which that flag does not take (the file was edited or damaged)"),
     ("a config naming no script", "fedala", ["--resume", "RUN"],
      lambda d: config_with(d, script=None, algorithm=None, top=True),
-     "config.json has algorithm = None, which must be a name"),
+     "cannot resume: RUN/config.json is not a run's config.json (no 'script')"),
     ("an empty --resume", "fedala", ["--resume", ""], None, "--resume needs the run folder"),
     ("an empty --out", "fedavg", [*SMALL, "--out", ""], None, "--out must name a folder"),
     ("--device mps", "fedavg", [*SMALL, "--device", "mps", "--out", "OUT"], None, "--device mps is not supported"),
@@ -157,10 +167,14 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(case, script, argv, pr
     argv = [run if a == "RUN" else str(tmp_path / "out") if a == "OUT" else
             a.replace("FILE", str(tmp_path / "file")) for a in argv]
     capsys.readouterr()
-    with pytest.raises(SystemExit) as stop:  # in-process: the same path as the command line, minus start-up
-        run_folder.run_main(SCRIPTS[script].main, argv)
+    try:
+        with pytest.raises(SystemExit) as stop:  # in-process: the same path as the command line, minus start-up
+            run_folder.run_main(SCRIPTS[script].main, argv)
+    finally:
+        while HELD:
+            HELD.pop().release()
     lines = capsys.readouterr().err.strip().splitlines()
-    assert stop.value.code == 2 and len(lines) == 1 and expected in lines[0], lines
+    assert stop.value.code == 2 and len(lines) == 1 and expected.replace("RUN", run) in lines[0], lines
     assert not marker.exists()  # nothing in the crafted file ran
     if os.path.isdir(run):
         assert tree_digest(run) == before or prepare is held_lock and \
@@ -224,7 +238,8 @@ def test_ctrl_c_stops_at_the_round_boundary_and_resume_ends_with_the_uninterrupt
     (stop_line,) = [line for line in err.splitlines() if line.startswith("interrupted after round")]
     cut = run_dir(tmp_path / "cut")
     done = int(stop_line.split()[3].rstrip(";"))
-    assert stop_line == f"interrupted after round {done}; continue with: python fedavg.py --resume {cut}"
+    assert stop_line == f"interrupted after round {done}; the checkpoint of round {done} is kept; continue with: " \
+                        f"python fedavg.py --resume {cut}"
     assert 2 <= done < 20 and len(metrics_rows(cut)) == done and not os.path.exists(os.path.join(cut, ".lock"))
     r = run_script("fedavg.py", "--resume", cut)
     assert r.returncode == 0 and f"after round {done}" in r.stdout, r.stderr
@@ -255,7 +270,8 @@ def test_kill_9_then_resume_is_byte_identical(tmp_path):
     assert strip(metrics_rows(cut)) == strip(metrics_rows(run_dir(tmp_path / "full")))
 
 
-def test_an_old_checkpoint_with_the_rng_of_two_gpus_resumes_on_a_cpu_without_calling_cuda(tmp_path, monkeypatch):
+def test_an_old_checkpoint_with_the_rng_of_two_gpus_resumes_on_a_cpu_without_calling_cuda(tmp_path, monkeypatch,
+                                                                                          capsys):
     # As on a machine with one GPU, run with --device cpu: CUDA is there, and a CPU run must not touch
     # it (get_rng_state_all would initialise it; two saved states do not fit one GPU)
     def refused(name):  # one function per name: torch._dynamo, imported by the first optimizer, maps each to a rule
@@ -279,6 +295,15 @@ def test_an_old_checkpoint_with_the_rng_of_two_gpus_resumes_on_a_cpu_without_cal
         blob["cuda_rng"] = [torch.get_rng_state(), torch.get_rng_state()]
     edit_checkpoint(cut, as_written_before_the_deterministic_flag)
     config_without(cut, "deterministic")
+    before = tree_digest(cut)  # an older form: the script refuses it in one line naming the tool that upgrades it
+    with pytest.raises(SystemExit) as stop:
+        run_folder.run_main(fedala.main, ["--resume", cut])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and lines == [
+        f"error: cannot resume: {cut} was made by an older version of fedala.py; bring it to today's form with: "
+        f"python tools/run_records.py --upgrade {cut}"], lines
+    assert tree_digest(cut) == before
+    assert run_records.main(["--upgrade", cut]) == 0
     assert run_in_process("fedala.py", "--resume", cut) == 0
     strip = lambda rows: [{k: v for k, v in row.items() if k not in MEASURED} for row in rows]  # noqa: E731
     assert strip(metrics_rows(cut)) == strip(metrics_rows(run_dir(tmp_path / "full")))
@@ -390,8 +415,8 @@ DATA_CASES = [  # (case, file maker for --dataset FILE (.npz) or --data-dir DIR,
      "'x' is an array of Python objects"),
     ("--data-dir names a file", lambda d: (os.rmdir(d), open(d, "w").close()), "cifar10", [],
      "is a file; it must name the folder"),
-    ("--dataset a named pipe", lambda p: os.mkfifo(p), "FILE", [], "--dataset: " + "{tmp}/d.npz is a named pipe, "
-     "not a regular file"),
+    ("--dataset a named pipe", lambda p: os.mkfifo(p), "FILE", [], "--dataset: " + "{tmp}/d.npz is not a regular "
+     "file; move it away"),
     ("an .npz declaring 8 TB", npz_declaring((2 ** 41, 1)), "FILE", [], "d.npz: its arrays would take about 8.0 TB, "
      "more than the"),
 ]

@@ -71,7 +71,7 @@ def test_resume_past_a_summary_json_nested_too_deeply_goes_on(tmp_path):
 def test_resume_removes_the_temporary_file_a_killed_write_left_in_the_run_folder(tmp_path):
     assert run_in_process("fedavg.py", *TINY, "--out", tmp_path, "--stop-after", "1") == 0
     folder = run_dir(tmp_path)
-    for name in (".tmp-k1ll3d_x", ".tmp-data-paths-abcdefgh"):  # atomic_write's; another program's is left
+    for name in (".tmp-0badc0de", ".tmp-data-paths-abcdefgh"):  # atomic_write's (8 hex); another program's is left
         with open(os.path.join(folder, name), "wb") as f:
             f.write(b"half a checkpoint")
     assert run_in_process("fedavg.py", "--resume", folder) == 0

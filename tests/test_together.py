@@ -1,8 +1,9 @@
 """tools/together.py, the stacked local SGD that no script runs: a FedAvg round's local training stacked equals the
 loop the scripts run (fedavg.client_update, common.local_train) to 1e-12 in float64, clients from one global model
 or each from its own start (pFedLA), step for step torch.optim.SGD's; within float32 rounding in float32 (and on
-CUDA). It needs only torch. --clients-together, the flag that ran it, is gone from the scripts: given, it is refused
-in one line naming where the piece went; a run recorded with it off resumes as any run, one with it on is refused."""
+CUDA). It needs only torch. --clients-together, the flag that ran it, is gone from the scripts: given, it is
+argparse's one-line refusal; a run recorded with it off resumes as any run, one with it on is refused by the script
+(an older form) and by tools/run_records.py --upgrade (naming where the piece went), nothing changed."""
 import ast
 import json
 import os
@@ -15,7 +16,7 @@ import common
 import fedavg
 import pfedla
 from conftest import metrics_rows, run_dir, run_in_process
-from tools import together
+from tools import run_records, together
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYNTHETIC = ["--dataset", "synthetic", "--num-clients", "5", "--checkpoint-every", "1"]
@@ -133,10 +134,9 @@ def test_the_piece_needs_only_torch_and_no_script_runs_it():
 
 
 @pytest.mark.parametrize("flag", ["--clients-together", "--no-clients-together"])
-def test_the_removed_flag_is_refused_in_one_line_naming_where_the_piece_went(flag, tmp_path, capsys):
+def test_the_removed_flag_is_refused_in_one_line(flag, tmp_path, capsys):
     assert run_in_process("fedavg.py", *SYNTHETIC, "--rounds", "1", flag, "--out", tmp_path / "runs") == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"{flag} was removed" in err[0] and "tools/together.py" in err[0]
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: unrecognized arguments: {flag}"]
     assert not os.path.exists(tmp_path / "runs")
 
 
@@ -157,14 +157,25 @@ def test_a_run_recorded_with_the_flag_off_resumes_and_one_recorded_with_it_on_is
         config = json.load(open(path))
         config["args"]["clients_together"] = value
         json.dump(config, open(path, "w"))
+    before = {name: open(os.path.join(on, name), "rb").read() for name in ("config.json", "checkpoint.pt")}
     capsys.readouterr()
     assert run_in_process("fedavg.py", "--resume", on) == 2
     err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "was made by an older version of fedavg.py" in err[0] \
+        and f"python tools/run_records.py --upgrade {on}" in err[0]
+    assert run_records.main(["--upgrade", str(on)]) == 2  # today's code cannot continue it
+    err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--clients-together True" in err[0] and "removed" in err[0] \
         and "tools/together.py" in err[0]
-    assert len(metrics_rows(on)) == 2  # nothing written
-    assert run_in_process("fedavg.py", "--resume", stopped) == 0
-    assert rows(stopped) == rows(run_dir(tmp_path / "full"))
+    assert {name: open(os.path.join(on, name), "rb").read() for name in before} == before  # nothing written
+    assert len(metrics_rows(on)) == 2
+    dropped = tmp_path / "dropped"
+    shutil.copytree(stopped, dropped)
+    assert run_records.main(["--upgrade", str(dropped)]) == 0  # off: the upgrade drops it
+    assert "clients_together" not in json.load(open(os.path.join(dropped, "config.json")))["args"]
+    for folder in (stopped, dropped):
+        assert run_in_process("fedavg.py", "--resume", folder) == 0  # off: as if the flag had never been
+        assert rows(folder) == rows(run_dir(tmp_path / "full"))
 
 
 @pytest.mark.gpu

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import stat
 import sys
 import tempfile
@@ -22,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import filelock  # noqa: E402
 import torch  # noqa: E402
 
-from run_folder import RESUME_MAY_CHANGE, RUN_FILES, FileFault, UserError, atomic_write, check_regular, dumps, quoted, shortened  # noqa: E402
+from run_folder import RESUME_MAY_CHANGE, UserError, check_regular, dumps, quoted, shortened  # noqa: E402
 
 MAX_THREADS = 1024  # as common.MAX_THREADS (--threads)
 PID_MAX = 2 ** 22  # the largest pid Linux gives
@@ -35,11 +36,12 @@ ADDED_FLAGS = {"deterministic": "off",  # before the flag, torch's own settings
                "agnews_vocab": "train",  # AG News runs before the flag built the vocabulary from train texts
                "fedavg": False,  # fedacd.py before --fedavg: FedACD
                "log_risk": True, "log_kl": True,  # fedacd.py logged both at every evaluation before the flags
-                "aggregation": "chunked",  # fedpake.py before the flag: chunks of 2^20 values (docs/fedpake.md)
-               "threads": None}  # UNRECORDED: see below
+               "aggregation": "chunked",  # fedpake.py before the flag: chunks of 2^20 values (docs/fedpake.md)
+               "threads": None}  # not recorded before the flag: --upgrade asks for the count it ran with
 # flags removed from every script: flag -> (the value that runs today repeat, where what the flag did went). Runs
 # made before record the flag in config.json: one made with that value resumes, is rechecked and compares as if the
-# flag had never been; one made with another value is refused on --resume in one line
+# flag had never been (--upgrade drops it); one made with another value is refused in one line (by --upgrade too:
+# today's code cannot continue it)
 REMOVED_FLAGS = {"clients_together": (False, "its stacked local SGD is the piece tools/together.py, which no script "
                                              "runs (docs/speed.md, \"Clients together\")")}
 
@@ -95,15 +97,22 @@ def todays_command(command):
 
 
 def program_of(script, args):
-    """The program (no .py) that runs today what ``script`` ran with the settings ``args`` (config.json's,
-    with ADDED_FLAGS for flags the run predates)."""
-    args = {**ADDED_FLAGS, **args}
+    """The program (no .py) that runs today what ``script`` ran with the settings ``args`` (config.json's, with the
+    moved flags a run predates at their ADDED_FLAGS value: moved_flags)."""
     return next((program for program, (moved_from, flags) in MOVED.items()
                  if moved_from == script and any(args.get(f) for f in flags)), script)
 
 
-# (the CPU torch threads that decide a run's arithmetic) was not recorded before the flag: such a run
-# resumes as it ran, at torch's default from the environment (OMP_NUM_THREADS), and its record stays without a
+def moved_flags(script, args):
+    """``args`` with the flags of ``script`` that moved to tools/ (MOVED) that a run predates at the value it ran with
+    (ADDED_FLAGS): only where it records one of them, as every run made while they were the script's does (the
+    scripts recorded them off). A run that records none of them is of today's form (the script has no such flag)."""
+    filled = dict(args)
+    for moved_from, flags in MOVED.values():
+        if moved_from == script and any(f in args for f in flags):
+            filled.update({f: ADDED_FLAGS.get(f, False) for f in flags if f not in args})
+    return filled
+
 
 def atomic_write_all(contents, prefix=".tmp-"):
     """atomic_write of several files, all or nothing: each ``{path: content}`` is written to a temporary file (named
@@ -368,28 +377,59 @@ def lock_holder(folder):
         return None
 
 
+# the script of a run whose config.json names none (made before the field), by its algorithm's name
+SCRIPT_OF_ALGORITHM = {"heurpfedla": "pfedla", "local": "fedavg", "fedacd-fedavg": "fedacd"}
+
+
+def script_of(config):
+    """The program (no .py) whose flags a run's config.json holds: its "script", flower/app.py's algorithm for a
+    Flower run, else its algorithm's script."""
+    script = config.get("script")
+    if script == "flower_app":
+        flower = config.get("flower")
+        script = flower.get("algorithm") if isinstance(flower, dict) else None
+        script = script or config["algorithm"]
+    return SCRIPT_OF_ALGORITHM.get(script or config["algorithm"], script or config["algorithm"])
+
+
+def todays_defaults(program, args):
+    """The flags of ``program`` today with their defaults (its parse_args on synthetic data): which flags exist,
+    and the values a run's data read needs where its config.json lacks them."""
+    import importlib
+    try:
+        module = importlib.import_module(program.replace("/", "."))
+    except ImportError:
+        raise UserError(f"cannot upgrade: {program}.py is no program of this repository") from None
+    probe = [f"--{f.replace('_', '-')}" for f in MOVED.get(program, (None, ()))[1] if args.get(f)][:1]
+    with tempfile.TemporaryDirectory() as out:  # a program of MOVED runs with one of its flags
+        return vars(module.parse_args(["--dataset", "synthetic", "--out", out, *probe]))
+
+
 def upgrade(folder, threads=None):
     """Bring a run folder of an older form to today's: config.json's args with the flags added since (the value
     the run ran with, ADDED_FLAGS), values in today's form (OLDER_FORM), removed flags at the value runs repeat
-    today dropped, a moved flag's program as its script, the data's fingerprint; checkpoint.pt's state keys
-    (RENAMED_STATE) and settings likewise. Each file written whole or not at all. Returns what changed."""
-    import importlib
+    today dropped (another value is refused: today's code cannot continue that run), a moved flag's program as its
+    script and its command (todays_command), the data's fingerprint where it lacks one; checkpoint.pt's state keys
+    (RENAMED_STATE) and settings likewise. Refused while a run holds the folder. Both files are written all or
+    nothing (atomic_write_all). Returns what changed; nothing when the folder is of today's form already."""
+    import io
 
     import common
     import run_folder
+    if not os.path.isdir(folder):
+        raise UserError(f"cannot upgrade: {quoted(folder)} is not a folder")
+    if lock_holder(folder) is not None:
+        raise UserError(f"cannot upgrade: {quoted(folder)} is in use by a run; wait for it to end")
     path = os.path.join(folder, "config.json")
     config = read_config(path, doing="cannot upgrade")
     args, changed = todays_form(config["args"]), []
-    script = config.get("script") or {"heurpfedla": "pfedla"}.get(config["algorithm"], config["algorithm"])
-    script = program_of("pfedla" if script == "flower_app" and config["algorithm"] == "heurpfedla" else
-                        config["algorithm"] if script == "flower_app" else script, args)
-    module = importlib.import_module(script.replace("/", "."))
-    with tempfile.TemporaryDirectory() as out:
-        today = vars(module.parse_args(["--dataset", "synthetic", "--out", out]))
     for dest, (value, where) in REMOVED_FLAGS.items():
         if dest in args and args.pop(dest) != value:
-            raise UserError(f"cannot upgrade {quoted(folder)}: it was trained with --{dest.replace('_', '-')}, since "
-                            f"removed: {where}")
+            raise UserError(f"cannot upgrade {quoted(folder)}: it was made with --{dest.replace('_', '-')} "
+                            f"{config['args'][dest]}, since removed ({where}); today's code cannot continue it")
+    args = moved_flags(script_of(config), args)
+    program = program_of(script_of(config), args)
+    today = todays_defaults(program, args)
     args.update({k: v for k, v in ADDED_FLAGS.items() if k in today and k not in args})
     if args.get("threads") is None:
         if threads is None:
@@ -398,29 +438,43 @@ def upgrade(folder, threads=None):
         args["threads"] = threads
     if args != config["args"]:
         changed.append("config.json args")
-    if config.get("script") != script:
-        changed.append(f"script {script}")
-    config = {**config, "args": args, "script": script}
+    upgraded = {**config, "args": args}
+    if config.get("script") != "flower_app" and config.get("script") != program:  # Flower's runs stay Flower's
+        upgraded["script"] = program
+        changed.append(f"script {program}")
+    if isinstance(config.get("command"), list) and config["command"]:
+        command = todays_command(config["command"])
+        if command != config["command"]:
+            upgraded["command"], upgraded["command_line"] = command, shlex.join(["python", *command])
+            changed.append(f"command {command[0]}")
     if "data_sha256" not in config:
         data = common.load_federated_data(argparse.Namespace(**{**today, **args}), torch.device("cpu"))
-        config["data_sha256"] = run_folder.data_fingerprint(data)
+        upgraded["data_sha256"] = run_folder.data_fingerprint(data)
         changed.append("data_sha256")
-    contents = {path: dumps(config)}
+    contents = {}
     checkpoint = os.path.join(folder, "checkpoint.pt")
     if check_regular(checkpoint, "cannot upgrade"):
-        blob = torch.load(checkpoint, map_location="cpu", weights_only=True)
-        state = todays_state(blob["state"])
-        saved = todays_form({**{k: v for k, v in ADDED_FLAGS.items() if k in today}, **blob.get("args", {})})
+        try:
+            blob = torch.load(checkpoint, map_location="cpu", weights_only=True)
+            state, recorded = todays_state(blob["state"]), dict(blob.get("args") or {})
+        except Exception as e:  # noqa: BLE001  a damaged file: one line, nothing changed
+            raise UserError(f"cannot upgrade: {quoted(checkpoint)} cannot be read as a checkpoint "
+                            f"({shortened((str(e).splitlines() or [type(e).__name__])[0], 100)})") from None
+        for dest, (value, where) in REMOVED_FLAGS.items():
+            if dest in recorded and recorded.pop(dest) != value:
+                raise UserError(f"cannot upgrade {quoted(folder)}: its checkpoint was made with "
+                                f"--{dest.replace('_', '-')}, since removed ({where}); today's code cannot continue it")
+        saved = todays_form({**{k: v for k, v in ADDED_FLAGS.items() if k in today}, **recorded})
         fixed = {k: v for k, v in args.items() if k not in RESUME_MAY_CHANGE}
         saved = {**{k: fixed[k] for k in fixed if k not in saved}, **saved, "threads": args["threads"]}
-        saved = {k: v for k, v in saved.items() if k not in REMOVED_FLAGS}
         if state != blob["state"] or saved != blob.get("args"):
-            blob = {**blob, "state": state, "args": saved}
-            contents[checkpoint] = run_folder.torch_save(blob)
+            out = io.BytesIO()
+            torch.save({**blob, "state": state, "args": saved}, out)
+            contents[checkpoint] = out.getvalue()
             changed.append("checkpoint.pt")
     if changed:
-        for target, content in contents.items():  # config.json last: the checkpoint it belongs to first
-            atomic_write(target, content)
+        contents[path] = dumps(upgraded)
+        atomic_write_all(contents)  # both or neither: the checkpoint with the config.json it belongs to
     return changed
 
 
@@ -434,7 +488,7 @@ def main(argv=None):
     try:
         if args.upgrade:
             changed = upgrade(args.run_dir, args.threads)
-            print(f"{args.run_dir}: {'upgraded: ' + ', '.join(changed) if changed else 'already in today form'}")
+            print(f"{args.run_dir}: {'upgraded: ' + ', '.join(changed) if changed else 'already in today' + chr(39) + 's form'}")
             return 0
         config = read_config(os.path.join(args.run_dir, "config.json"), doing="damaged")
         checkpoint = os.path.join(args.run_dir, "checkpoint.pt")
@@ -444,9 +498,12 @@ def main(argv=None):
         print(f"{args.run_dir}: config.json{' and checkpoint.pt' if os.path.exists(checkpoint) else ''} hold "
               "every field in the form this version reads")
         return 0
-    except (UserError, OSError) as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk, a folder not writable: one line naming the file, every file as it was
+        print(f"error: {e.filename}: {e.strerror}" if e.filename else f"error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

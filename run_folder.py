@@ -1,8 +1,7 @@
-"""How a run ends and what it leaves, around the training loop (nothing here is an algorithm): the errors
-(``UserError``: exit 2, ``DivergedError`` and ``FileFault``: exit 1) and ``run_main``; the stop signals (the first
-Ctrl-C, SIGTERM or SIGHUP ends the round with a checkpoint); ``atomic_write``; what may change on ``--resume``;
-where a run ran; and ``Run``, the run folder ``--out/<algo>-<dataset>-s<seed>-<time>/`` with config.json,
-partition.json, metrics.csv, checkpoint.pt and summary.json. Importing it changes nothing in the process.
+"""How a run ends and what it leaves, around the training loop (no algorithm here): the errors and ``run_main``
+(one line, an exit status); the stop signals (the first ends the round with a checkpoint); ``atomic_write``; what
+may change on ``--resume``; where a run ran; and ``Run``, the run folder with config.json, partition.json,
+metrics.csv, checkpoint.pt and summary.json. Importing it changes nothing in the process (docs/running.md).
 """
 import argparse
 import contextlib
@@ -27,19 +26,16 @@ import torch
 import data_partition
 
 
-# ----------------------------------------------------------------------------- how a run ends
-
 class UserError(Exception):
-    """Bad input: reported as one line and exit status 2."""
+    """Bad input: one line, exit status 2."""
 
 
 class DivergedError(Exception):
-    """A loss became NaN/inf: reported with round and client, exit status 1."""
+    """A loss became NaN/inf: one line naming round and client, exit status 1."""
 
 
 class FileFault(OSError):
-    """A file of the run folder could not be written (disk full, read-only): one line naming the file and what
-    is kept; exit status 1."""
+    """A file of the run folder that cannot be written: one line naming it and what is kept, exit status 1."""
 
     def __init__(self, path, error, kept="", verb="write"):
         super().__init__(error.errno, error.strerror, path)
@@ -50,8 +46,8 @@ class FileFault(OSError):
 
 
 OPEN_RUNS = []  # the runs this process has open: run_main releases them however main ends
-# Ctrl-C, SIGTERM (what Slurm and Kubernetes send before they kill a job) and SIGHUP (the terminal closed) stop a
-# run alike; the exit status is the shell's 128 + the signal's number: 130, 143, 129
+# Ctrl-C, SIGTERM (sent by Slurm and Kubernetes before a kill) and SIGHUP (the terminal closed) stop a run alike;
+# the exit status is the shell's 128 + the signal's number: 130, 143, 129
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STOP_STATUSES = tuple(128 + signum for signum in STOP_SIGNALS)
 
@@ -65,8 +61,7 @@ def stopped_by(signum):
 
 
 class Stopped(KeyboardInterrupt):
-    """A signal that stops at once (a second one, or one before the run folder exists): a KeyboardInterrupt, so
-    that what cleans up after Ctrl-C (client threads, a write's temporary file) cleans up after SIGTERM too."""
+    """A signal that stops at once: a KeyboardInterrupt, so that what cleans up after Ctrl-C cleans up after it."""
 
     def __init__(self, signum):
         super().__init__(signal_name(signum))
@@ -78,51 +73,40 @@ def stop_at_once(signum, frame):
 
 
 def handle_stop_signals(handler):
-    """Make ``handler`` handle the stop signals; returns the handlers it replaced. A SIGTERM or SIGHUP ignored
-    already (nohup) stays ignored; outside the main thread (Flower's server) Python allows no handler."""
+    """Make ``handler`` handle the stop signals; returns those it replaced. One ignored already (nohup) stays so;
+    outside the main thread (Flower's server) Python allows none."""
     previous = {}
     for signum in STOP_SIGNALS:
-        current = signal.getsignal(signum)
-        if signum != signal.SIGINT and current is signal.SIG_IGN:
+        if signum != signal.SIGINT and signal.getsignal(signum) is signal.SIG_IGN:
             continue
         try:
-            signal.signal(signum, handler)
+            previous[signum] = signal.signal(signum, handler)
         except ValueError:  # not the main thread
             break
-        previous[signum] = current
     return previous
 
 
 def restore_signals(previous, ignore=False):
     """Put back what ``handle_stop_signals`` replaced, or ignore the signals (on the way out after one)."""
     for signum, handler in previous.items():
-        if ignore or getattr(handler, "while_starting", False):  # startup.py's handler: the script is ending
-            handler = signal.SIG_IGN
-        signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        ignore_it = ignore or getattr(handler, "while_starting", False)  # startup.py's: the script is ending
+        signal.signal(signum, signal.SIG_IGN if ignore_it else signal.SIG_DFL if handler is None else handler)
 
 
 def say(line):
-    """One line on stderr, control characters escaped; a terminal or stream that is gone does not raise."""
-    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in line.strip("\n"))
+    """One line on stderr, control characters escaped; a stream that is gone or closed does not raise."""
     with contextlib.suppress(OSError, ValueError, AttributeError):  # AttributeError: sys.stderr is None
-        print(line, file=sys.stderr, flush=True)
-
-
-def flush_output():
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        sys.stdout.flush()
-        sys.stderr.flush()
+        print("".join(c if c.isprintable() else repr(c)[1:-1] for c in line.strip("\n")), file=sys.stderr, flush=True)
 
 
 def run_main(main, argv=None):
-    """Run a script's ``main`` and turn how it ends into one line and an exit status: bad input 2; divergence or
-    a file that cannot be written 1; Ctrl-C, SIGTERM, SIGHUP 130, 143, 129 (``main`` returns it when it stops at
-    the end of a round; a signal before the run folder exists, or a second one, stops at once)."""
+    """Run a script's ``main``: bad input one line and exit status 2; divergence or a file that cannot be written 1;
+    Ctrl-C, SIGTERM, SIGHUP 130, 143, 129 (``main`` returns it at the end of a round; a signal before the run
+    folder exists, or a second one, stops at once)."""
     code, returned, diverged = 0, False, False
     previous = handle_stop_signals(stop_at_once)  # until a Run takes them over: nothing is written yet
     try:
-        code = main(argv) or 0
-        returned = True
+        code, returned = main(argv) or 0, True
     except (UserError, data_partition.PartitionError) as e:
         say(f"error: {e}")
         code = 2
@@ -143,7 +127,9 @@ def run_main(main, argv=None):
             run.close(failed=code != 0, diverged=diverged)
     restore_signals(previous, ignore=code in STOP_STATUSES)
     if code in STOP_STATUSES and not returned:  # at once: client threads still running hold nothing saved
-        flush_output()
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            sys.stdout.flush()
+            sys.stderr.flush()
         os._exit(code)
     if code:
         sys.exit(code)
@@ -156,88 +142,70 @@ def quoted(name):
 
 
 def shortened(text, width=120):
-    """``text`` in about ``width`` characters, its middle cut (the end often says what is wrong)."""
+    """``text`` in about ``width`` characters, its middle cut (its end often says what is wrong)."""
     text, keep = str(text), max(width - 5, 2)
     return text if len(text) <= width else f"{text[:keep // 2]} ... {text[len(text) - (keep - keep // 2):]}"
 
 
 def check_regular(path, doing="cannot resume"):
-    """Refuse ``path`` unless it is a regular file or absent (a named pipe would block a read forever, a device
-    never end); returns whether it exists."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return False
-    except OSError:  # unreadable: the read that follows says why
+    """Refuse ``path`` unless a regular file or absent (a named pipe blocks a read forever); returns whether it is."""
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise UserError(f"{doing}: {quoted(path)} is not a regular file; move it away")
         return True
-    if not stat.S_ISREG(mode):
-        raise UserError(f"{doing}: {quoted(path)} is not a regular file; move it away")
-    return True
+    return False
 
 
 def atomic_write(path, content):
-    """Write ``content`` (str, bytes, or a function writing to a binary file) to ``path`` through a temporary
-    file in its folder and a rename: no reader sees half a file, and a failed write (disk full) leaves the old
-    file and no temporary one. The file gets the user's umask. A failure is an OSError naming ``path``."""
+    """Write ``content`` (str, bytes, or a function writing to a binary file) to ``path`` through a temporary file
+    beside it and a rename: no reader sees half a file, a failed write (disk full) leaves the old file and no
+    temporary one, and the file gets the user's umask. A failure is an OSError naming ``path``."""
     tmp = None
     try:
         while tmp is None:
-            name = os.path.join(os.path.dirname(os.path.abspath(path)), f".tmp-{os.urandom(4).hex()}")
             with contextlib.suppress(FileExistsError):
+                name = os.path.join(os.path.dirname(os.path.abspath(path)), f".tmp-{os.urandom(4).hex()}")
                 fd, tmp = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), name
         with os.fdopen(fd, "wb") as f:
-            if callable(content):
-                content(f)
-            else:
-                f.write(content.encode() if isinstance(content, str) else content)
+            content(f) if callable(content) else f.write(content.encode() if isinstance(content, str) else content)
         os.replace(tmp, path)
         tmp = None
     except OSError as e:
-        if e.filename == path:
-            raise
-        raise OSError(e.errno, e.strerror or str(e), path) from None
+        raise e if e.filename == path else OSError(e.errno, e.strerror or str(e), path) from None
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.remove(tmp)
 
 
-class KeepError:
-    """A file that remembers a failed write: torch.save turns an OSError (disk full) into a RuntimeError."""
-    def __init__(self, f):
-        self.f, self.error, self.flush = f, None, f.flush
-
-    def write(self, b):
-        try:
-            return self.f.write(b)
-        except OSError as e:
-            self.error = e
-            raise
-
-
 def torch_save(blob):
-    """torch.save as content for atomic_write, raising the OS error of a failed write."""
+    """torch.save as content for atomic_write, raising a failed write's OSError (torch.save turns it into a
+    RuntimeError that names no cause)."""
     def write(f):
-        out = KeepError(f)
+        errors = []
+
+        def keep(b):
+            try:
+                return f.write(b)
+            except OSError as e:
+                errors.append(e)
+                raise
         try:
-            torch.save(blob, out)
+            torch.save(blob, argparse.Namespace(write=keep, flush=f.flush))
         except RuntimeError:
-            raise out.error or sys.exc_info()[1] from None
+            raise errors[0] if errors else sys.exc_info()[1] from None
     return write
 
-
-# ----------------------------------------------------------------------------- --resume: the rules
 
 # flags that may differ on --resume: they do not change what is computed (--rounds extends the run)
 RESUME_MAY_CHANGE = {"rounds", "device", "parallel_clients", "data_dir", "out", "resume", "stop_after",
                      "checkpoint_every"}
 RUN_FILES = ("config.json", "partition.json", "metrics.csv", "summary.json", "checkpoint.pt")
-UPGRADE = "python tools/run_records.py --upgrade"  # what turns a run folder of an older form into today's
+UPGRADE = "python tools/run_records.py --upgrade"  # what brings a run folder of an older form to today's
 
 
 def given_flags(parser, argv):
-    """The flags given on the command line with their values: argparse sets a default only on a namespace that
-    lacks the attribute, so one pre-filled with a marker keeps the marker where nothing was given."""
+    """The flags given on the command line: argparse sets a default only where the namespace lacks the attribute."""
     unset = object()
     namespace = argparse.Namespace(**{k: unset for k in vars(parser.parse_args([]))})
     return {k: v for k, v in vars(parser.parse_args(argv, namespace=namespace)).items() if v is not unset}
@@ -263,40 +231,39 @@ def fits(default, value):
 
 
 def resumed_args(parser, argv):
-    """The settings of ``--resume RUN_DIR`` (its config.json) with the flags given now that may change. A flag
-    given with another value than the run's is refused in one line, and so is a run folder of an older form."""
+    """The settings of ``--resume RUN_DIR`` (its config.json) with the flags given now that may change. Another
+    value of a flag that changes results is refused in one line, and so is a run folder of an older form."""
     given = given_flags(parser, argv)
     if given.get("threads") == "auto":  # auto: the count the run took, which it keeps
         del given["threads"]
-    folder, defaults = given["resume"], vars(parser.parse_args([]))
+    folder, defaults, path = given["resume"], vars(parser.parse_args([])), os.path.join(given["resume"], "config.json")
     for name in RUN_FILES:
         check_regular(os.path.join(folder, name))
-    path = os.path.join(folder, "config.json")
     config = read_json(path)
     try:
         saved, script, _ = dict(config["args"]), config["script"], config["args"]["rounds"]
         if not isinstance(script, str) or not isinstance(config["algorithm"], str):
-            raise KeyError("script")  # null or a number: no script to name
-        script = {"heurpfedla": "pfedla"}.get(config["algorithm"], config["algorithm"]) \
-            if script == "flower_app" else str(script)  # flower/app.py's checkpoint is the script's
-        form_ok = "data_sha256" in config and isinstance(saved.get("threads"), int)
+            raise KeyError("script")
+        if script == "flower_app":  # flower/app.py's checkpoint is the script's
+            script = {"heurpfedla": "pfedla"}.get(config["algorithm"], config["algorithm"])
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"cannot resume: {quoted(path)} is not a run's config.json "
                         f"({f'no {e}' if isinstance(e, KeyError) else 'damaged'})") from None
     if f"{script}.py" != parser.prog:
         raise UserError(f"cannot resume: {quoted(folder)} is a run of {script}.py, not {parser.prog}; "
                         f"use python {shlex.join([f'{script}.py', '--resume', folder])}")
-    unknown = sorted(k for k, v in saved.items() if k not in defaults and v not in (False, None))
-    if not form_ok or unknown or set(defaults) - set(saved) - RESUME_MAY_CHANGE:
+    unknown = [k for k, v in saved.items() if k not in defaults and v not in (False, None)]  # a mode switch off: none
+    if unknown or "data_sha256" not in config or not isinstance(saved.get("threads"), int) \
+            or set(defaults) - set(saved) - RESUME_MAY_CHANGE:
         raise UserError(f"cannot resume: {quoted(folder)} was made by an older version of {parser.prog}; "
                         f"bring it to today's form with: {UPGRADE} {shlex.quote(folder)}")
     bad = [k for k in defaults if k in saved and not fits(defaults[k], saved[k])]
     if bad:
         raise UserError(f"cannot resume: {quoted(path)} has {bad[0]} = {shortened(repr(saved[bad[0]]), 40)}, "
                         "which that flag does not take (the file was edited or damaged)")
-    movable = lambda k, v: k == "dataset" and not str(saved[k]).startswith("synthetic") and os.path.exists(v)
+    moved = lambda k, v: k == "dataset" and not str(saved[k]).startswith("synthetic") and os.path.exists(v)
     changed = [f"--{k.replace('_', '-')} {saved[k]} (now {v})" for k, v in sorted(given.items())
-               if k not in RESUME_MAY_CHANGE and k in saved and v != saved[k] and not movable(k, v)]
+               if k not in RESUME_MAY_CHANGE and k in saved and v != saved[k] and not moved(k, v)]
     if changed:  # a dataset file or folder that moved is taken: Run compares the data's fingerprint
         raise UserError(f"cannot resume with other settings: {'; '.join(changed)}; only --rounds (to extend the "
                         "run), --device, --parallel-clients, --data-dir, --checkpoint-every, --stop-after, --out and "
@@ -317,11 +284,6 @@ def resumed_args(parser, argv):
     return args
 
 
-def stop_after_refusal(folder, stop_after, round_):
-    return (f"cannot resume with --stop-after {stop_after}: {quoted(folder)} has its checkpoint at round {round_} "
-            "already; give a later round, or leave --stop-after out to go on to the end")
-
-
 def check_out_folder(out):
     """Refuse an --out that cannot hold a new run folder before any data is loaded; creates nothing."""
     path = os.path.abspath(out)
@@ -333,15 +295,14 @@ def check_out_folder(out):
         raise FileFault(path, PermissionError(13, "not writable"), "; nothing was made", verb="create a run folder in")
 
 
-# ----------------------------------------------------------------------------- where a run ran
-
 def cpu_model():
     """The CPU's name with its family and model numbers (a virtual machine may show only "AMD EPYC" for
     generations whose kernels sum in another order): with the CPU capability, the kind a run repeats on."""
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
         fields = dict(re.findall(r"^(model name|cpu family|model)\s*:\s*(.*)$", f.read().split("\n\n")[0], re.M))
+        numbers = ", ".join(f"{key} {fields[key]}" for key in ("cpu family", "model") if key in fields)
         if "model name" in fields:
-            return f"{fields['model name']} (cpu family {fields['cpu family']}, model {fields['model']})"
+            return f"{fields['model name']} ({numbers})" if numbers else fields["model name"]
     return platform.processor() or platform.machine()
 
 
@@ -354,10 +315,9 @@ def where_it_runs(device):
 
 
 def continued_elsewhere(config, round_, device):
-    """``config`` with a ``continued_on`` entry from round ``round_ + 1`` where where_it_runs differs from where
-    the run ran last; None when nothing changed."""
-    here = where_it_runs(device)
-    last = config["continued_on"][-1] if config.get("continued_on") else config
+    """``config`` with a ``continued_on`` entry from round ``round_ + 1`` if where_it_runs differs from where the
+    run ran last; None when nothing changed."""
+    here, last = where_it_runs(device), (config.get("continued_on") or [config])[-1]
     if all(last.get(k, v) == v for k, v in here.items()):
         return None
     return {**config, "continued_on": [*config.get("continued_on", []), {"from_round": round_ + 1, **here}]}
@@ -389,8 +349,6 @@ def with_threads(command, threads):
     return command if given and given[-1] == str(threads) else [*command, "--threads", str(threads)]
 
 
-# ----------------------------------------------------------------------------- the run folder
-
 clock = time.perf_counter  # the run's seconds (tests set a clock of their own)
 PROGRESS_AFTER, PROGRESS_LOG_EVERY = 5.0, 30.0  # a round's progress shows after 5 s; in a log every 30 s at most
 
@@ -410,54 +368,42 @@ def dumps(obj):
     return json.dumps(obj, indent=1, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
 
 
-def host_mb():
-    """Resident memory of this process now, in MB (Linux; 0 elsewhere)."""
-    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
-    return 0.0
-
-
 def is_terminal(stream):
-    try:
+    with contextlib.suppress(AttributeError, ValueError):  # None (no stdout), replaced, or closed
         return stream.isatty()
-    except (AttributeError, ValueError):  # None (no stdout), replaced, or closed
-        return False
+    return False
 
 
 def show(line, in_place_width=0):
-    """Print a line on stdout; a progress line (``in_place_width``: the last one's) is rewritten in place."""
+    """A line on stdout; a progress line (``in_place_width``: the widest so far) rewritten in place."""
     with contextlib.suppress(OSError, ValueError, AttributeError):  # a stdout that is gone loses the line only
-        if in_place_width:
-            print(f"\r{line:<{in_place_width}}", end="", flush=True)
-        else:
-            print(line, flush=True)
+        print(f"\r{line:<{in_place_width}}" if in_place_width else line, end="" if in_place_width else "\n", flush=True)
 
 
 class Run:
-    """The run folder and the bookkeeping around the training loop. Building it, the script's set-up done:
-    takes over the stop signals (the first ends the round with a checkpoint, a second stops at once); creates and
-    locks a new folder under --out, or locks --resume's (whose data must have the fingerprint config.json keeps);
-    writes config.json (the flags, the command with its thread count, where the run runs, the data's sha256) and
-    partition.json, and prints the partition. A run that fails before its first result leaves no folder."""
+    """The run folder and the bookkeeping around the training loop. Building it (set-up done) takes over the stop
+    signals; creates and locks a new folder under --out, or locks --resume's, whose data must have the fingerprint
+    config.json keeps; writes config.json (the flags, the command at its thread count, where the run runs, the
+    data's sha256) and partition.json, and prints the partition. A run that fails before any result leaves nothing."""
 
     def __init__(self, algo, args, data, device, headline, headline_metric="test_acc", script=None, extra_config=None,
                  program=None):
-        self.algo, self.args, self.data, self.device = algo, args, data, device
-        self.headline, self.headline_metric, self.script = headline, headline_metric, script or algo
+        self.algo, self.args, self.data, self.device, self.headline = algo, args, data, device, headline
+        self.headline_metric, self.script = headline_metric, script or algo
         self.program = program or f"{self.script}.py"
-        self.rows, self.bytes_down, self.bytes_up, self.elapsed = [], 0, 0, 0.0
-        self.dir, self.lock, self.made, self.finished, self.checkpoint_round = None, None, [], False, 0
-        self.interrupted, self.stopping, self.latest = 0, False, None  # the signal that asked to stop; 0: none
+        self.rows, self.bytes_down, self.bytes_up, self.elapsed, self.made = [], 0, 0, 0.0, []
+        self.dir = self.lock = self.latest = None
+        self.finished = self.stopping = False
+        self.checkpoint_round = self.interrupted = 0  # interrupted: the signal that asked to stop
         self.data_sha256 = data_fingerprint(data)
         OPEN_RUNS.append(self)  # from here on run_main's close() releases what this makes
         self.previous_handlers = handle_stop_signals(self.on_signal)
         if args.resume:
             self.dir = args.resume
             self.take_lock()
-            for name in os.listdir(self.dir):  # what a run killed in the middle of atomic_write left
-                if re.fullmatch(r"\.tmp-[0-9a-f]{8}", name):  # atomic_write's; another program's stays
-                    with contextlib.suppress(OSError):
-                        os.remove(os.path.join(self.dir, name))
+            for name in os.listdir(self.dir):  # what a run killed in atomic_write left (not another program's)
+                if re.fullmatch(r"\.tmp-[0-9a-f]{8}", name):
+                    os.remove(os.path.join(self.dir, name))
             saved = read_json(os.path.join(self.dir, "config.json")).get("data_sha256")
             if saved != self.data_sha256:
                 raise UserError(f"cannot resume: the data of {quoted(self.dir)} changed since the run started "
@@ -467,23 +413,21 @@ class Run:
             command = with_threads(sys.argv, args.threads)  # the command as run, at the thread count it took
             self.write("config.json", dumps({
                 "algorithm": algo, "script": self.script, "args": {**vars(args), "resume": None, "stop_after": None},
-                "command": command, "command_line": shlex.join(["python", *command]),
-                "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "headline_metric": headline_metric,
-                **where_it_runs(device), "num_classes": data.num_classes, "input_shape": list(data.x.shape[1:]),
-                "data_sha256": self.data_sha256, **({"dataset_folder": data.info["folder"]}
-                                                    if isinstance(data.info.get("folder"), dict) else {}),
+                "command": command, "command_line": shlex.join(["python", *command]), "headline_metric": headline_metric,
+                "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **where_it_runs(device),
+                "num_classes": data.num_classes, "input_shape": list(data.x.shape[1:]), "data_sha256": self.data_sha256,
+                **({"dataset_folder": data.info["folder"]} if isinstance(data.info.get("folder"), dict) else {}),
                 **(extra_config or {})}))
+            spc = {"samples_per_client": data.info["samples_per_client"]} if "samples_per_client" in data.info else {}
             self.write("partition.json", dumps({
                 "train_class_counts": data.train_counts, "test_class_counts": data.test_counts,
                 "train_sizes": data.train_counts.sum(1), "test_sizes": data.test_counts.sum(1),
-                "global_test_size": 0 if data.global_test_idx is None else len(data.global_test_idx),
-                **({"samples_per_client": data.info["samples_per_client"]} if "samples_per_client" in data.info
-                   else {})}))
+                "global_test_size": 0 if data.global_test_idx is None else len(data.global_test_idx), **spc}))
         self.print_partition()
         self.t_last, self.last_round, self.progress_width, self.progress_lock = clock(), 0, 0, threading.Lock()
 
     def new_folder(self):
-        """A new folder under --out, never an existing one; the --out folders it makes are removed with it."""
+        """A new folder under --out, never an existing one; the --out folders it makes go with it on a failure."""
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", os.path.basename(os.path.abspath(self.args.dataset))
                       .replace(".npz", "")).strip("-").strip(".") or "data"
         base = os.path.join(self.args.out, f"{self.algo}-{name}-s{self.args.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -507,17 +451,16 @@ class Run:
 
     def take_lock(self):
         """One process per run folder: an OS lock on .lock, released when the process ends, however it ends."""
-        self.lock = filelock.FileLock(os.path.join(self.dir, ".lock"), timeout=0)
+        lock = filelock.FileLock(os.path.join(self.dir, ".lock"), timeout=0)
         try:
-            self.lock.acquire()
-            with open(self.lock.lock_file, "w") as f:  # who holds it, for tools/reproduce.py
+            lock.acquire()
+            with open(lock.lock_file, "w") as f:  # who holds it, for tools/reproduce.py
                 f.write(f"{os.getpid()} {platform.node()}\n")
         except filelock.Timeout:
-            self.lock = None
             raise UserError(f"{quoted(self.dir)} is in use by another run; wait for it to end") from None
         except OSError as e:
-            self.lock = None
             raise FileFault(os.path.join(self.dir, ".lock"), e, verb="create") from None
+        self.lock = lock
 
     def remove_made(self):
         for folder in self.made:  # os.rmdir removes only what is empty: never another run's folder
@@ -543,31 +486,26 @@ class Run:
              f"(a second {signal_name(signum)} stops at once)")
 
     def write(self, name, content):
-        path = os.path.join(self.dir, name)
         try:
-            atomic_write(path, content)
+            atomic_write(os.path.join(self.dir, name), content)
         except OSError as e:
-            raise FileFault(path, e, f"; {self.kept()}") from None
-
-    def resume_command(self):
-        return shlex.join(["python", self.program, "--resume", self.dir])
+            raise FileFault(os.path.join(self.dir, name), e, f"; {self.kept()}") from None
 
     def kept(self):
         """What the run folder keeps, and how to go on: the end of a one-line message."""
+        command = shlex.join(["python", self.program, "--resume", self.dir])
         if self.checkpoint_round and not os.path.isfile(os.path.join(self.dir, "checkpoint.pt")):
             return f"the checkpoint of round {self.checkpoint_round} is gone from {quoted(self.dir)}; nothing to resume"
-        if self.checkpoint_round:
-            return f"the checkpoint of round {self.checkpoint_round} is kept; continue with: {self.resume_command()}"
-        if self.args.resume:
-            return f"{quoted(self.dir)} is as it was; continue with: {self.resume_command()}"
+        if self.checkpoint_round or self.args.resume:
+            return (f"the checkpoint of round {self.checkpoint_round} is kept" if self.checkpoint_round else
+                    f"{quoted(self.dir)} is as it was") + f"; continue with: {command}"
         if self.rows:
-            return (f"no checkpoint yet (--checkpoint-every {self.args.checkpoint_every}); {quoted(self.dir)}/metrics.csv "
-                    f"keeps rounds up to {self.rows[-1]['round']}; nothing to resume")
+            return (f"no checkpoint yet (--checkpoint-every {self.args.checkpoint_every}); {quoted(self.dir)}/metrics"
+                    f".csv keeps rounds up to {self.rows[-1]['round']}; nothing to resume")
         return "nothing was kept"
 
     def print_partition(self):
-        d, info = self.data, self.data.info
-        spc = info.get("samples_per_client")
+        d, spc = self.data, self.data.info.get("samples_per_client")
         print(f"[{self.algo}] {self.args.dataset}: {d.num_clients} clients, {d.num_classes} classes, input "
               f"{tuple(d.x.shape[1:])}, device {self.device}, run folder {self.dir}" +
               (f"; {spc['samples']} samples per client (--samples-per-client {spc['flag']})" if spc else ""))
@@ -579,87 +517,76 @@ class Run:
             print(f"  ... {d.num_clients - 20} more clients in partition.json")
 
     def add_bytes(self, down, up):
-        self.bytes_down += int(down)
-        self.bytes_up += int(up)
+        self.bytes_down, self.bytes_up = self.bytes_down + int(down), self.bytes_up + int(up)
 
     def should_eval(self, round_):
         """Every --eval-every rounds and each of the last 10 (last10_mean: FedPake Sec. 4.1)."""
         return round_ % self.args.eval_every == 0 or round_ > self.args.rounds - 10
 
-    # -- the per-round line, metrics.csv, and the progress of a long round
-
     def progress(self, round_):
-        """The progress callback of round ``round_`` for ``common.ClientPool.train``: told when each client starts
-        and ends. A round longer than PROGRESS_AFTER shows the clients done and an ETA on stdout (rewritten in place
-        on a terminal; in a log at most every PROGRESS_LOG_EVERY seconds). This round's rest is the clients left at
-        the mean client's time, less what those running have done, over the clients that run at once; the rounds
-        after it at the mean round, this one included."""
-        t0, running, times, state = clock(), {}, [], {"shown": clock(), "width": 1}
+        """The callback of round ``round_`` for common.ClientPool.train, told as each client starts and ends. A round
+        past PROGRESS_AFTER seconds shows the clients done and an ETA (rewritten in place on a terminal, in a log
+        every PROGRESS_LOG_EVERY seconds): this round's rest is the clients left at the mean client's time, less what
+        the running ones did, over the clients run at once; the rounds after at the mean round, this one included."""
+        t0, running, times, shown = clock(), {}, [], [clock(), 1]  # shown: when, and the most clients at once
         before = self.elapsed + t0 - self.t_last  # the rounds before this one
 
         def report(client, of, done):
-            now = clock()
+            now, terminal = clock(), is_terminal(sys.stdout)
             with self.progress_lock:
                 if not done:
                     running[client] = now
-                    state["width"] = max(state["width"], len(running))
+                    shown[1] = max(shown[1], len(running))
                     return
                 times.append(now - running.pop(client))
-                terminal = is_terminal(sys.stdout)
-                if now - t0 < PROGRESS_AFTER or not terminal and now - state["shown"] < PROGRESS_LOG_EVERY:
+                if now - t0 < PROGRESS_AFTER or not terminal and now - shown[0] < PROGRESS_LOG_EVERY:
                     return
-                per_client = sum(times) / len(times)
-                rest = (of - len(times)) * per_client - sum(min(now - s, per_client) for s in running.values())
-                this_round = now - t0 + max(rest, 0) / state["width"]
-                eta = this_round - (now - t0) + (before + this_round) / round_ * (self.args.rounds - round_)
+                mean = sum(times) / len(times)
+                rest = max((of - len(times)) * mean - sum(min(now - s, mean) for s in running.values()), 0) / shown[1]
+                eta = rest + (before + now - t0 + rest) / round_ * (self.args.rounds - round_)
                 line = (f"[{self.algo}] round {round_}/{self.args.rounds}: {len(times)}/{of} clients done | "
                         f"{now - t0:.0f} s into this round | ETA {duration(eta)}")
-                state["shown"] = now
-                if terminal:  # cut to the terminal's width: a wrapped line cannot be rewritten in place
+                shown[0] = now
+                if terminal:  # cut to the terminal's width: a wrapped line is not rewritten in place
                     line = line[:max(shutil.get_terminal_size().columns - 1, 20)]
                     self.progress_width = max(self.progress_width, len(line))
                 show(line, self.progress_width if terminal else 0)
         return report
 
+    def log(self, round_, metrics):
+        """Record one evaluation: a row of metrics.csv (rewritten atomically) and the round's line."""
+        now, rounds, first = clock(), max(round_ - self.last_round, 1), self.last_round + 1
+        self.elapsed, per_round, self.t_last, self.last_round = \
+            self.elapsed + now - self.t_last, (now - self.t_last) / rounds, now, round_
+        plain = lambda v: int(v) if isinstance(v, (bool, int, np.integer)) else str(v) if isinstance(v, str) else \
+            round(float(v), 6)
+        with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/self/statm") as f:  # Linux only
+            host_mb = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+        self.rows.append({"round": round_, **{k: plain(v) for k, v in metrics.items()}, "seconds": round(self.elapsed, 3),
+                          "sec_per_round": round(per_round, 4), "mb_down": round(self.bytes_down / 2 ** 20, 3),
+                          "mb_up": round(self.bytes_up / 2 ** 20, 3), "host_mb": round(locals().get("host_mb", 0.0), 1),
+                          **({"device_mb": round(torch.cuda.memory_allocated(self.device) / 2 ** 20, 1)}
+                             if self.device.type == "cuda" else {})})
+        self.write_metrics()
+        mean, m = self.elapsed / round_, metrics  # the mean: every round, a long first or initial-stage one included
+        took = f"{per_round:.3f} s this round" if rounds == 1 else f"{per_round:.3f} s/round over rounds {first}-{round_}"
+        extra = (f" (client mean {m['test_acc_mean']:.2f} ± {m['test_acc_std']:.2f})" if "test_acc_mean" in m else "") \
+            + (f" | train loss {m['train_loss']:.4f}" if "train_loss" in m else "") \
+            + (f" | global_acc {m['global_acc']:.2f}%" if "global_acc" in m else "")  # --test-split global
+        self.end_progress()
+        show(f"[{self.algo}] round {round_}/{self.args.rounds} | test acc {m.get('test_acc', float('nan')):.2f}%"
+             f"{extra} | {took}, mean {mean:.3f} s/round | ETA {duration(mean * (self.args.rounds - round_))}")
+
     def end_progress(self):
-        """Clear a progress line left on the terminal, for the line that follows."""
-        with self.progress_lock:
+        with self.progress_lock:  # clear a progress line left on the terminal
             if self.progress_width:
                 show(f"{'':{self.progress_width}}\r", self.progress_width)
                 self.progress_width = 0
-
-    def log(self, round_, metrics):
-        """Record one evaluation: a row of metrics.csv (rewritten atomically) and the round's line."""
-        now = clock()
-        rounds, first = max(round_ - self.last_round, 1), self.last_round + 1
-        self.elapsed, per_round = self.elapsed + now - self.t_last, (now - self.t_last) / rounds
-        self.t_last, self.last_round = now, round_
-        plain = lambda v: int(v) if isinstance(v, (bool, int, np.integer)) else \
-            round(float(v), 6) if isinstance(v, (float, np.floating, torch.Tensor)) else str(v)
-        row = {"round": round_, **{k: plain(v) for k, v in metrics.items()}, "seconds": round(self.elapsed, 3),
-               "sec_per_round": round(per_round, 4), "mb_down": round(self.bytes_down / 2 ** 20, 3),
-               "mb_up": round(self.bytes_up / 2 ** 20, 3), "host_mb": round(host_mb(), 1)}
-        if self.device.type == "cuda":
-            row["device_mb"] = round(torch.cuda.memory_allocated(self.device) / 2 ** 20, 1)
-        self.rows.append(row)
-        self.write_metrics()
-        mean = self.elapsed / round_  # every round of the run, a long first or initial-stage round included
-        took = f"{per_round:.3f} s this round" if rounds == 1 else f"{per_round:.3f} s/round over rounds {first}-{round_}"
-        extra = f" (client mean {metrics['test_acc_mean']:.2f} ± {metrics['test_acc_std']:.2f})" \
-            if "test_acc_mean" in metrics else ""
-        extra += f" | train loss {metrics['train_loss']:.4f}" if "train_loss" in metrics else ""
-        if "global_acc" in metrics:  # --test-split global: the uniform test set
-            extra += f" | global_acc {metrics['global_acc']:.2f}%"
-        self.end_progress()
-        show(f"[{self.algo}] round {round_}/{self.args.rounds} | test acc {metrics.get('test_acc', float('nan')):.2f}%"
-             f"{extra} | {took}, mean {mean:.3f} s/round | ETA {duration(mean * (self.args.rounds - round_))}")
 
     def write_metrics(self):
         keys = list(dict.fromkeys(k for r in self.rows for k in r))
         self.write("metrics.csv", "".join(",".join(map(str, r)) + "\n" for r in
                                           [keys, *([r.get(k, "") for k in keys] for r in self.rows)]))
-
-    # -- checkpoints, stopping and resuming
 
     def stop_requested(self, round_):
         """After a stop signal or at --stop-after; never after the last round (the run ends as finished)."""
@@ -667,8 +594,8 @@ class Run:
                                               and round_ >= self.args.stop_after)
 
     def checkpoint(self, round_, state, rng):
-        """Every --checkpoint-every rounds, at the last round and before a requested stop: the algorithm's
-        ``state`` (modules by state_dict, tensors as they are), every RNG state and the metrics so far."""
+        """Every --checkpoint-every rounds, at the last round and before a requested stop: the algorithm's ``state``
+        (modules by state_dict, tensors as they are), every RNG state and the metrics so far."""
         self.latest = (round_, state, rng)  # for stop(), should a signal come after this call
         if round_ % self.args.checkpoint_every == 0 or round_ == self.args.rounds or self.stop_requested(round_):
             self.save_checkpoint(round_, state, rng)
@@ -683,14 +610,14 @@ class Run:
         self.checkpoint_round = round_
 
     def fixed_args(self):
-        """The settings a checkpoint belongs to: every flag that changes results."""
         return {k: v for k, v in sorted(vars(self.args).items()) if k not in RESUME_MAY_CHANGE | {"dataset"}}
 
     def stop(self, round_):
-        """Report a requested stop after ``round_`` (its checkpoint written) and return the exit status."""
+        """Report a requested stop after ``round_`` (its checkpoint written); returns the exit status."""
         if not self.interrupted:
             self.end_progress()
-            show(f"[{self.algo}] stopping after round {round_} (--stop-after); continue with: {self.resume_command()}")
+            show(f"[{self.algo}] stopping after round {round_} (--stop-after); continue with: "
+                 f"{shlex.join(['python', self.program, '--resume', self.dir])}")
             self.close()
             sys.exit(0)  # as if killed here
         if self.checkpoint_round != round_ and self.latest and self.latest[0] == round_:
@@ -700,9 +627,8 @@ class Run:
         return 128 + self.interrupted
 
     def resume(self, state, rng):
-        """With --resume: load the checkpoint into ``state`` in place and into ``rng``, and return the first round
-        to run; else return 1. Only tensors and plain containers are read (weights_only): a crafted file cannot run
-        code. Anything wrong with the file is one line; nothing is changed."""
+        """With --resume: load the checkpoint into ``state`` in place and into ``rng``, and return the first round to
+        run; else 1. weights_only: a crafted file cannot run code. Anything wrong with it is one line, nothing changed."""
         if not self.args.resume:
             return 1
         path = os.path.join(self.dir, "checkpoint.pt")
@@ -733,19 +659,21 @@ class Run:
             rng.bit_generator.state = blob["rng"]
             torch.set_rng_state(blob["torch_rng"].cpu())
             self.elapsed = float(blob["elapsed"])
-        except FileNotFoundError:
-            raise UserError(f"cannot resume: {quoted(self.dir)} has no checkpoint.pt") from None
         except Exception as e:  # noqa: BLE001  anything wrong with the file is the same answer
             raise UserError(f"cannot resume: {quoted(path)} is not a valid checkpoint of this run "
                             f"({shortened((str(e).splitlines() or [type(e).__name__])[0], 150)})") from None
         if round_ > self.args.rounds:
             raise UserError(f"cannot resume with --rounds {self.args.rounds}: {quoted(self.dir)} already has {round_} rounds")
         if self.args.stop_after is not None and round_ >= self.args.stop_after:
-            raise UserError(stop_after_refusal(self.dir, self.args.stop_after, round_))
-        self.rows, self.bytes_down, self.bytes_up = rows, int(down), int(up)
-        self.last_round = self.checkpoint_round = round_
+            raise UserError(f"cannot resume with --stop-after {self.args.stop_after}: {quoted(self.dir)} has its "
+                            f"checkpoint at round {round_} already; give a later round, or leave --stop-after out to go on to the end")
+        self.rows, self.bytes_down, self.bytes_up, self.last_round = rows, int(down), int(up), round_
+        self.checkpoint_round = round_
         config, note = read_json(os.path.join(self.dir, "config.json")), ""
-        moved = continued_elsewhere(config, round_, self.device)
+        try:
+            moved = continued_elsewhere(config, round_, self.device)
+        except (AttributeError, TypeError) as e:
+            raise UserError(f"cannot resume: {quoted(self.dir)}/config.json has a damaged continued_on ({e})") from None
         if moved:
             config, place = moved, moved["continued_on"][-1]
             note = f"; from round {round_ + 1} on {place['device_name'] if place['device'] != 'cpu' else place['cpu_model']}"
@@ -777,15 +705,14 @@ class Run:
     def finish(self, extra=None):
         """Write summary.json and print it."""
         summary, self.finished = self.summary(extra), True
-        self.end_progress()
         first, last = summary.get("last10_mean_rounds", (0, 0))
         mean_of = "last-10 mean" if len(self.rows) >= 10 else f"mean of rounds {first}-{last}"
+        self.end_progress()
         show(f"[{self.algo}] summary; the paper reports {self.headline}:")
         for key, v in summary.items():
             if isinstance(v, dict) and {"best", "final", "last10_mean"} <= set(v):
                 show(f"  {key:>22s}: best {v['best']:.2f}  final {v['final']:.2f}  {mean_of} {v['last10_mean']:.2f}")
-        show(f"  {self.elapsed:.1f} s, {summary['mb_down']:.1f} MB down, {summary['mb_up']:.1f} MB up; "
-             f"files in {self.dir}")
+        show(f"  {self.elapsed:.1f} s, {summary['mb_down']:.1f} MB down, {summary['mb_up']:.1f} MB up; files in {self.dir}")
         return summary
 
     def interrupted_line(self, signum=signal.SIGINT):
@@ -793,20 +720,18 @@ class Run:
         return f"{stopped_by(signum)}; {self.kept()}"
 
     def close(self, failed=False, diverged=False):
-        """Release the folder: a new run that failed before any result leaves nothing (nor the --out folders it
-        made); one with results keeps them (a diverged one says so in summary.json). Never raises."""
+        """Release the folder: a new run that failed before any result leaves nothing (nor the --out folders it made);
+        one with results keeps them (a diverged one says so in summary.json). Never raises."""
         if self not in OPEN_RUNS:
             return
         OPEN_RUNS.remove(self)
         if not self.interrupted:  # after a signal run_main ignores further ones until the process ends
             restore_signals(self.previous_handlers)
-        if self.dir is None:
-            return
-        if failed and not diverged and self.made and not any(
+        if self.dir and failed and not diverged and self.made and not any(
                 os.path.lexists(os.path.join(self.dir, name)) for name in ("metrics.csv", "checkpoint.pt")):
             shutil.rmtree(self.dir, ignore_errors=True)
             self.remove_made()
-        elif diverged and not self.finished:
+        elif self.dir and diverged and not self.finished:
             with contextlib.suppress(OSError):  # a full disk: the metrics so far are what is left
                 self.summary(status="diverged")
         if self.lock is not None:

@@ -142,7 +142,7 @@ def test_the_scripts_and_the_shared_modules_stay_within_their_lengths():
         return sum(1 for _ in open(os.path.join(ROOT, name)))
 
     limits = {"fedavg.py": 102, "fedala.py": 250, "pfedla.py": 282, "fedpake.py": 329, "fedacd.py": 322,
-              "common.py": 750, "datasets.py": 450, "run_folder.py": 810}
+              "common.py": 750, "datasets.py": 450, "run_folder.py": 745}
     over = {name: length(name) for name, limit in limits.items() if length(name) > limit}
     assert not over, over
     assert sum(length(f"{m}.py") for m in FLOORS) <= 3180

@@ -9,6 +9,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -660,3 +661,64 @@ def test_no_more_of_a_run_file_is_read_than_its_bound(tmp_path, monkeypatch):
     assert compare_tool.read_text(os.path.join(folder, "config.json"))[0] is None  # about 400 bytes
     run = compare_tool.load_run(folder)
     assert any(d.startswith("metrics.csv is 0 MB, more than the 0 MB") for d in run["damage"]), run["damage"]
+
+
+# ------------------------------------------------------------------------- issue 89: the latest run by when it started
+
+def test_the_latest_run_of_a_seed_is_the_one_that_started_last_whatever_its_name(tmp_path):
+    """The clock went back an hour between two runs of seed 0 (summer time ended): the newer run's folder name,
+    in local time, sorts before the older one's. The group takes the newer, by the UTC start its config.json
+    recorded, and the older one (on data since replaced) is the repeat."""
+    older = make_run(tmp_path, "fedavg-synthetic-s0-20261025-023000", seed=0, acc=(1, 2, 3, 4, 37.5))
+    newer = make_run(tmp_path, "fedavg-synthetic-s0-20261025-020000", seed=0, acc=(1, 2, 3, 4, 90.0))
+    edit_config(older, started_utc="2026-10-25T00:30:00Z")  # 02:30 summer time (UTC+2)
+    edit_config(newer, started_utc="2026-10-25T01:00:00Z")  # 02:00 winter time (UTC+1): half an hour later
+    proc, rows = compare(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (group,) = [r for r in rows if r["status"] == "ok"]
+    assert group["seeds"] == "0" and group["final"] == "90.00", rows
+    (repeat,) = [r for r in rows if r["status"] != "ok"]
+    assert repeat["status"] == "repeat of seed 0, not averaged" and repeat["final"] == "37.50"
+
+
+def test_runs_that_recorded_no_start_are_placed_by_their_folder_names_local_time(tmp_path, monkeypatch):
+    """Runs made before config.json recorded started_utc go by the local time their folder name ends in (read in
+    this machine's zone, here Central European with its summer time), among those that recorded it; a start
+    that is no time is no start; ties and runs that say neither go by folder name, the latter first."""
+    monkeypatch.setenv("TZ", "CET-1CEST,M3.5.0,M10.5.0/3")  # a POSIX rule: no zone database needed
+    time.tzset()
+    try:
+        runs = {  # folder name: started_utc (None: not recorded)
+            "fedavg-synthetic-s0-20261025-013000": None,  # 01:30 summer time: 2026-10-24T23:30Z
+            "fedavg-synthetic-s0-20261025-020000": "2026-10-25T00:00:00Z",
+            "fedavg-synthetic-s0-20261025-030000": None,  # 03:00 winter time: 02:00Z
+            "fedavg-synthetic-s0-20261025-030000-1": "2026-10-25T02:00:00Z",  # the same second: by name
+            "fedavg-synthetic-s0-20261025-040000": "not a time",  # 04:00 winter time by its name: 03:00Z
+            "copied-by-hand": None,
+        }
+        keys = {}
+        for name, started in runs.items():
+            config = {"algorithm": "fedavg", "args": {}}
+            if started is not None:
+                config["started_utc"] = started
+            keys[name] = compare_tool.start_order(str(tmp_path / name), config)
+        assert sorted(runs, key=keys.get) == ["copied-by-hand", *[n for n in runs if n != "copied-by-hand"]]
+        assert keys["fedavg-synthetic-s0-20261025-030000"][:2] == keys["fedavg-synthetic-s0-20261025-030000-1"][:2]
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+# --------------------------------------------------------------------------- issue 89: a stdout that cannot be written
+
+@pytest.mark.parametrize("redirect, why", [("> /dev/full", "No space left on device"), (">&-", "it is closed")])
+def test_a_table_that_cannot_be_printed_ends_in_one_line_naming_standard_output(tmp_path, redirect, why):
+    make_run(tmp_path / "runs", "a", seed=0)
+    command = f"{shlex.quote(sys.executable)} tools/compare.py {shlex.quote(str(tmp_path / 'runs'))}"
+    proc = subprocess.run(f"{command} {redirect}", shell=True, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stderr == f"error: cannot write to standard output ({why})\n", proc.stderr
+    png = tmp_path / "x.png"
+    silent = subprocess.run(f"{command} --plot {png} {redirect} 2>&-", shell=True, cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)  # stderr closed too: nothing to say it on, status 1 all the same
+    assert (silent.returncode, silent.stdout, silent.stderr) == (1, "", "")
+    assert not png.exists() and os.listdir(tmp_path) == ["runs"]

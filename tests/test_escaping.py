@@ -7,6 +7,8 @@ import json
 import os
 import re
 
+import pytest
+
 from tools import compare, reproduce
 
 VALUE = "x\n|y\\|z\\"  # a newline, a pipe, a backslash before a pipe and one at the end
@@ -104,3 +106,75 @@ def test_markdown_paper_tables_into_a_file_that_is_not_utf8_is_one_line_and_leav
     err = capsys.readouterr().err
     assert code == 2 and err == f"error: {doc} is not UTF-8 text (damaged?): it was not changed\n"
     assert doc.read_bytes() == b"x\xff\n"
+
+
+# ----------------------------------------------------------------------------- issue 89: every recorded field
+
+FORGED = "x\n| forged | row |\x1b\x00"  # a newline, pipes and control characters
+
+
+def _fields(config=None, args=None, summary=None, other=None):
+    """What one run's files hold besides the usual; ``other``: the other run's (its _fields), where it must share
+    the data's kind for the field to be shown."""
+    return {"config": config or {}, "args": args or {}, "summary": summary or {}, "other": other}
+
+
+RECORDED = [  # (the field forged in one run's files, what is set; every one is shown in its row)
+    ("algorithm", _fields(config={"algorithm": FORGED})),
+    ("args.dataset", _fields(args={"dataset": FORGED})),
+    ("args.partition", _fields(args={"partition": FORGED})),
+    ("args.beta", _fields(args={"beta": FORGED})),
+    ("args.num_clients", _fields(args={"num_clients": FORGED})),
+    ("args.seed", _fields(args={"seed": FORGED})),
+    ("args.rounds", _fields(args={"rounds": FORGED})),
+    ("args.lr", _fields(args={"lr": FORGED})),
+    ("a flag of its own", _fields(args={"model": FORGED})),
+    ("dataset_folder", _fields(config={"dataset_folder": {"partition": FORGED, "alpha": FORGED}},
+                               args={"dataset": "/data/FashionMNIST-dir"})),
+    ("data_sha256", _fields(config={"data_sha256": FORGED, "dataset_folder": {}},
+                            args={"dataset": "/data/FashionMNIST-dir"},
+                            other=_fields(config={"data_sha256": "a" * 64, "dataset_folder": {}},
+                                          args={"dataset": "/data/FashionMNIST-dir"}))),
+    ("summary.json status", _fields(summary={"status": FORGED})),
+    ("summary.json algorithm", _fields(summary={"algorithm": FORGED})),
+    ("summary.json rounds_done", _fields(summary={"rounds_done": FORGED})),
+    ("summary.json a metric's name", _fields(summary={FORGED: {"best": "-", "final": 1, "last10_mean": 1}})),
+]
+
+
+def _compare_run(folder, lr, forged):
+    os.makedirs(folder)
+    args = {"dataset": "mnist", "partition": "dir", "beta": 0.1, "num_clients": 4, "rounds": 2, "seed": 0, "lr": lr,
+            **forged["args"]}
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({"algorithm": "fedavg", "args": args, **forged["config"]}, f)
+    with open(os.path.join(folder, "metrics.csv"), "w") as f:
+        f.write("round,test_acc,seconds,mb_down,mb_up\n1,10.0,1.0,1.0,1.0\n2,20.0,2.0,2.0,2.0\n")
+    with open(os.path.join(folder, "summary.json"), "w") as f:
+        json.dump({"algorithm": "fedavg", "rounds": 2, "rounds_done": 2, "headline_metric": "test_acc",
+                   **forged["summary"]}, f)
+
+
+@pytest.mark.parametrize("field, forged", RECORDED, ids=[c[0] for c in RECORDED])
+def test_a_newline_pipe_or_control_character_in_any_recorded_field_keeps_compare_s_rows(field, forged, tmp_path,
+                                                                                       capsys):
+    """Two runs of other settings: two rows, whatever one of them recorded in any field its row shows, which is
+    there escaped once (compare.one_line)."""
+    _compare_run(tmp_path / "a", 0.1, forged)
+    _compare_run(tmp_path / "b", 0.2, forged["other"] or _fields())
+    compare.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) == 4, out  # header, rule, one row per run
+    assert not any(c in out for c in "\x1b\x00")
+    assert "x\\n| forged" in out, out
+
+
+def test_an_older_run_s_folder_name_keeps_compare_s_rows(tmp_path, capsys):
+    """A run without config.json: its algorithm is what its folder's name says, a newline and all."""
+    _compare_run(tmp_path / "b", 0.2, _fields())
+    older = tmp_path / "fed\n| forged |\x1b-mnist-s0-20260101-000000"
+    os.makedirs(older)
+    (older / "metrics.csv").write_text("round,test_acc\n1,10.0\n")
+    compare.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) == 4 and "\x1b" not in out and "fed\\n| forged |\\x1b" in out, out

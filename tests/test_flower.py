@@ -90,7 +90,7 @@ def test_refusals_exit_2_with_one_line(tmp_path):
         "unknown flag": (["pfedla", "--no-such-flag"], {}, "unrecognized arguments"),
         "algorithm": (["fedprox"], {}, "unknown algorithm"),
         "not fedavg.py's": (["fedavg", "--dataset", "synthetic", "--local-training"], {},
-                            "--local-training is tools/fedavg_variants.py's now"),
+                            "unrecognized arguments: --local-training"),
         "no flwr": (["fedavg"], {"PYTHONPATH": str(shadow)}, "pip install -r requirements-flower.txt"),
     }
     procs = {name: subprocess.Popen([sys.executable, os.path.join(ROOT, "flower", "app.py"), *argv], cwd=tmp_path,

@@ -7,6 +7,7 @@ import argparse
 import copy
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -500,7 +501,7 @@ def test_sigterm_and_sighup_are_passed_on_and_nothing_is_left_running(signum, st
     assert proc.returncode == status, stderr
     assert stderr.strip().splitlines()[-1] == (f"{what}: the stopped runs kept their checkpoints; continue with: "
                                                f"python tools/reproduce.py tiny --out {tmp_path} --seeds 0 --workers 2")
-    from run_folder import process_alive
+    from tools.run_records import process_alive
     for d in seed_dirs:
         (folder,) = reproduce.run_folders(d)
         assert os.path.exists(os.path.join(folder, "checkpoint.pt"))
@@ -962,3 +963,153 @@ def test_a_report_killed_mid_write_keeps_its_files_and_the_next_report_clears_up
     assert [n for n in os.listdir(out) if n.startswith(".tmp")] == []
     assert (out / "tiny.md").read_text().startswith("# tiny: ") and (out / "tiny-syn-4.png").read_bytes()[:4] == \
         b"\x89PNG"
+
+
+# ----------------------------------------------------------------------------------------- issue 89
+
+def _run_folder(seed_dir, name, started_utc, state="resumable"):
+    """A run folder as a script leaves it, with the config.json fields run_folders checks, and the start time
+    it recorded (None: a run made before config.json recorded it); ``state``: resumable (a checkpoint) or
+    stale."""
+    folder = os.path.join(seed_dir, name)
+    os.makedirs(folder)
+    config = {"algorithm": "fedavg", "script": "fedavg", "args": {"rounds": 2, "seed": 0, "dataset": "synthetic"}}
+    if started_utc:
+        config["started_utc"] = started_utc
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
+    if state == "resumable":
+        open(os.path.join(folder, "checkpoint.pt"), "wb").close()
+    return folder
+
+
+def test_a_seed_folder_s_run_is_the_one_started_last_whatever_its_name(tmp_path):
+    """The clock went back an hour between two runs in one seed folder (summer time ended): the newer run's
+    folder name sorts first. run_folders orders them by the UTC start their config.json recorded, and
+    current_run takes the newer of two as far along; runs that recorded none go by their names' time."""
+    job = jobs_of(tiny_tables(), tmp_path)[0]
+    older = _run_folder(job["dir"], "fedavg-synthetic-s0-20261025-023000", "2026-10-25T00:30:00Z")
+    newer = _run_folder(job["dir"], "fedavg-synthetic-s0-20261025-020000", "2026-10-25T01:00:00Z")
+    assert reproduce.run_folders(job["dir"]) == [older, newer]
+    assert reproduce.current_run(job) == (newer, "resumable")
+    assert reproduce.action(job) == ("resume", newer)
+    before = _run_folder(job["dir"], "fedavg-synthetic-s0-20000101-000000", None)  # older, by its name
+    assert reproduce.run_folders(job["dir"]) == [before, older, newer]
+
+
+@pytest.mark.parametrize("stdout, why", [("/dev/full", "No space left on device"), (None, "it is closed")])
+def test_a_report_that_cannot_be_printed_ends_in_one_line_naming_standard_output(stdout, why, tmp_path):
+    """python tools/reproduce.py TABLE --report > /dev/full, and with stdout closed: one line naming what could
+    not be written, status 1; the report's file is written all the same."""
+    out = tmp_path / "out"
+    with open(stdout or os.devnull, "w") as sink:
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "reproduce.py"), "synthetic", "--report",
+                               "--out", str(out)], stdout=sink, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                              timeout=120, preexec_fn=None if stdout else lambda: os.close(1))
+    assert proc.returncode == 1 and proc.stderr == f"error: cannot write to standard output ({why})\n", proc.stderr
+    assert (out / "synthetic.md").read_text().startswith("# synthetic: ")
+
+
+class _FullStdout:
+    """A standard output on a full disk, as ``> /dev/full`` is."""
+
+    def write(self, text):
+        raise OSError(28, "No space left on device")
+
+    def flush(self):
+        pass
+
+
+def test_the_runs_lines_that_cannot_be_printed_leave_the_table_going(finished, tmp_path, monkeypatch, capsys):
+    """Running a table with a full stdout: one line on stderr says so once, the table goes on to its report
+    (written to its file), and it ends with status 1."""
+    out, _ = _damage_copy(finished, tmp_path)
+    os.remove(out / "tiny.md")
+    monkeypatch.setattr(sys, "stdout", _FullStdout())
+    assert call(["tiny", "--seeds", *SEEDS, "--out", out], tiny_tables()) == 1
+    err = capsys.readouterr().err
+    assert err == ("error: cannot write to standard output (No space left on device); the runs go on (each one's "
+                   "lines are in its run.log)\n"), err
+    assert (out / "tiny.md").read_text().startswith("# tiny: ")
+
+
+def test_the_temporary_file_of_reproduce_json_a_kill_left_is_removed_by_the_next_run(finished, tmp_path, capsys):
+    """tools/reproduce.py killed with kill -9 while it writes a run's reproduce.json leaves the temporary file
+    beside it (and reproduce.json as it was); the next run of the table removes it and says so."""
+    out, folder = _damage_copy(finished, tmp_path)
+    seed_dir = os.path.dirname(folder)
+    summary = os.path.join(folder, "summary.json")
+    os.rename(summary, summary + ".aside")  # a run to continue: reproduce.py records its launch first
+    launches = open(os.path.join(seed_dir, "reproduce.json"), "rb").read()
+    code = ("import json, os, runpy, signal, sys; sys.path.insert(0, os.environ['ROOT']); from tools import "
+            "paper_tables; paper_tables.TABLES.clear(); paper_tables.TABLES.update(json.loads(os.environ['TABLES'])); "
+            "os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL); "  # kill -9 as the file takes its name
+            "sys.argv = ['tools/reproduce.py', *sys.argv[1:]]; "
+            "runpy.run_path(os.path.join(os.environ['ROOT'], 'tools', 'reproduce.py'), run_name='__main__')")
+    killed = subprocess.run([sys.executable, "-c", code, "tiny", "--out", str(out), "--seeds", *SEEDS],
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "ROOT": ROOT, "TABLES": json.dumps(tiny_tables())})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    (left,) = [n for n in os.listdir(seed_dir) if n.startswith(".tmp")]
+    assert open(os.path.join(seed_dir, "reproduce.json"), "rb").read() == launches
+    os.rename(summary + ".aside", summary)  # finished again: the next run starts nothing
+    assert call(["tiny", "--seeds", *SEEDS, "--out", out], tiny_tables()) == 0
+    assert f"removed {os.path.join(seed_dir, left)} (left by a killed tools/reproduce.py)\n" in \
+        capsys.readouterr().err
+    assert [n for d, _, names in os.walk(out) for n in names if n.startswith(".tmp")] == []
+
+
+FORGED = "x\n| forged | row |\x1b\x00"  # a newline, pipes and control characters
+FORGED_NAME = FORGED.rstrip("\x00")  # a file name holds no NUL
+
+
+def _seen(cell):
+    """A markdown cell as a reader sees it: each backslash escape of punctuation undone (GitHub's markdown)."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", cell)
+
+
+def _without_cpu_records(folder):
+    _edit_json(folder, "config.json", lambda c: (c.pop("cpu_model"), c["args"].pop("threads")))
+    _edit_json(os.path.dirname(folder), "reproduce.json", lambda r: r["launches"][-1].pop("cpu"))
+
+
+RECORDED_FIELDS = [  # (name, what is forged in FedAvg's seed-0 run, the column of its report row that shows it)
+    ("config.json cpu_model", lambda d: _edit_json(d, "config.json", lambda c: c.update(cpu_model=FORGED)), 9),
+    ("config.json device_name of a GPU", lambda d: _edit_json(d, "config.json", lambda c: c.update(
+        device="cuda:0", device_name=FORGED)), 9),
+    ("config.json device_name alone", lambda d: (_without_cpu_records(d), _edit_json(
+        d, "config.json", lambda c: c.update(device_name=FORGED))), 9),
+    ("config.json continued_on", lambda d: _edit_json(d, "config.json", lambda c: c.update(continued_on=[
+        {"from_round": 2, "device": "cuda:0", "device_name": FORGED},
+        {"from_round": 3, "device": "cpu", "cpu_model": FORGED}])), 9),
+    ("reproduce.json cpu", lambda d: (_without_cpu_records(d), _edit_json(
+        os.path.dirname(d), "reproduce.json", lambda r: r["launches"][-1].update(cpu=FORGED))), 9),
+    ("summary.json status", lambda d: _edit_json(d, "summary.json", lambda s: s.update(status=FORGED)), 10),
+    ("summary.json algorithm", lambda d: _edit_json(d, "summary.json", lambda s: s.update(algorithm=FORGED)), 10),
+    ("summary.json a metric's name", lambda d: _edit_json(d, "summary.json", lambda s: s.update(
+        {FORGED: {"best": "-", "final": 1.0, "last10_mean": 1.0}})), 10),
+    ("a run folder's name", lambda d: shutil.copytree(d, os.path.join(os.path.dirname(d), FORGED_NAME)), 10),
+    ("a stale run folder's name", lambda d: shutil.copytree(
+        d, os.path.join(os.path.dirname(d), "0" + FORGED_NAME),
+        ignore=shutil.ignore_patterns("summary.json", "checkpoint.pt")), 10),
+]
+
+
+@pytest.mark.parametrize("name, forge, column", RECORDED_FIELDS, ids=[c[0] for c in RECORDED_FIELDS])
+def test_a_newline_pipe_or_control_character_in_any_recorded_field_keeps_the_report_s_rows(
+        name, forge, column, finished, tmp_path, capsys):
+    """Every column of the report passes through compare.one_line once: a recorded field holding a newline,
+    pipes and control characters leaves the report with as many lines and rows as before, and a reader sees
+    the value in its cell, escaped once."""
+    out, folder = _damage_copy(finished, tmp_path)
+    assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--report"], tiny_tables()) == 0
+    before = capsys.readouterr().out
+    forge(folder)
+    assert call(["tiny", "--seeds", *SEEDS, "--out", out, "--report"], tiny_tables()) == 0
+    text = capsys.readouterr().out
+    assert len(text.splitlines()) == len(before.splitlines()), text
+    assert len([ln for ln in text.splitlines() if ln.startswith("|")]) == 4  # header, rule, FedAvg, FedALA
+    assert not any(c in text for c in "\x1b\x00")
+    assert sorted(table_rows(text)) == ["FedALA", "FedAvg"]
+    cell = table_rows(text)["FedAvg"][column]
+    assert compare.one_line(FORGED if "name" not in name else FORGED_NAME) in _seen(cell), cell

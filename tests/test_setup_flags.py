@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from tools import run_records
+
 import common
 import fedavg
 from conftest import metrics_rows, run_dir, run_in_process
@@ -43,10 +45,12 @@ def test_a_run_made_before_the_new_flags_resumes_with_their_old_values(tmp_path,
     config_path, checkpoint_path = os.path.join(folder, "config.json"), os.path.join(folder, "checkpoint.pt")
     config = json.load(open(config_path))
     blob = torch.load(checkpoint_path, weights_only=False)
-    for key in ("dominant_share", "local_training"):  # as a run folder of the version before these flags
+    for key in ("dominant_share",):  # as a run folder of the version before the flag
         del config["args"][key], blob["args"][key]
     json.dump(config, open(config_path, "w"))
     torch.save(blob, checkpoint_path)
+    assert run_in_process("fedavg.py", "--resume", folder) == 2  # an older form: refused, naming the upgrade
+    assert run_records.main(["--upgrade", folder]) == 0  # the value it ran with (run_records.ADDED_FLAGS)
     assert run_in_process("fedavg.py", "--resume", folder) == 0
     columns = ("round", "test_acc", "test_acc_mean", "train_loss")
     rows = lambda f: [[r[k] for k in columns] for r in metrics_rows(f)]

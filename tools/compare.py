@@ -12,13 +12,17 @@ cut off or malformed, from which no number is taken). By default each row uses i
 headline metric, as its summary.json names it.
 """
 import argparse
+import calendar
+import contextlib
 import csv
+import errno
 import json
 import math
 import os
 import re
 import stat
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root: run_folder by name
 sys.path.insert(0, ROOT)
@@ -54,8 +58,58 @@ def one_line(text, markdown=False):
 def fail(message):
     """Report bad input as one line on stderr and exit with status 2 (a newline or control character
     in a name is written escaped: the line stays one)."""
-    print(f"error: {one_line(message)}", file=sys.stderr)
+    say(f"error: {one_line(message)}")
     sys.exit(2)
+
+
+def say(line):
+    """One line on stderr; a stderr that is closed or cannot be written loses it and nothing raises."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # AttributeError: sys.stderr is None (closed)
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+class OutputLost(Exception):
+    """Standard output cannot be written: closed (``>&-``), a full disk (``> /dev/full``), a pipe whose reader
+    is gone (``| head``: ``quiet``). Not an OSError, so that no handler of a file's OSError takes it for one."""
+
+    def __init__(self, why, quiet=False):
+        super().__init__(why)
+        self.quiet = quiet
+
+
+def show(text=""):
+    """Print ``text`` and a newline on standard output, flushed: the one way tools/compare.py and
+    tools/reproduce.py print their tables, reports and lines. A standard output that cannot take it raises
+    OutputLost saying why (its file descriptor then goes to /dev/null, so that nothing printed later, nor
+    Python's flush at exit, fails again); the program's ``__main__`` ends with one line (ends_without_output)."""
+    try:
+        if sys.stdout is None:  # closed when Python started
+            raise OSError(errno.EBADF, "it is closed")
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except (OSError, ValueError) as e:  # ValueError: a stream closed since, or an encoding without a character
+        if isinstance(e, UnicodeEncodeError):
+            why = f"its encoding, {e.encoding}, has no {e.object[e.start:e.end]!r}"
+        else:
+            why = e.strerror or str(e) if isinstance(e, OSError) and e.errno != errno.EBADF else "it is closed"
+        lost = OutputLost(why, quiet=isinstance(e, BrokenPipeError))
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, sys.stdout.fileno())
+        except (AttributeError, OSError, ValueError):  # no file descriptor of its own to take over
+            sys.stdout = open(os.devnull, "w")
+        finally:
+            os.close(null)
+        raise lost from None
+
+
+def ends_without_output(lost):
+    """The end of a program whose standard output was lost (OutputLost): one line on stderr naming it (none for
+    a pipe whose reader is gone, as ``| head``), exit status 1."""
+    if not lost.quiet:
+        say(f"error: cannot write to standard output ({lost})")
+    sys.exit(1)
 
 
 def lower_is_better(metric):
@@ -302,6 +356,7 @@ def load_run(folder):
             else {}
     planned = run["args"].get("rounds", run["summary"].get("rounds"))
     run["planned"] = planned if isinstance(planned, int) and not isinstance(planned, bool) else None
+    run["started"] = start_order(folder, config)
     run["done"] = max((r for r, _ in run["metrics"]["round"]), default=0) if run["metrics"] else 0
     if series is not None and metrics_err is None:  # a metrics.csv with bad lines is damaged already
         run["damage"] += disagreements(run, config if run["config"] else None)
@@ -315,6 +370,25 @@ def load_run(folder):
     return run
 
 
+FOLDER_TIME = re.compile(r"-(\d{8}-\d{6})(?:-\d+)?$")  # run_folder.Run.new_folder's name: ...-YYYYMMDD-HHMMSS[-N]
+
+
+def start_order(folder, config=None):
+    """The key that orders runs by when they started, the earliest first: the UTC time config.json recorded
+    (``started_utc``, "YYYY-MM-DDTHH:MM:SSZ"), or for a run that recorded none (made before it was recorded,
+    or the field damaged) the local time its folder's name ends in, read in this machine's time zone; runs
+    that say neither come first. Ties go by folder name. Folder names keep local time for people, which
+    goes back an hour when summer time ends: a name never orders runs by itself."""
+    utc, seconds = config.get("started_utc") if isinstance(config, dict) else None, None
+    with contextlib.suppress(ValueError, OverflowError, TypeError):
+        seconds = calendar.timegm(time.strptime(utc, "%Y-%m-%dT%H:%M:%SZ"))
+    named = FOLDER_TIME.search(os.path.basename(folder))
+    if seconds is None and named:
+        with contextlib.suppress(ValueError, OverflowError):
+            seconds = time.mktime(time.strptime(named.group(1), "%Y%m%d-%H%M%S"))
+    return (seconds is not None, seconds or 0, os.path.basename(folder), folder)
+
+
 CONFIG_ARGS = {  # the flags of config.json's args that the table reads, and what each must be (run_folder's)
     "rounds": (lambda v: v >= 1, "an integer >= 1"), "seed": (lambda v: v >= 0, "an integer >= 0"),
     "num_clients": (lambda v: v >= 1, "an integer >= 1")}
@@ -325,11 +399,11 @@ def config_problems(config):
     rounds, seed or clients that is no whole number in range. [] when none."""
     problems, args = [], config["args"]
     if "dataset" in args and not (isinstance(args["dataset"], str) and args["dataset"]):
-        problems.append(f"config.json has args.dataset {one_line(args['dataset'])[:40]!r}, not a name")
+        problems.append(f"config.json has args.dataset {str(args['dataset'])[:40]!r}, not a name")
     for key, (in_range, what) in CONFIG_ARGS.items():
         value = args.get(key)
         if key in args and not (isinstance(value, int) and not isinstance(value, bool) and in_range(value)):
-            problems.append(f"config.json has args.{key} {one_line(value)[:40]!r}, not {what}")
+            problems.append(f"config.json has args.{key} {str(value)[:40]!r}, not {what}")
     return problems
 
 
@@ -341,16 +415,16 @@ def summary_problems(summary):
     that are no whole numbers, a metric's numbers that are not numbers. [] when it is one."""
     problems = []
     if "status" in summary and summary["status"] not in SUMMARY_STATUSES:
-        problems.append(f"summary.json has status {one_line(summary['status'])[:40]!r}")
+        problems.append(f"summary.json has status {str(summary['status'])[:40]!r}")
     for key in ("rounds", "rounds_done"):
         value = summary.get(key)
         if key in summary and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-            problems.append(f"summary.json has {key} {one_line(value)[:40]!r}, not a whole number")
+            problems.append(f"summary.json has {key} {str(value)[:40]!r}, not a whole number")
     for column, numbers in summary.items():
         if isinstance(numbers, dict) and {"best", "final", "last10_mean"} <= set(numbers) and not all(
                 isinstance(numbers[k], (int, float)) and not isinstance(numbers[k], bool)
                 for k in ("best", "final", "last10_mean")):
-            problems.append(f"summary.json has {one_line(column)[:40]} values that are not numbers")
+            problems.append(f"summary.json has {str(column)[:40]} values that are not numbers")
     return problems
 
 
@@ -500,9 +574,9 @@ def settings_of(run):
 
 def group_runs(runs, metric_of):
     """Rows of runs: finished runs of equal settings (settings_of, and the metric) share a row,
-    each seed counted once: of two or more runs of one seed the group takes the last by folder
-    name (run folders end in their start time) and each other one gets a row of its own flagged
-    'repeat of seed S, not averaged'. Every other run has a row of its own."""
+    each seed counted once: of two or more runs of one seed the group takes the one that started last
+    (start_order: the time config.json recorded, not the folder's name) and each other one gets a row of its
+    own flagged 'repeat of seed S, not averaged'. Every other run has a row of its own."""
     groups = {}
     for i, run in enumerate(runs):
         if run["flags"]:
@@ -514,7 +588,7 @@ def group_runs(runs, metric_of):
     for key, members in list(groups.items()):
         if key[0] == "single":
             continue
-        last = {seed(i): i for i in sorted(members, key=lambda i: os.path.basename(runs[i]["folder"]))}
+        last = {seed(i): i for i in sorted(members, key=lambda i: runs[i]["started"])}
         for i in members:
             if last[seed(i)] != i:
                 runs[i]["flags"].append(f"repeat of seed {seed(i)}, not averaged")
@@ -600,9 +674,9 @@ def print_table(lines):
     lines = [[one_line(cell) for cell in line] for line in lines]  # no value may end a row and begin another
     widths = [max(len(line[c]) for line in lines) for c in range(len(lines[0]))]
     for n, line in enumerate(lines):
-        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
+        show("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
         if n == 0:
-            print("  ".join("-" * w for w in widths))
+            show("  ".join("-" * w for w in widths))
 
 
 PLOT_TEMPORARY = ".tmp-compare-plot-"  # --plot's temporary file: what a killed run left is found by it
@@ -614,7 +688,7 @@ def plot(runs, rows, metric_of, table, path):
     from tools import run_records  # here, not at the top: it loads torch, which the table does not need
     drawn = plot_bytes(runs, rows, metric_of, table, os.path.splitext(path)[1].lower()[1:])
     for left in run_records.remove_leftovers(os.path.dirname(path) or ".", PLOT_TEMPORARY):
-        print(f"removed {one_line(left)} (left by a killed --plot)", file=sys.stderr)
+        say(f"removed {one_line(left)} (left by a killed --plot)")
     run_records.atomic_write_all({path: drawn}, prefix=PLOT_TEMPORARY)
 
 
@@ -675,7 +749,7 @@ def cannot_write(path, error, existed):
     is kept, exit status 1."""
     message = f"cannot write {path} ({error.strerror or error}); " + \
         ("the previous file is kept as it was" if existed else "nothing was written")
-    print("error: " + one_line(message), file=sys.stderr)
+    say("error: " + one_line(message))
     sys.exit(1)
 
 
@@ -725,13 +799,11 @@ def main(argv=None):
             plot(runs, rows, metric_of, table, args.plot)
         except OSError as e:
             cannot_write(args.plot, e, existed)
-        print(f"plot written to {args.plot}")
+        show(f"plot written to {one_line(args.plot)}")
 
 
 if __name__ == "__main__":
     try:
         main()
-        sys.stdout.flush()
-    except BrokenPipeError:  # output piped into head or the like: stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
+    except OutputLost as lost:  # a closed or full stdout: one line; piped into head or the like: quietly
+        ends_without_output(lost)

@@ -8,10 +8,17 @@ into: a virtual environment, the user's site folder or the system's). VENV is ma
 site-packages; a file `caller.pth` in its site-packages names the folders this Python imports its packages
 from (its sys.path without the standard library), so VENV finds torch where this Python finds it, a
 virtual environment included. The PACKAGEs are installed by pip into VENV itself (pin them, as
-`scikit-learn==1.9.1`); what this Python has is seen, not copied: no second torch. Bad input or a failed
-step is one line and exit status 2 (a folder that cannot be written: 1), and VENV is removed again. VENV holds
-the file ``.pfllib-venv-incomplete`` until it is whole: a VENV that a killed run left with it is removed and made
-anew by the next run; any other VENV that exists is refused.
+`scikit-learn==1.9.1`); what this Python has is seen, not copied: no second torch. VENV's folders that do not
+exist yet are made, as `python -m venv` makes them. VENV holds the file ``.pfllib-venv-incomplete`` until it is
+whole: a VENV that a killed run left with it is removed and made anew by the next run; any other VENV that
+exists is refused.
+
+Exit status: 0, VENV is made; 1, this program cannot make VENV or a folder above it, or write its own file in
+VENV (a read-only or full disk, a file in the way), or cannot remove the VENV a killed run left; 2, bad input
+(the arguments, a VENV that exists, a Python without torch or numpy) or a failed step (python -m venv or pip
+install fails, whatever the cause its line names; VENV does not see this Python's torch); 130, interrupted
+(Ctrl-C). Each but 0 is one line on stderr, and what this run made (VENV and the folders above it that it
+made) is removed again.
 """
 import argparse
 import importlib.util
@@ -28,6 +35,27 @@ INCOMPLETE = ".pfllib-venv-incomplete"  # in VENV until it is whole: what a kill
 def fail(message, status=2):
     print("error: " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message)), file=sys.stderr)
     sys.exit(status)
+
+
+def missing_folders(path):
+    """``path`` and each folder above it that does not exist, the deepest first: what making it makes."""
+    missing = []
+    while not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
+
+
+def remove_made(made):
+    """Remove what this run made (missing_folders' list): VENV with what is in it, then each folder above it
+    that is empty (none made is ever left, and nothing anyone else put there is taken)."""
+    if made:
+        shutil.rmtree(made[0], ignore_errors=True)
+    for folder in made[1:]:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            break
 
 
 def package_folders():
@@ -87,8 +115,10 @@ def make_venv(venv, packages):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.error = fail  # bad arguments: one line, exit status 2, not a usage block
     parser.add_argument("venv", metavar="VENV", help="the new virtual environment's folder (must not exist)")
-    parser.add_argument("packages", metavar="PACKAGE", nargs="*", help="what pip installs into VENV, pinned")
+    parser.add_argument("packages", metavar="PACKAGE", nargs="*", default=[],
+                        help="what pip installs into VENV, pinned")
     args = parser.parse_args(argv)
     venv = os.path.abspath(args.venv)
     if os.path.isdir(venv) and not os.path.islink(venv) and os.path.isfile(os.path.join(venv, INCOMPLETE)):
@@ -102,27 +132,28 @@ def main(argv=None):
     if missing:
         fail(f"{sys.executable} cannot import {' and '.join(missing)}: run this with the project's Python "
              "(the one requirements.txt was installed into)")
+    made = missing_folders(venv)  # what a failure below removes again
     try:
-        os.mkdir(venv)
+        os.makedirs(venv)
         with open(os.path.join(venv, INCOMPLETE), "w") as f:
             f.write("removed when this virtual environment is whole\n")
-    except OSError as e:
-        shutil.rmtree(venv, ignore_errors=True)
-        fail(f"cannot make {venv} ({e.strerror or e}); nothing was made", status=1)
-    try:
-        error = make_venv(venv, args.packages)
+        error, status = make_venv(venv, args.packages), 2  # a failed step
         if not error:
             os.remove(os.path.join(venv, INCOMPLETE))
     except KeyboardInterrupt:
-        error = "interrupted"
-    except OSError as e:
-        error = f"{e.strerror}: {e.filename}"
+        error, status = "interrupted", 130
+    except OSError as e:  # a folder or file of this program's
+        where = f": {e.filename}" if e.filename and os.path.abspath(e.filename) != venv else ""
+        error, status = f"cannot make {venv}{where} ({e.strerror or e})", 1
     if error:
-        shutil.rmtree(venv, ignore_errors=True)
-        fail(error)
+        remove_made(made)
+        fail(f"{error}; nothing was made", status)
     print(f"made {venv}: sees {sys.executable}'s torch and numpy"
           + (f", has {' '.join(args.packages)}" if args.packages else ""))
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # before anything was made (main removes what it made)
+        fail("interrupted; nothing was made", status=130)

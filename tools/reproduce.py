@@ -290,37 +290,39 @@ def shown(command):
 
 
 def run_folders(seed_dir, damaged=False):
-    """The run folders (holding a config.json) in a run's seed folder, oldest first; those whose
-    config.json is damaged (cut short, hand-edited: run_records.check_config) are left out, or with
-    ``damaged`` the only ones returned, as (folder, the one line that says what is wrong)."""
+    """The run folders (holding a config.json) in a run's seed folder, the earliest started first (the time
+    its config.json recorded, else its folder name's: compare.start_order); those whose config.json is
+    damaged (cut short, hand-edited: run_records.check_config) are left out, or with ``damaged`` the only
+    ones returned, as (folder, the one line that says what is wrong)."""
     if not os.path.isdir(seed_dir):
         return []
     found = []
-    for d in sorted(os.listdir(seed_dir)):
+    for d in os.listdir(seed_dir):
         folder = os.path.join(seed_dir, d)
         path = os.path.join(folder, "config.json")
         if not os.path.isdir(folder) or not os.path.lexists(path):
             continue
-        problem = config_problem(path)
+        config, problem = read_config(path)
         if damaged and problem:
-            found.append((folder, problem))
+            found.append((compare.start_order(folder), (folder, problem)))
         elif not damaged and not problem:
-            found.append(folder)
-    return found
+            found.append((compare.start_order(folder, config), folder))
+    return [entry for _, entry in sorted(found, key=lambda f: f[0])]
 
 
-def config_problem(path):
-    """None for a readable config.json of a run, else one line naming the file and what is wrong."""
+def read_config(path):
+    """(config.json of a run, None) when it is readable and a run's, else (None, one line naming the file and
+    what is wrong)."""
     config, problem = compare.read_json(path)
     if problem:
         if problem == "unreadable":
             problem = "is damaged (not a JSON object: cut short or edited)"
-        return f"{run_folder.quoted(path)} {problem}"
+        return None, f"{run_folder.quoted(path)} {problem}"
     try:
         run_records.check_config(config, path)
     except run_folder.UserError as e:
-        return str(e)
-    return None
+        return None, str(e)
+    return config, None
 
 
 def folder_state(folder, rounds):
@@ -336,7 +338,8 @@ def folder_state(folder, rounds):
 
 
 def current_run(job):
-    """(run folder, state) of the job: the furthest along of its seed folder's runs; (None, None)."""
+    """(run folder, state) of the job: the furthest along of its seed folder's runs, of those as far along the
+    one started last (run_folders' order); (None, None)."""
     rank = {"finished": 4, "diverged": 3, "short": 2, "resumable": 1, "stale": 0}
     found = [(rank[folder_state(f, job["rounds"])], i, f) for i, f in enumerate(run_folders(job["dir"]))]
     if not found:
@@ -599,9 +602,22 @@ def start(job, device, env):
     return proc
 
 
+LAUNCHES_TEMPORARY = ".tmp-reproduce-json-"  # reproduce.json's temporary files: what a killed run left is found by it
+
+
+def remove_launch_leftovers(jobs):
+    """Remove the temporary files of reproduce.json that a reproduce.py killed while writing one (kill -9, a
+    power cut) left in the jobs' seed folders, saying so on stderr; called while holding the table's lock, so
+    that none is another reproduce.py's file in progress."""
+    for job in jobs:
+        for left in run_records.remove_leftovers(job["dir"], LAUNCHES_TEMPORARY):
+            run_folder.say(f"removed {run_folder.quoted(left)} (left by a killed tools/reproduce.py)")
+
+
 def record_launch(job, command, threads, device, pid=None):
     """Append where and how a run was (re)started, and the torch ``threads`` it runs on, to reproduce.json in
-    its seed folder; with ``pid``, add the started process's pid to that last entry."""
+    its seed folder (whole or not at all, through a temporary file named LAUNCHES_TEMPORARY...); with ``pid``,
+    add the started process's pid to that last entry."""
     path = os.path.join(job["dir"], "reproduce.json")
     launches = read_launches(job)
     if pid is not None and launches:
@@ -609,7 +625,7 @@ def record_launch(job, command, threads, device, pid=None):
     else:
         launches.append({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "host": socket.gethostname(),
                          "cpu": run_folder.cpu_model(), "threads": threads, "device": device, "command": command})
-    run_folder.atomic_write(path, json.dumps({"launches": launches}, indent=1))
+    run_records.atomic_write_all({path: json.dumps({"launches": launches}, indent=1)}, prefix=LAUNCHES_TEMPORARY)
 
 
 def label(job):
@@ -641,10 +657,11 @@ def run_jobs(jobs, args, argv):
     todo = [job for job in jobs if action(job)[0] in ("new", "resume")]
     done = sum(action(job)[0] == "done" for job in jobs)
     if done:
-        print(f"{done} of {plural(len(jobs), 'run')} finished already (skipped)")
+        progress(f"{done} of {plural(len(jobs), 'run')} finished already (skipped)")
     stopped = sum(action(job)[0] == "stopped" for job in jobs)
     if stopped:
-        print(f"{stopped} of {plural(len(jobs), 'run')} stopped at round {args.stop_after} or later already (skipped)")
+        progress(f"{stopped} of {plural(len(jobs), 'run')} stopped at round {args.stop_after} or later already "
+                 "(skipped)")
     problems = 0
     for job in jobs:
         if action(job)[0] == "diverged":
@@ -681,8 +698,7 @@ def run_jobs(jobs, args, argv):
                 started.append(job)
                 if interrupts[0]:  # a signal came while it was starting
                     proc.send_signal(interrupts[0])
-                print(f"[{count}/{count + len(todo)}] start {label(job)} on {device}: {shown(job['command'])}",
-                      flush=True)
+                progress(f"[{count}/{count + len(todo)}] start {label(job)} on {device}: {shown(job['command'])}")
             time.sleep(0.1)
             for slot, (proc, job) in list(running.items()):
                 code = proc.poll()
@@ -697,6 +713,22 @@ def run_jobs(jobs, args, argv):
         run_folder.say(f"{run_folder.stopped_by(interrupts[0])}: {what_the_stopped_runs_kept(started)}; "
                         f"continue with: python tools/reproduce.py {shlex.join(argv)}")
     return problems, interrupts[0]
+
+
+OUTPUT_LOST = []  # the standard output that progress() could not write (compare.OutputLost), in this main()
+
+
+def progress(line):
+    """A line on how the table's runs go, on stdout (compare.show). A standard output that cannot take it
+    (closed, a full disk) does not stop the runs: one line on stderr says so, the runs go on (each one's own
+    lines are in its run.log), what is printed later goes nowhere, and the table ends with exit status 1."""
+    try:
+        compare.show(line)
+    except compare.OutputLost as lost:
+        OUTPUT_LOST.append(lost)
+        if not lost.quiet:  # a pipe whose reader is gone (| head) is no fault to report
+            run_folder.say(f"error: cannot write to standard output ({lost}); the runs go on (each one's lines "
+                           "are in its run.log)")
 
 
 def what_the_stopped_runs_kept(jobs):
@@ -728,13 +760,13 @@ def report_end(job, code, passed_on=0):
               file=sys.stderr, flush=True)
         return 1
     if action(job)[0] == "stopped":
-        print(f"stopped after round {job['stop_after']} (--stop-after): {label(job)} in {folder}", flush=True)
+        progress(f"stopped after round {job['stop_after']} (--stop-after): {label(job)} in {folder}")
         return 0
     if state != "finished":
         print(f"did not finish ({state}): {label(job)}; run the same reproduce.py command again to continue; "
               f"log: {job['log']}", file=sys.stderr, flush=True)
         return 1
-    print(f"finished: {label(job)} in {folder}", flush=True)
+    progress(f"finished: {label(job)} in {folder}")
     return 0
 
 
@@ -1108,8 +1140,8 @@ def report(table_id, table, jobs, args):
     for left in run_records.remove_leftovers(args.out, REPORT_TEMPORARY):
         print(f"removed {run_folder.quoted(left)} (left by a killed report)", file=sys.stderr)
     run_records.atomic_write_all({**curves, path: text}, prefix=REPORT_TEMPORARY)  # all or nothing
-    print(text)
-    print(f"report written to {path}")
+    compare.show(text)
+    compare.show(f"report written to {path}")
     return sum(bool(s["problem"]) for row in rows.values() for s in row["seeds"])
 
 
@@ -1152,35 +1184,35 @@ def list_tables(tables):
     for table_id, table in tables.items():
         runs = sum(len(c["methods"]) for c in table["cells"])
         cells = len(table["cells"])
-        print(f"{table_id}: {table['title']} ({plural(cells, 'cell')}, {plural(runs, 'run')} per seed, "
-              f"{table['rounds']} rounds)")
+        compare.show(f"{table_id}: {table['title']} ({plural(cells, 'cell')}, {plural(runs, 'run')} per seed, "
+                     f"{table['rounds']} rounds)")
         for cell in table["cells"]:
-            print(f"  {cell['name']}: {', '.join(m['method'] for m in cell['methods'])}")
+            compare.show(f"  {cell['name']}: {', '.join(m['method'] for m in cell['methods'])}")
 
 
 def dry_run(table_id, table, jobs, args):
     """Every command of the table (new run, resume, or done already) and the paper's numbers."""
-    print(f"{table_id}: {table['title']}")
-    print(f"metric: {metric_words(table['metric'])}; protocol: {table['metric']['protocol']}")
-    print(f"seeds {' '.join(map(str, args.seeds))}, {args.rounds or table['rounds']} rounds, "
-          f"{plural(len(jobs), 'run')} under {os.path.join(args.out, table_id)}")
+    compare.show(f"{table_id}: {table['title']}")
+    compare.show(f"metric: {metric_words(table['metric'])}; protocol: {table['metric']['protocol']}")
+    compare.show(f"seeds {' '.join(map(str, args.seeds))}, {args.rounds or table['rounds']} rounds, "
+                 f"{plural(len(jobs), 'run')} under {os.path.join(args.out, table_id)}")
     for cell in table["cells"]:
         if args.only and cell["name"] not in args.only:
             continue
-        print(f"\ncell {cell['name']}")
+        compare.show(f"\ncell {cell['name']}")
         for method, mslug in zip(cell["methods"], method_slugs(cell)):
             metric = metric_of(table, method)
-            print(f"  {method['method']}: paper {paper_number(method)}"
-                  + (f" (metric: {metric['summary']} {metric['column']})" if "metric" in method else ""))
+            compare.show(f"  {method['method']}: paper {paper_number(method)}"
+                         + (f" (metric: {metric['summary']} {metric['column']})" if "metric" in method else ""))
             for job in [j for j in jobs if j["key"] == (cell["name"], mslug)]:
                 what, folder = action(job)
                 if what in ("done", "diverged"):
-                    print(f"    seed {job['seed']} [{what}]: {folder}")
+                    compare.show(f"    seed {job['seed']} [{what}]: {folder}")
                     continue
                 device = args.devices[0]  # when run: the device of the worker that takes it
                 command = new_command(job, device, launch_threads(args.workers)) if what == "new" else \
                     resume_command(job, folder, device)
-                print(f"    seed {job['seed']} [{what}]: {shown(command)}")
+                compare.show(f"    seed {job['seed']} [{what}]: {shown(command)}")
 
 
 def paper_tables_markdown(tables):
@@ -1214,7 +1246,7 @@ def write_paper_tables(tables, target):
     """Print the section, or replace it between its markers in ``target``."""
     text = paper_tables_markdown(tables)
     if target == "-":
-        print(text, end="")
+        compare.show(text.removesuffix("\n"))
         return
     try:
         with open(target, encoding="utf-8") as f:
@@ -1227,18 +1259,20 @@ def write_paper_tables(tables, target):
     if begin < 0 or end < begin:
         fail(f"{target} lacks the markers of the paper tables section ({DOC_BEGIN[:40]}... and {DOC_END})")
     run_folder.atomic_write(target, doc[:begin] + text + doc[end + len(DOC_END) + 1:])
-    print(f"paper tables section of {target} rewritten ({len(tables)} tables)")
+    compare.show(f"paper tables section of {target} rewritten ({len(tables)} tables)")
 
 
 # ----------------------------------------------------------------------------- main
 
 def main(argv=None, tables=None):
-    """Returns the exit status: 0, 1 (a run failed or did not finish, or the report could not average a run:
-    damaged, ambiguous, nan or inf; --report alone names those in the report and returns 0), 130, 143, 129
-    (Ctrl-C, SIGTERM, SIGHUP, passed on to the runs); bad input exits with status 2 and one line; a file that
-    cannot be written (the report, a curve: run_folder.atomic_write keeps the previous one) raises the OSError
-    naming it, which ``__main__`` turns into one line and status 1."""
+    """Returns the exit status: 0, 1 (a run failed or did not finish, the report could not average a run:
+    damaged, ambiguous, nan or inf, or the runs' lines could not be printed: progress; --report alone names
+    the runs it could not average in the report and returns 0), 130, 143, 129 (Ctrl-C, SIGTERM, SIGHUP, passed
+    on to the runs); bad input exits with status 2 and one line; a file that cannot be written (the report, a
+    curve: run_folder.atomic_write keeps the previous one) raises the OSError naming it, and a standard output
+    that cannot be written compare.OutputLost, which ``__main__`` turn into one line and status 1."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    OUTPUT_LOST.clear()
     tables = paper_tables.TABLES if tables is None else tables
     args = parse_args(argv, tables)
     if args.list:
@@ -1277,6 +1311,7 @@ def main(argv=None, tables=None):
     except OSError as e:
         fail(f"cannot create {table_dir} ({e.strerror})")
     try:
+        remove_launch_leftovers(every_job)
         problems, stopped = run_jobs(jobs, args, argv)
     finally:
         lock.release()
@@ -1289,7 +1324,7 @@ def main(argv=None, tables=None):
         print(f"{problems} of {plural(len(jobs), 'run')} failed or did not finish; see the lines above", file=sys.stderr)
     if not_averaged:
         print(f"{plural(not_averaged, 'run')} not averaged (damaged, ambiguous, nan or inf): see the report's notes", file=sys.stderr)
-    return 1 if problems or not_averaged else 0
+    return 1 if problems or not_averaged or OUTPUT_LOST else 0
 
 
 if __name__ == "__main__":
@@ -1302,10 +1337,9 @@ if __name__ == "__main__":
         run_folder.say(f"{run_folder.stopped_by(e.signum)}; no run of the table is running (the same command "
                         "continues it)")
         sys.exit(128 + e.signum)
-    except BrokenPipeError:  # output piped into head or the like: stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
+    except compare.OutputLost as lost:  # a closed or full stdout: one line; piped into head or the like: quietly
+        compare.ends_without_output(lost)
     except OSError as e:  # a file reproduce.py writes (the report, a curve) cannot be written: a fault, one line
-        run_folder.say(f"error: cannot write {run_folder.quoted(e.filename or '?')} ({e.strerror or e}); "
-                        "the runs are kept")
+        run_folder.say(f"error: cannot write {run_folder.quoted(e.filename)} ({e.strerror or e}); the runs are kept"
+                       if e.filename else f"error: {e.strerror or e}; the runs are kept")
         sys.exit(1)

@@ -1,25 +1,27 @@
-"""What two or more of the algorithm scripts share, in reading order: the command line, the data
-(datasets.py, reached through here: loaded once into tensors on the training device; a client is
-a pair of index tensors, a batch an index slice), the models, one round (sampling, the clients'
-training, on threads at once, the server's average) and evaluation. The errors, ``atomic_write``
-and the run folder are in run_folder.py; the start-up signal handling in startup.py. Imports go
-down only: common -> datasets -> run_folder -> data_partition (docs/layout.md).
+"""What two or more of the algorithm scripts share, in reading order: the command line (with ``--resume``'s
+rules), the data (datasets.py, reached through here: loaded once into tensors on the training device; a client is
+a pair of index tensors, a batch an index slice), one round (sampling, the clients' training, on threads at once,
+the server's average) and evaluation; the models are models.py's, passed on (``common.build_model``). The errors
+and ``run_main`` are in exits.py, the run folder in run_folder.py; imports go down only (docs/layout.md).
 """
 import argparse
+import contextlib
 import math
 import os
 import queue
+import shlex
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import datasets
-import run_folder
 from datasets import check_fits, synthetic_setting  # the scripts' too: common.check_fits
-from run_folder import DivergedError, UserError  # the scripts' too: common.UserError, their bad input
+from exits import DivergedError, FileFault, UserError, check_regular, quoted, shortened  # the scripts' too: common.UserError
+from run_folder import RESUME_MAY_CHANGE, RUN_FILES, read_json
+from models import (MODELS, CNN, MLP, FastText, GlobalAvgPool, LeNet, PFedLACNN, SimpleCNN, build_model,  # noqa: F401
+                    deterministic_pooling, layers)  # the scripts' too: common.build_model
 
 
 # ----------------------------------------------------------------------------- command line
@@ -140,12 +142,12 @@ PARTITION_FLAGS = ("partition", "beta", "classes_per_client", "balance", "sample
 def parse_args(parser, argv=None, resolve=None, checks=()):
     """Parse and validate every flag before anything is written. ``resolve(args)`` fills the
     dataset-dependent defaults; ``checks`` are the script's own (ok, message) pairs as a
-    function of args. With ``--resume`` the run's saved settings are used (run_folder.resumed_args)."""
-    args, given = parser.parse_args(argv), run_folder.given_flags(parser, argv)
+    function of args. With ``--resume`` the run's saved settings are used (resumed_args)."""
+    args, given = parser.parse_args(argv), given_flags(parser, argv)
     if args.resume is not None and not args.resume.strip():
         raise UserError("--resume needs the run folder to continue (given: an empty name)")
     if args.resume:
-        args = run_folder.resumed_args(parser, argv)
+        args = resumed_args(parser, argv)
     elif resolve:
         resolve(args)
     if not args.resume and datasets.is_pfllib_folder(args.dataset):
@@ -189,7 +191,7 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
             raise UserError(message if not args.resume or flag in given else f"cannot resume: {args.resume}/config."
                             f"json holds an invalid setting: {message} (the file was edited or damaged)")
     if not args.resume:  # before any data is loaded: an --out that cannot hold a run folder
-        run_folder.check_out_folder(args.out)
+        check_out_folder(args.out)
     if not args.resume and synthetic_setting(args.dataset) is not None:
         ignored = [f"--{dest.replace('_', '-')}" for dest in PARTITION_FLAGS if dest in given]
         if ignored:  # they would be recorded in config.json, and compare.py would label the runs by them
@@ -211,9 +213,92 @@ def pfllib_folder_settings(args, given):
                         "are; leave the flag out")
     clients = datasets.read_pfllib_config(args.dataset)["num_clients"]
     if "num_clients" in given and args.num_clients != clients:
-        raise UserError(f"--num-clients {args.num_clients}, but {run_folder.quoted(args.dataset)} holds {clients} "
+        raise UserError(f"--num-clients {args.num_clients}, but {quoted(args.dataset)} holds {clients} "
                         f"clients (its config.json); leave --num-clients out or give {clients}")
     args.num_clients, args.test_split = clients, "client"
+
+
+UPGRADE = "python tools/run_records.py --upgrade"  # what brings a run folder of an older form to today's
+
+
+def given_flags(parser, argv):
+    """The flags given on the command line: argparse sets a default only where the namespace lacks the attribute."""
+    unset = object()
+    namespace = argparse.Namespace(**{k: unset for k in vars(parser.parse_args([]))})
+    return {k: v for k, v in vars(parser.parse_args(argv, namespace=namespace)).items() if v is not unset}
+
+
+def fits(default, value):
+    """Whether a value read from config.json has the type of the flag's default (a number for a float)."""
+    if default is None or value is None or default == "auto":
+        return True
+    kinds = (int, float) if isinstance(default, float) else type(default)
+    return isinstance(value, kinds) and isinstance(value, bool) == isinstance(default, bool)
+
+
+def resumed_args(parser, argv):
+    """The settings of ``--resume RUN_DIR`` (its config.json) with the flags given now that may change. Another
+    value of a flag that changes results is refused in one line, and so is a run folder of an older form."""
+    given = given_flags(parser, argv)
+    if given.get("threads") == "auto":  # auto: the count the run took, which it keeps
+        del given["threads"]
+    folder, defaults, path = given["resume"], vars(parser.parse_args([])), os.path.join(given["resume"], "config.json")
+    for name in RUN_FILES:
+        check_regular(os.path.join(folder, name))
+    config = read_json(path)
+    try:
+        saved, script, _ = dict(config["args"]), config["script"], config["args"]["rounds"]
+        if not isinstance(script, str) or not isinstance(config["algorithm"], str):
+            raise KeyError("script")
+        if script == "flower_app":  # flower/app.py's checkpoint is the script's
+            script = {"heurpfedla": "pfedla"}.get(config["algorithm"], config["algorithm"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"cannot resume: {quoted(path)} is not a run's config.json "
+                        f"({f'no {e}' if isinstance(e, KeyError) else 'damaged'})") from None
+    if f"{script}.py" != parser.prog:
+        raise UserError(f"cannot resume: {quoted(folder)} is a run of {script}.py, not {parser.prog}; "
+                        f"use python {shlex.join([f'{script}.py', '--resume', folder])}")
+    unknown = [k for k, v in saved.items() if k not in defaults and v not in (False, None)]  # a mode switch off: none
+    if unknown or "data_sha256" not in config or not isinstance(saved.get("threads"), int) \
+            or set(defaults) - set(saved) - RESUME_MAY_CHANGE:
+        raise UserError(f"cannot resume: {quoted(folder)} was made by an older version of {parser.prog}; "
+                        f"bring it to today's form with: {UPGRADE} {shlex.quote(folder)}")
+    bad = [k for k in defaults if k in saved and not fits(defaults[k], saved[k])]
+    if bad:
+        raise UserError(f"cannot resume: {quoted(path)} has {bad[0]} = {shortened(repr(saved[bad[0]]), 40)}, "
+                        "which that flag does not take (the file was edited or damaged)")
+    moved = lambda k, v: k == "dataset" and not str(saved[k]).startswith("synthetic") and os.path.exists(v)
+    changed = [f"--{k.replace('_', '-')} {saved[k]} (now {v})" for k, v in sorted(given.items())
+               if k not in RESUME_MAY_CHANGE and k in saved and v != saved[k] and not moved(k, v)]
+    if changed:  # a dataset file or folder that moved is taken: Run compares the data's fingerprint
+        raise UserError(f"cannot resume with other settings: {'; '.join(changed)}; only --rounds (to extend the "
+                        "run), --device, --parallel-clients, --data-dir, --checkpoint-every, --stop-after, --out and "
+                        "the new place of a --dataset file or folder that moved may change")
+    args = argparse.Namespace(**{**defaults, **{k: saved[k] for k in defaults if k in saved}})
+    for k in set(given) & (RESUME_MAY_CHANGE | {"dataset"}):
+        setattr(args, k, given[k])
+    args.resume, args.stop_after = folder, given.get("stop_after")
+    if not os.path.exists(os.path.join(folder, "checkpoint.pt")):
+        raise UserError(f"cannot resume: {quoted(folder)} has no checkpoint.pt (the run stopped before its first "
+                        "checkpoint; start it again)")
+    summary = {}
+    with contextlib.suppress(UserError):
+        summary = read_json(os.path.join(folder, "summary.json"))
+    if isinstance(summary, dict) and summary.get("status") == "finished" and summary.get("rounds_done") == args.rounds:
+        raise UserError(f"cannot resume: {quoted(folder)} has finished its {args.rounds} rounds; "
+                        f"give --rounds N (more than {args.rounds}) to extend it")
+    return args
+
+
+def check_out_folder(out):
+    """Refuse an --out that cannot hold a new run folder before any data is loaded; creates nothing."""
+    path = os.path.abspath(out)
+    while not os.path.lexists(path):
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        raise UserError(f"cannot create a run folder under --out {quoted(out)} ({quoted(path)} is not a folder)")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise FileFault(path, PermissionError(13, "not writable"), "; nothing was made", verb="create a run folder in")
 
 
 # ----------------------------------------------------------------------------- data
@@ -224,210 +309,6 @@ def load_federated_data(args, device):
     set_determinism(device, args.deterministic)
     set_threads(args.threads)
     return datasets.load_federated_data(args, device)
-
-
-# ----------------------------------------------------------------------------- models
-
-def _pooled_side(size, convs=2):
-    for _ in range(convs):
-        size = (size - 4) // 2  # conv5x5 (no padding) then maxpool 2
-    return size
-
-
-class CNN(nn.Module):
-    """FedAvg's 4-layer CNN (McMahan et al. 2017) as used by FedALA / PFLlib."""
-
-    def __init__(self, in_channels, num_classes, image_size):
-        super().__init__()
-        self.conv1 = nn.Conv2d(in_channels, 32, 5)
-        self.conv2 = nn.Conv2d(32, 64, 5)
-        self.fc1 = nn.Linear(64 * _pooled_side(image_size) ** 2, 512)  # 1024 / 1600 / 10816 for 28 / 32 / 64
-        self.fc = nn.Linear(512, num_classes)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc(F.relu(self.fc1(x.flatten(1))))
-
-
-class PFedLACNN(nn.Module):
-    """pFedLA's CNN (Sec. 4.1: "the same CNN architectures as in FedFomo, FedBN and pFedHN"):
-    conv5x5(in,16) [BN] ReLU maxpool2, conv5x5(16,32) [BN] ReLU maxpool2, fc(.,120) ReLU,
-    fc(120,84) ReLU, fc(84,classes); BatchNorm after the convs for colour inputs only. 121,278
-    parameters on CIFAR-10 and 85,822 on EMNIST digits: Table 3's costs are 1500 x these sizes."""
-    CHANNELS = (16, 32)
-
-    def __init__(self, in_channels, num_classes, image_size):
-        super().__init__()
-        bn, (c1, c2) = in_channels == 3, self.CHANNELS
-        self.conv1 = nn.Conv2d(in_channels, c1, 5)
-        self.bn1 = nn.BatchNorm2d(c1) if bn else nn.Identity()
-        self.conv2 = nn.Conv2d(c1, c2, 5)
-        self.bn2 = nn.BatchNorm2d(c2) if bn else nn.Identity()
-        self.fc1 = nn.Linear(c2 * _pooled_side(image_size) ** 2, 120)
-        self.fc2 = nn.Linear(120, 84)
-        self.fc3 = nn.Linear(84, num_classes)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
-        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
-        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x.flatten(1))))))
-
-
-class LeNet(PFedLACNN):
-    """LeNet-5: the same layers with 6 and 16 channels (BatchNorm for colour inputs only)."""
-    CHANNELS = (6, 16)
-
-
-class SimpleCNN(nn.Module):
-    """The "simple CNN" of FedRoD / FedNH used by FedACD."""
-
-    def __init__(self, in_channels, num_classes, image_size):
-        super().__init__()
-        self.conv1 = nn.Conv2d(in_channels, 64, 5)
-        self.conv2 = nn.Conv2d(64, 64, 5)
-        self.fc1 = nn.Linear(64 * _pooled_side(image_size) ** 2, 384)
-        self.fc2 = nn.Linear(384, 192)
-        self.fc3 = nn.Linear(192, num_classes)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x.flatten(1))))))
-
-
-class MLP(nn.Module):
-    """fc(d, 64) ReLU fc(64, classes), for vector data (synthetic, user npz of vectors)."""
-
-    def __init__(self, in_features, num_classes, hidden=64):
-        super().__init__()
-        self.fc1 = nn.Linear(in_features, hidden)
-        self.fc = nn.Linear(hidden, num_classes)
-
-    def forward(self, x):
-        return self.fc(F.relu(self.fc1(x.flatten(1))))
-
-
-class FastText(nn.Module):
-    """Embedding(vocab, 32), the mean embedding, fc(32, 32), fc(32, classes): the authors' fastText
-    (TsingZ0/FedALA system/flcore/trainmodel/models.py @ 7939ca7). The mean is theirs: over all L
-    positions of the (N, L) ids, padding included (id 0 embeds to zeros, so a text of n tokens gets
-    its token sum / L), not over the n tokens."""
-
-    def __init__(self, vocab_size, num_classes, embed_dim=32, hidden=32):
-        super().__init__()
-        self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=0)
-        self.fc1 = nn.Linear(embed_dim, hidden)
-        self.fc = nn.Linear(hidden, num_classes)
-
-    def forward(self, tokens):
-        return self.fc(self.fc1(self.embedding(tokens).mean(1)))
-
-
-MODELS = ["cnn", "pfedlacnn", "lenet", "simplecnn", "resnet18", "resnet34", "mlp", "fasttext"]
-
-
-def build_model(name, data, auto_image="cnn"):
-    """The model ``name`` for ``data``; ``auto`` picks ``auto_image`` for images, mlp for vectors,
-    fasttext for token ids. The model runs once on one sample (``run_once``), so that data it does
-    not take is refused with one line while the scripts set up, before any run folder exists."""
-    x = data.x
-    if name == "auto":
-        name = "fasttext" if not x.is_floating_point() else ("mlp" if x.dim() == 2 else auto_image)
-    if name not in MODELS:
-        raise UserError(f"unknown model '{name}'; choose auto, {', '.join(MODELS)}")
-    try:
-        model = _model(name, data)
-        run_once(model, x[:1])
-        if x.is_cuda:
-            deterministic_pooling(model)
-        # channels-last weights for channels-last images, or cuDNN converts them on every call; CUDA only: on
-        # a CPU other kernels run (ResNet-18's gradients change). Flat states keep the logical order
-        return model.to(memory_format=torch.channels_last) if x.is_cuda and x.dim() == 4 else model
-    except UserError:
-        raise
-    except Exception as e:  # noqa: BLE001  a shape or dtype its layers do not take, a vocabulary too large
-        with torch.random.fork_rng(devices=[]):  # trying the other models draws initial weights
-            takes = [m for m in MODELS if m != name and _takes(m, data)]
-        why = (str(e).strip().splitlines() or [e.__class__.__name__])[0]
-        raise UserError(f"--model {name} does not take samples of shape {tuple(x.shape[1:])}, "
-                        f"{str(x.dtype).removeprefix('torch.')} ({why}); models that do: {', '.join(takes) or 'none'}")
-
-
-class GlobalAvgPool(nn.Module):
-    """``nn.AdaptiveAvgPool2d(1)`` as a mean over height and width: the same values, and a backward that
-    torch's deterministic mode admits on CUDA (AdaptiveAvgPool2d's raises there under
-    ``torch.use_deterministic_algorithms``)."""
-
-    def forward(self, x):
-        return x.mean((2, 3), keepdim=True)
-
-
-def deterministic_pooling(model):
-    """Replace ``model``'s ``AdaptiveAvgPool2d(1)`` modules (torchvision's ResNets end in one) by
-    GlobalAvgPool, in place. build_model does it for data on CUDA only: on a CPU the original kernel
-    is kept, so CPU runs keep their arithmetic."""
-    for module in list(model.modules()):
-        for child_name, child in list(module.named_children()):
-            size = getattr(child, "output_size", None)
-            if isinstance(child, nn.AdaptiveAvgPool2d) and size in (1, (1, 1)):
-                setattr(module, child_name, GlobalAvgPool())
-    return model
-
-
-def run_once(model, sample):
-    """One forward pass of ``model`` on ``sample`` on the CPU, which raises if the model does not take
-    the data and changes nothing: eval mode (BatchNorm's running statistics stay as they are, then
-    the train/eval mode is restored), no gradient, and torch's random state restored after."""
-    was_training = model.training
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            model.eval()(sample.cpu())
-    finally:
-        model.train(was_training)
-
-
-def _takes(name, data):
-    try:
-        run_once(_model(name, data), data.x[:1])
-        return True
-    except Exception:  # noqa: BLE001
-        return False
-
-
-def _model(name, data):
-    x, k = data.x, data.num_classes
-    if name == "mlp":
-        return MLP(int(np.prod(x.shape[1:])), k)
-    if name == "fasttext":
-        if x.is_floating_point():
-            raise UserError("--model fasttext needs token ids: integer (N, length) data, e.g. --dataset agnews")
-        return FastText(data.vocab_size, k)
-    if x.dim() != 4:
-        raise UserError(f"--model {name} needs image data (N, C, H, W); {data.info.get('name', 'this dataset')} "
-                        f"has shape {tuple(x.shape[1:])}; use --model {'mlp' if x.is_floating_point() else 'fasttext'}")
-    channels, size = x.shape[1], x.shape[2]
-    if name in ("cnn", "pfedlacnn", "lenet", "simplecnn") and _pooled_side(min(x.shape[2:])) < 1:
-        raise ValueError("it needs images of at least 16x16")  # build_model's message names the models that do
-    if name == "cnn":
-        return CNN(channels, k, size)
-    if name == "pfedlacnn":
-        return PFedLACNN(channels, k, size)
-    if name == "lenet":
-        return LeNet(channels, k, size)
-    if name == "simplecnn":
-        return SimpleCNN(channels, k, size)
-    import torchvision
-    model = getattr(torchvision.models, name)(weights=None, num_classes=k)
-    if channels != 3:
-        model.conv1 = nn.Conv2d(channels, 64, 7, 2, 3, bias=False)
-    return model
-
-
-def layers(model):
-    """Modules that own parameters, in registration (= forward) order: the "layers" that layer-wise
-    methods count (a range of top layers, a weight per layer)."""
-    return [(n, m) for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))]
 
 
 # ----------------------------------------------------------------------------- devices and seeds

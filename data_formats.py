@@ -2,7 +2,7 @@
 publishers' files (``load_vision``, checked against their known content), Tiny-ImageNet-200 and AG News
 (``LOADERS``), and PFLlib's dataset folders (``load_pfllib_folder``: their pickles read by an unpickler that builds
 numeric arrays and runs nothing). Every reader checks a declared size against memory before allocating it
-(``check_fits``). datasets.py calls them (``load_arrays``, ``load_federated_data``); this imports run_folder only.
+(``check_fits``). datasets.py calls them (``load_arrays``, ``load_federated_data``); this imports exits only.
 """
 import collections
 import contextlib
@@ -17,7 +17,7 @@ import tempfile
 import numpy as np
 import torch
 
-from run_folder import UserError, check_regular, quoted, shortened
+from exits import UserError, check_regular, quoted, shortened
 
 
 # ----------------------------------------------------------------------------- sizes, before anything is allocated

@@ -227,3 +227,15 @@ def proportional_test_sets(train_labels_per_client, test_labels, rng, num_classe
 def class_counts(labels, client_idx, num_classes):
     """(num_clients, num_classes) table of per-client class counts."""
     return np.stack([np.bincount(labels[idx], minlength=num_classes) for idx in client_idx])
+
+
+def describe(train_counts, test_counts, most=20):
+    """The partition in a few lines: each client's train and test sizes and its classes (the first ``most``)."""
+    lines = []
+    for i in range(min(len(train_counts), most)):
+        nz = {c: int(v) for c, v in enumerate(train_counts[i]) if v}
+        lines.append(f"  client {i:3d}: train {int(train_counts[i].sum()):6d} test {int(test_counts[i].sum()):6d}  "
+                     f"{nz if len(nz) <= 12 else f'{len(nz)} classes (see partition.json)'}")
+    if len(train_counts) > most:
+        lines.append(f"  ... {len(train_counts) - most} more clients in partition.json")
+    return "\n".join(lines)

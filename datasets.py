@@ -17,7 +17,7 @@ import data_partition as dp
 from data_formats import (LOADERS, MAX_FEATURE, PFLLIB_RESPLIT_FLAGS, VISION, check_fits, first_few,  # noqa: F401
                           is_pfllib_folder, load_agnews, load_pfllib_folder, load_vision, memory_available,
                           pfllib_partition, read_pfllib_config, stack_clients)
-from run_folder import UserError, check_regular, quoted
+from exits import UserError, check_regular, quoted
 
 
 # ----------------------------------------------------------------------------- FedProx's Synthetic(alpha, beta)

@@ -1,9 +1,8 @@
-"""How a run ends and what it leaves, around the training loop (no algorithm here): the errors and ``run_main``
-(one line, an exit status); the stop signals (the first ends the round with a checkpoint); ``atomic_write``; what
-may change on ``--resume``; where a run ran; and ``Run``, the run folder with config.json, partition.json,
-metrics.csv, checkpoint.pt and summary.json. Importing it changes nothing in the process (docs/running.md).
+"""The run folder, around the training loop (no algorithm here): what may change on ``--resume``, where a run ran,
+and ``Run``: the folder ``--out/<algo>-<dataset>-s<seed>-<time>/`` with config.json, partition.json, metrics.csv and
+the round's line, the progress of a long round, checkpoint.pt and an exact ``resume``, summary.json. How a run ends
+(the errors, ``run_main``, the stop signals, ``atomic_write``) is exits.py's. Importing it changes nothing.
 """
-import argparse
 import contextlib
 import hashlib
 import json
@@ -14,7 +13,6 @@ import resource
 import shlex
 import shutil
 import signal
-import stat
 import sys
 import threading
 import time
@@ -24,275 +22,16 @@ import numpy as np
 import torch
 
 import data_partition
-
-
-class UserError(Exception):
-    """Bad input: one line, exit status 2."""
-
-
-class DivergedError(Exception):
-    """A loss became NaN/inf: one line naming round and client, exit status 1."""
-
-
-class FileFault(OSError):
-    """A file of the run folder that cannot be written: one line naming it and what is kept, exit status 1."""
-
-    def __init__(self, path, error, kept="", verb="write"):
-        super().__init__(error.errno, error.strerror, path)
-        self.line = f"cannot {verb} {path} ({error.strerror or error}){kept}"
-
-    def __str__(self):
-        return self.line
-
-
-OPEN_RUNS = []  # the runs this process has open: run_main releases them however main ends
-# Ctrl-C, SIGTERM (sent by Slurm and Kubernetes before a kill) and SIGHUP (the terminal closed) stop a run alike;
-# the exit status is the shell's 128 + the signal's number: 130, 143, 129
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-STOP_STATUSES = tuple(128 + signum for signum in STOP_SIGNALS)
-
-
-def signal_name(signum):
-    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-
-
-def stopped_by(signum):
-    return "interrupted" if signum == signal.SIGINT else f"stopped by {signal_name(signum)}"
-
-
-class Stopped(KeyboardInterrupt):
-    """A signal that stops at once: a KeyboardInterrupt, so that what cleans up after Ctrl-C cleans up after it."""
-
-    def __init__(self, signum):
-        super().__init__(signal_name(signum))
-        self.signum = signum
-
-
-def stop_at_once(signum, frame):
-    raise Stopped(signum)
-
-
-def handle_stop_signals(handler):
-    """Make ``handler`` handle the stop signals; returns those it replaced. One ignored already (nohup) stays so;
-    outside the main thread (Flower's server) Python allows none."""
-    previous = {}
-    for signum in STOP_SIGNALS:
-        if signum != signal.SIGINT and signal.getsignal(signum) is signal.SIG_IGN:
-            continue
-        try:
-            previous[signum] = signal.signal(signum, handler)
-        except ValueError:  # not the main thread
-            break
-    return previous
-
-
-def restore_signals(previous, ignore=False):
-    """Put back what ``handle_stop_signals`` replaced, or ignore the signals (on the way out after one)."""
-    for signum, handler in previous.items():
-        ignore_it = ignore or getattr(handler, "while_starting", False)  # startup.py's: the script is ending
-        signal.signal(signum, signal.SIG_IGN if ignore_it else signal.SIG_DFL if handler is None else handler)
-
-
-def say(line):
-    """One line on stderr, control characters escaped; a stream that is gone or closed does not raise."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):  # AttributeError: sys.stderr is None
-        print("".join(c if c.isprintable() else repr(c)[1:-1] for c in line.strip("\n")), file=sys.stderr, flush=True)
-
-
-def run_main(main, argv=None):
-    """Run a script's ``main``: bad input one line and exit status 2; divergence or a file that cannot be written 1;
-    Ctrl-C, SIGTERM, SIGHUP 130, 143, 129 (``main`` returns it at the end of a round; a signal before the run
-    folder exists, or a second one, stops at once)."""
-    code, returned, diverged = 0, False, False
-    previous = handle_stop_signals(stop_at_once)  # until a Run takes them over: nothing is written yet
-    try:
-        code, returned = main(argv) or 0, True
-    except (UserError, data_partition.PartitionError) as e:
-        say(f"error: {e}")
-        code = 2
-    except DivergedError as e:
-        say(f"stopped: {e}")
-        code, diverged = 1, True
-    except KeyboardInterrupt as e:
-        restore_signals(previous, ignore=True)
-        signum = getattr(e, "signum", signal.SIGINT)
-        say(OPEN_RUNS[-1].interrupted_line(signum) if OPEN_RUNS else
-            f"{stopped_by(signum)} before the run folder was made; nothing was written")
-        code = 128 + signum
-    except OSError as e:  # disk full, permissions: the run's own files (FileFault) or any other
-        say(f"error: {e}" if isinstance(e, FileFault) or not e.filename else f"error: {e.filename}: {e.strerror}")
-        code = 1
-    finally:
-        for run in list(OPEN_RUNS):
-            run.close(failed=code != 0, diverged=diverged)
-    restore_signals(previous, ignore=code in STOP_STATUSES)
-    if code in STOP_STATUSES and not returned:  # at once: client threads still running hold nothing saved
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
-    if code:
-        sys.exit(code)
-
-
-def quoted(name):
-    """A file name for a one-line message: as it is when plain, else as Python quotes it."""
-    name = str(name)
-    return name if re.fullmatch(r"[\w@%+=:,./~-]+", name) and name.isprintable() else repr(name)
-
-
-def shortened(text, width=120):
-    """``text`` in about ``width`` characters, its middle cut (its end often says what is wrong)."""
-    text, keep = str(text), max(width - 5, 2)
-    return text if len(text) <= width else f"{text[:keep // 2]} ... {text[len(text) - (keep - keep // 2):]}"
-
-
-def check_regular(path, doing="cannot resume"):
-    """Refuse ``path`` unless a regular file or absent (a named pipe blocks a read forever); returns whether it is."""
-    with contextlib.suppress(FileNotFoundError):
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise UserError(f"{doing}: {quoted(path)} is not a regular file; move it away")
-        return True
-    return False
-
-
-def atomic_write(path, content):
-    """Write ``content`` (str, bytes, or a function writing to a binary file) to ``path`` through a temporary file
-    beside it and a rename: no reader sees half a file, a failed write (disk full) leaves the old file and no
-    temporary one, and the file gets the user's umask. A failure is an OSError naming ``path``."""
-    tmp = None
-    try:
-        while tmp is None:
-            with contextlib.suppress(FileExistsError):
-                name = os.path.join(os.path.dirname(os.path.abspath(path)), f".tmp-{os.urandom(4).hex()}")
-                fd, tmp = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), name
-        with os.fdopen(fd, "wb") as f:
-            content(f) if callable(content) else f.write(content.encode() if isinstance(content, str) else content)
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as e:
-        raise e if e.filename == path else OSError(e.errno, e.strerror or str(e), path) from None
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
-
-
-def torch_save(blob):
-    """torch.save as content for atomic_write, raising a failed write's OSError (torch.save turns it into a
-    RuntimeError that names no cause)."""
-    def write(f):
-        errors = []
-
-        def keep(b):
-            try:
-                return f.write(b)
-            except OSError as e:
-                errors.append(e)
-                raise
-        try:
-            torch.save(blob, argparse.Namespace(write=keep, flush=f.flush))
-        except RuntimeError:
-            raise errors[0] if errors else sys.exc_info()[1] from None
-    return write
+from exits import (OPEN_RUNS, STOP_SIGNALS, STOP_STATUSES, DivergedError, FileFault, Stopped, UserError,  # noqa: F401
+                   atomic_write, check_regular, detach_from_terminal, handle_stop_signals, is_terminal, quoted,
+                   read_json, restore_signals, run_main, say, shortened, show, signal_name, stop_at_once, stopped_by,
+                   torch_save)  # the scripts' too: run_folder.run_main
 
 
 # flags that may differ on --resume: they do not change what is computed (--rounds extends the run)
 RESUME_MAY_CHANGE = {"rounds", "device", "parallel_clients", "data_dir", "out", "resume", "stop_after",
                      "checkpoint_every"}
 RUN_FILES = ("config.json", "partition.json", "metrics.csv", "summary.json", "checkpoint.pt")
-UPGRADE = "python tools/run_records.py --upgrade"  # what brings a run folder of an older form to today's
-
-
-def given_flags(parser, argv):
-    """The flags given on the command line: argparse sets a default only where the namespace lacks the attribute."""
-    unset = object()
-    namespace = argparse.Namespace(**{k: unset for k in vars(parser.parse_args([]))})
-    return {k: v for k, v in vars(parser.parse_args(argv, namespace=namespace)).items() if v is not unset}
-
-
-def read_json(path, doing="cannot resume"):
-    check_regular(path, doing)
-    try:
-        with open(path) as f:  # not finite numbers only: fedpake.py's --kappa inf is written as Infinity
-            return json.loads(f.read(2 ** 26))
-    except FileNotFoundError:
-        raise UserError(f"{doing}: {quoted(path)} is missing") from None
-    except (OSError, ValueError, RecursionError) as e:
-        raise UserError(f"{doing}: {quoted(path)} cannot be read ({getattr(e, 'strerror', None) or 'not JSON'})")
-
-
-def fits(default, value):
-    """Whether a value read from config.json has the type of the flag's default (a number for a float)."""
-    if default is None or value is None or default == "auto":
-        return True
-    kinds = (int, float) if isinstance(default, float) else type(default)
-    return isinstance(value, kinds) and isinstance(value, bool) == isinstance(default, bool)
-
-
-def resumed_args(parser, argv):
-    """The settings of ``--resume RUN_DIR`` (its config.json) with the flags given now that may change. Another
-    value of a flag that changes results is refused in one line, and so is a run folder of an older form."""
-    given = given_flags(parser, argv)
-    if given.get("threads") == "auto":  # auto: the count the run took, which it keeps
-        del given["threads"]
-    folder, defaults, path = given["resume"], vars(parser.parse_args([])), os.path.join(given["resume"], "config.json")
-    for name in RUN_FILES:
-        check_regular(os.path.join(folder, name))
-    config = read_json(path)
-    try:
-        saved, script, _ = dict(config["args"]), config["script"], config["args"]["rounds"]
-        if not isinstance(script, str) or not isinstance(config["algorithm"], str):
-            raise KeyError("script")
-        if script == "flower_app":  # flower/app.py's checkpoint is the script's
-            script = {"heurpfedla": "pfedla"}.get(config["algorithm"], config["algorithm"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise UserError(f"cannot resume: {quoted(path)} is not a run's config.json "
-                        f"({f'no {e}' if isinstance(e, KeyError) else 'damaged'})") from None
-    if f"{script}.py" != parser.prog:
-        raise UserError(f"cannot resume: {quoted(folder)} is a run of {script}.py, not {parser.prog}; "
-                        f"use python {shlex.join([f'{script}.py', '--resume', folder])}")
-    unknown = [k for k, v in saved.items() if k not in defaults and v not in (False, None)]  # a mode switch off: none
-    if unknown or "data_sha256" not in config or not isinstance(saved.get("threads"), int) \
-            or set(defaults) - set(saved) - RESUME_MAY_CHANGE:
-        raise UserError(f"cannot resume: {quoted(folder)} was made by an older version of {parser.prog}; "
-                        f"bring it to today's form with: {UPGRADE} {shlex.quote(folder)}")
-    bad = [k for k in defaults if k in saved and not fits(defaults[k], saved[k])]
-    if bad:
-        raise UserError(f"cannot resume: {quoted(path)} has {bad[0]} = {shortened(repr(saved[bad[0]]), 40)}, "
-                        "which that flag does not take (the file was edited or damaged)")
-    moved = lambda k, v: k == "dataset" and not str(saved[k]).startswith("synthetic") and os.path.exists(v)
-    changed = [f"--{k.replace('_', '-')} {saved[k]} (now {v})" for k, v in sorted(given.items())
-               if k not in RESUME_MAY_CHANGE and k in saved and v != saved[k] and not moved(k, v)]
-    if changed:  # a dataset file or folder that moved is taken: Run compares the data's fingerprint
-        raise UserError(f"cannot resume with other settings: {'; '.join(changed)}; only --rounds (to extend the "
-                        "run), --device, --parallel-clients, --data-dir, --checkpoint-every, --stop-after, --out and "
-                        "the new place of a --dataset file or folder that moved may change")
-    args = argparse.Namespace(**{**defaults, **{k: saved[k] for k in defaults if k in saved}})
-    for k in set(given) & (RESUME_MAY_CHANGE | {"dataset"}):
-        setattr(args, k, given[k])
-    args.resume, args.stop_after = folder, given.get("stop_after")
-    if not os.path.exists(os.path.join(folder, "checkpoint.pt")):
-        raise UserError(f"cannot resume: {quoted(folder)} has no checkpoint.pt (the run stopped before its first "
-                        "checkpoint; start it again)")
-    summary = {}
-    with contextlib.suppress(UserError):
-        summary = read_json(os.path.join(folder, "summary.json"))
-    if isinstance(summary, dict) and summary.get("status") == "finished" and summary.get("rounds_done") == args.rounds:
-        raise UserError(f"cannot resume: {quoted(folder)} has finished its {args.rounds} rounds; "
-                        f"give --rounds N (more than {args.rounds}) to extend it")
-    return args
-
-
-def check_out_folder(out):
-    """Refuse an --out that cannot hold a new run folder before any data is loaded; creates nothing."""
-    path = os.path.abspath(out)
-    while not os.path.lexists(path):
-        path = os.path.dirname(path)
-    if not os.path.isdir(path):
-        raise UserError(f"cannot create a run folder under --out {quoted(out)} ({quoted(path)} is not a folder)")
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise FileFault(path, PermissionError(13, "not writable"), "; nothing was made", verb="create a run folder in")
 
 
 def cpu_model():
@@ -368,23 +107,10 @@ def dumps(obj):
     return json.dumps(obj, indent=1, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
 
 
-def is_terminal(stream):
-    with contextlib.suppress(AttributeError, ValueError):  # None (no stdout), replaced, or closed
-        return stream.isatty()
-    return False
-
-
-def show(line, in_place_width=0):
-    """A line on stdout; a progress line (``in_place_width``: the widest so far) rewritten in place."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):  # a stdout that is gone loses the line only
-        print(f"\r{line:<{in_place_width}}" if in_place_width else line, end="" if in_place_width else "\n", flush=True)
-
-
 class Run:
-    """The run folder and the bookkeeping around the training loop. Building it (set-up done) takes over the stop
-    signals; creates and locks a new folder under --out, or locks --resume's, whose data must have the fingerprint
-    config.json keeps; writes config.json (the flags, the command at its thread count, where the run runs, the
-    data's sha256) and partition.json, and prints the partition. A run that fails before any result leaves nothing."""
+    """The run folder around the training loop. Building it (set-up done) takes over the stop signals; creates and
+    locks a new folder under --out (or --resume's, whose data must have config.json's fingerprint); writes config.json
+    and partition.json and prints the partition. A run that fails before any result leaves nothing."""
 
     def __init__(self, algo, args, data, device, headline, headline_metric="test_acc", script=None, extra_config=None,
                  program=None):
@@ -423,7 +149,11 @@ class Run:
                 "train_class_counts": data.train_counts, "test_class_counts": data.test_counts,
                 "train_sizes": data.train_counts.sum(1), "test_sizes": data.test_counts.sum(1),
                 "global_test_size": 0 if data.global_test_idx is None else len(data.global_test_idx), **spc}))
-        self.print_partition()
+        spc = data.info.get("samples_per_client")
+        print(f"[{algo}] {args.dataset}: {data.num_clients} clients, {data.num_classes} classes, input "
+              f"{tuple(data.x.shape[1:])}, device {device}, run folder {self.dir}" +
+              (f"; {spc['samples']} samples per client (--samples-per-client {spc['flag']})" if spc else ""))
+        print(data_partition.describe(data.train_counts, data.test_counts))
         self.t_last, self.last_round, self.progress_width, self.progress_lock = clock(), 0, 0, threading.Lock()
 
     def new_folder(self):
@@ -445,8 +175,7 @@ class Run:
             except OSError as e:
                 self.remove_made()
                 raise FileFault(path, e, "; nothing was made", verb="create") from None
-        self.dir = path
-        self.made.insert(0, path)
+        self.dir, self.made = path, [path, *self.made]
         self.take_lock()
 
     def take_lock(self):
@@ -475,13 +204,8 @@ class Run:
             self.stopping = True
             raise Stopped(signum)
         self.interrupted = signum
-        if signum == signal.SIGHUP:  # the terminal is gone: what is still printed goes to /dev/null
-            null = os.open(os.devnull, os.O_WRONLY)
-            for fd in (1, 2):
-                with contextlib.suppress(OSError):
-                    if stat.S_ISCHR(os.fstat(fd).st_mode) and os.fstat(fd).st_rdev != os.fstat(null).st_rdev:
-                        os.dup2(null, fd)
-            os.close(null)
+        if signum == signal.SIGHUP:  # the terminal is gone
+            detach_from_terminal()
         show(f"\n[{self.algo}] {signal_name(signum)}: stopping at the end of this round, after a checkpoint "
              f"(a second {signal_name(signum)} stops at once)")
 
@@ -504,18 +228,6 @@ class Run:
                     f".csv keeps rounds up to {self.rows[-1]['round']}; nothing to resume")
         return "nothing was kept"
 
-    def print_partition(self):
-        d, spc = self.data, self.data.info.get("samples_per_client")
-        print(f"[{self.algo}] {self.args.dataset}: {d.num_clients} clients, {d.num_classes} classes, input "
-              f"{tuple(d.x.shape[1:])}, device {self.device}, run folder {self.dir}" +
-              (f"; {spc['samples']} samples per client (--samples-per-client {spc['flag']})" if spc else ""))
-        for i in range(min(d.num_clients, 20)):
-            nz = {c: int(v) for c, v in enumerate(d.train_counts[i]) if v}
-            print(f"  client {i:3d}: train {int(d.train_counts[i].sum()):6d} test {int(d.test_counts[i].sum()):6d}  "
-                  f"{nz if len(nz) <= 12 else f'{len(nz)} classes (see partition.json)'}")
-        if d.num_clients > 20:
-            print(f"  ... {d.num_clients - 20} more clients in partition.json")
-
     def add_bytes(self, down, up):
         self.bytes_down, self.bytes_up = self.bytes_down + int(down), self.bytes_up + int(up)
 
@@ -524,10 +236,9 @@ class Run:
         return round_ % self.args.eval_every == 0 or round_ > self.args.rounds - 10
 
     def progress(self, round_):
-        """The callback of round ``round_`` for common.ClientPool.train, told as each client starts and ends. A round
-        past PROGRESS_AFTER seconds shows the clients done and an ETA (rewritten in place on a terminal, in a log
-        every PROGRESS_LOG_EVERY seconds): this round's rest is the clients left at the mean client's time, less what
-        the running ones did, over the clients run at once; the rounds after at the mean round, this one included."""
+        """The callback of round ``round_`` for common.ClientPool.train, told as each client starts and ends: past
+        PROGRESS_AFTER s the clients done and an ETA (in place on a terminal, in a log every PROGRESS_LOG_EVERY s). The
+        round's rest: the clients left at the mean client's time, less what running ones did, over those run at once."""
         t0, running, times, shown = clock(), {}, [], [clock(), 1]  # shown: when, and the most clients at once
         before = self.elapsed + t0 - self.t_last  # the rounds before this one
 
@@ -594,8 +305,7 @@ class Run:
                                               and round_ >= self.args.stop_after)
 
     def checkpoint(self, round_, state, rng):
-        """Every --checkpoint-every rounds, at the last round and before a requested stop: the algorithm's ``state``
-        (modules by state_dict, tensors as they are), every RNG state and the metrics so far."""
+        """Every --checkpoint-every rounds, the last and before a stop: ``state`` (modules by state_dict), RNGs, rows."""
         self.latest = (round_, state, rng)  # for stop(), should a signal come after this call
         if round_ % self.args.checkpoint_every == 0 or round_ == self.args.rounds or self.stop_requested(round_):
             self.save_checkpoint(round_, state, rng)

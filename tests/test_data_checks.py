@@ -10,6 +10,7 @@ import torch
 import common
 import datasets
 import fedavg
+import models
 from conftest import run_script
 
 CPU = torch.device("cpu")
@@ -67,7 +68,7 @@ def test_an_unreadable_file_says_why(tmp_path, monkeypatch):
 def test_trying_the_model_once_changes_no_weight_statistic_mode_or_random_state(name, shape):
     data = type("Data", (), {"x": torch.randn(2, *shape), "num_classes": 10, "vocab_size": 0, "info": {}})
     torch.manual_seed(5)
-    plain = common._model(name, data)  # the same model, never run
+    plain = models._model(name, data)  # the same model, never run
     after_plain = torch.get_rng_state()
     torch.manual_seed(5)
     tried = common.build_model(name, data)

@@ -671,7 +671,7 @@ def run_jobs(jobs, args, argv):
 
     def on_signal(signum, frame):
         if signum == signal.SIGHUP:
-            run_records.detach_from_terminal()  # the terminal is gone: what is still printed must not fail
+            run_folder.detach_from_terminal()  # the terminal is gone: what is still printed must not fail
         if not interrupts[0]:
             interrupts[0] = signum
             name = run_folder.signal_name(signum)

@@ -325,18 +325,6 @@ def checkpoint_round(folder):
         return None
 
 
-def detach_from_terminal():
-    """After SIGHUP the terminal is gone and a write to it fails (EIO): what is still printed goes to
-    /dev/null instead, so that the round can end with its checkpoint."""
-    null = os.open(os.devnull, os.O_WRONLY)
-    for fd in (1, 2):
-        with contextlib.suppress(OSError):
-            out = os.fstat(fd)
-            if stat.S_ISCHR(out.st_mode) and out.st_rdev != os.fstat(null).st_rdev:  # a terminal, not /dev/null
-                os.dup2(null, fd)
-    os.close(null)
-
-
 def lock_owner(text):
     """(pid, host) of a lock file's text "PID HOST"; (None, what it holds instead, quoted) when the pid is no
     process's: 0, negative, beyond PID_MAX or not a number (os.kill would signal a process group, or overflow)."""

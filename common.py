@@ -574,17 +574,14 @@ class ClientPool:
 
 @torch.no_grad()
 def evaluate(model, data, idx_list, batch_size=2048):
-    """Per-client (correct, count, summed loss) of ``model`` on each index tensor in ``idx_list``,
-    as tensors on the data's device; all clients go through the model in large batches."""
-    was_training = model.training
-    model.eval()
-    device = data.x.device
-    lengths = [len(i) for i in idx_list]  # len() of a tensor is known on the host: no GPU sync
+    """Per-client (correct, count, summed loss) of ``model`` on each index tensor in ``idx_list``, as tensors on the
+    data's device; all clients go through the model in large batches."""
+    was_training, device, lengths = model.training, data.x.device, [len(i) for i in idx_list]  # lengths: no GPU sync
     count = to_device(torch.tensor(lengths, dtype=torch.long), device)
     owner = torch.repeat_interleave(torch.arange(len(idx_list), device=device), count, output_size=sum(lengths))
     all_idx = torch.cat(list(idx_list)) if len(idx_list) else torch.zeros(0, dtype=torch.long, device=device)
-    correct = torch.zeros(len(all_idx), device=device)
-    losses = torch.zeros(len(all_idx), device=device)
+    correct, losses = torch.zeros(len(all_idx), device=device), torch.zeros(len(all_idx), device=device)
+    model.eval()
     for start in range(0, len(all_idx), batch_size):
         batch = all_idx[start: start + batch_size]
         logits = model(data.x[batch])
@@ -596,8 +593,7 @@ def evaluate(model, data, idx_list, batch_size=2048):
 
 
 def accuracy_metrics(correct, count, loss_sum, prefix="test"):
-    """Pooled accuracy (sum correct / sum samples, the PFLlib number), the unweighted mean and
-    std of per-client accuracies (clients with test data), and the mean test loss; in percent."""
+    """In percent: pooled accuracy (the PFLlib number), the mean and std of per-client accuracies; the mean loss."""
     correct, count, loss_sum = (t.detach().double().cpu().numpy() for t in (correct, count, loss_sum))
     has = count > 0
     per_client = correct[has] / count[has]
@@ -608,9 +604,8 @@ def accuracy_metrics(correct, count, loss_sum, prefix="test"):
 
 
 def evaluate_global(model, data):
-    """One model (the global one) on every client's test data (test_acc pooled, test_acc_mean and
-    std over clients) and, under --test-split global, on the uniform test set (global_acc,
-    global_loss; a single test set has no client mean or spread)."""
+    """The global model on every client's test data (test_acc pooled, test_acc_mean and std over clients) and, under
+    --test-split global, on the uniform test set (global_acc, global_loss: one test set has no client spread)."""
     metrics = accuracy_metrics(*evaluate(model, data, data.test_idx))
     if data.global_test_idx is not None:
         uniform = accuracy_metrics(*evaluate(model, data, [data.global_test_idx]), prefix="global")

@@ -151,20 +151,17 @@ def atomic_write(path, content):
     """Write ``content`` (str, bytes, or a function writing to a binary file) to ``path`` through a temporary file
     beside it and a rename: no reader sees half a file, a failed write (disk full) leaves the old file and no
     temporary one, and the file gets the user's umask. A failure is an OSError naming ``path``."""
-    tmp = None
+    tmp, made = os.path.join(os.path.dirname(os.path.abspath(path)), f".tmp-{os.urandom(4).hex()}"), False
     try:
-        while tmp is None:
-            with contextlib.suppress(FileExistsError):
-                name = os.path.join(os.path.dirname(os.path.abspath(path)), f".tmp-{os.urandom(4).hex()}")
-                fd, tmp = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), name
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as f:  # O_EXCL: ours only
+            made = True
             content(f) if callable(content) else f.write(content.encode() if isinstance(content, str) else content)
         os.replace(tmp, path)
-        tmp = None
+        made = False
     except OSError as e:
         raise e if e.filename == path else OSError(e.errno, e.strerror or str(e), path) from None
     finally:
-        if tmp is not None:
+        if made:
             with contextlib.suppress(OSError):
                 os.remove(tmp)
 

@@ -271,11 +271,12 @@ class Run:
             self.elapsed + now - self.t_last, (now - self.t_last) / rounds, now, round_
         plain = lambda v: int(v) if isinstance(v, (bool, int, np.integer)) else str(v) if isinstance(v, str) else \
             round(float(v), 6)
-        with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/self/statm") as f:  # Linux only
+        host_mb = 0.0  # resident memory now: Linux only
+        with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/self/statm") as f:
             host_mb = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
         self.rows.append({"round": round_, **{k: plain(v) for k, v in metrics.items()}, "seconds": round(self.elapsed, 3),
                           "sec_per_round": round(per_round, 4), "mb_down": round(self.bytes_down / 2 ** 20, 3),
-                          "mb_up": round(self.bytes_up / 2 ** 20, 3), "host_mb": round(locals().get("host_mb", 0.0), 1),
+                          "mb_up": round(self.bytes_up / 2 ** 20, 3), "host_mb": round(host_mb, 1),
                           **({"device_mb": round(torch.cuda.memory_allocated(self.device) / 2 ** 20, 1)}
                              if self.device.type == "cuda" else {})})
         self.write_metrics()
@@ -430,8 +431,7 @@ class Run:
         return f"{stopped_by(signum)}; {self.kept()}"
 
     def close(self, failed=False, diverged=False):
-        """Release the folder: a new run that failed before any result leaves nothing (nor the --out folders it made);
-        one with results keeps them (a diverged one says so in summary.json). Never raises."""
+        """Release the folder: a run that failed before any result leaves nothing; a diverged one says so. Never raises."""
         if self not in OPEN_RUNS:
             return
         OPEN_RUNS.remove(self)

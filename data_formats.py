@@ -1,18 +1,25 @@
-"""Other people's data formats, read without trusting them: torchvision's MNIST family and CIFAR from the
-publishers' files (``load_vision``, checked against their known content), Tiny-ImageNet-200 and AG News
-(``LOADERS``), and PFLlib's dataset folders (``load_pfllib_folder``: their pickles read by an unpickler that builds
-numeric arrays and runs nothing). Every reader checks a declared size against memory before allocating it
-(``check_fits``). datasets.py calls them (``load_arrays``, ``load_federated_data``); this imports exits only.
-"""
+"""Other people's data formats, read without trusting them: torchvision's MNIST family and CIFAR from the publishers'
+files (``load_vision``, checked against their known content), Tiny-ImageNet-200 and AG News (``LOADERS``), PFLlib's
+dataset folders (``load_pfllib_folder``: their pickles read by an unpickler that builds numeric arrays, runs nothing).
+Every declared size is checked against memory before it is allocated (``check_fits``). This imports exits only."""
 import collections
 import contextlib
 import csv
+import gzip
+import hashlib
+import io
+import json
 import math
 import os
 import pickle
+import pickletools
+import re
+import shutil
 import socket
 import sys
+import tarfile
 import tempfile
+import zipfile
 
 import numpy as np
 import torch
@@ -23,22 +30,15 @@ from exits import UserError, check_regular, quoted, shortened
 # ----------------------------------------------------------------------------- sizes, before anything is allocated
 
 def memory_available(device="cpu"):
-    """Bytes that tensors may take on ``device`` now: the free memory of a CUDA device, else the host's
-    MemAvailable (Linux; None where it cannot be read)."""
+    """Bytes free for tensors on ``device`` now: a CUDA device's free memory, else the host's MemAvailable, or None."""
     device = torch.device(device)
-    if device.type == "cuda":
-        try:
-            return torch.cuda.mem_get_info(device)[0]
-        except (RuntimeError, AssertionError):
-            return None
     try:
+        if device.type == "cuda":
+            return torch.cuda.mem_get_info(device)[0]
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), None)
+    except (RuntimeError, AssertionError, OSError, ValueError, IndexError):
+        return None
 
 
 def human_bytes(n):
@@ -49,8 +49,7 @@ def human_bytes(n):
 
 
 def check_fits(what, nbytes, device="cpu"):
-    """Refuse, before it is allocated, ``what`` of about ``nbytes`` that cannot fit in the memory of
-    ``device`` (the host's for the CPU): one line with the estimate."""
+    """Refuse in one line, before it is allocated, ``what`` of about ``nbytes`` beyond the free memory of ``device``."""
     free = memory_available(device)
     if free is not None and nbytes > free:
         where = "on " + str(device) if torch.device(device).type == "cuda" else "in this machine's memory"
@@ -67,26 +66,27 @@ def first_few(values, most=10):
     return ", ".join(str(v) for v in values[:most]) + more
 
 
+def _dims(dims):
+    return "x".join(map(str, dims))
+
+
 # ----------------------------------------------------------------------------- torchvision: MNIST family, CIFAR
 
 VISION = {  # --dataset: (torchvision.datasets class, its arguments, the folder its files go in)
     "mnist": ("MNIST", {}, "MNIST/raw"), "fmnist": ("FashionMNIST", {}, "FashionMNIST/raw"),
     "emnist": ("EMNIST", {"split": "digits"}, "EMNIST/raw"),
     "cifar10": ("CIFAR10", {}, "cifar-10-batches-py"), "cifar100": ("CIFAR100", {}, "cifar-100-python")}
-IDX_FILES = {  # the publishers' idx files: train images, train labels, test images, test labels (each may be .gz)
-    "mnist": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
-    "emnist": tuple(f"emnist-digits-{part}-idx{n}-ubyte" for part, n in
-                    (("train-images", 3), ("train-labels", 1), ("test-images", 3), ("test-labels", 1)))}
-IDX_FILES["fmnist"] = IDX_FILES["mnist"]
+MNIST_IDX = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+IDX_FILES = {"mnist": MNIST_IDX, "fmnist": MNIST_IDX,  # train images, train labels, test images, test labels (or .gz)
+             "emnist": tuple("emnist-digits-" + stem.replace("t10k", "test") for stem in MNIST_IDX)}
 EMNIST_ZIP = "gzip.zip"  # EMNIST's one download; its folder gzip/ holds the .gz files of every split
 OFFLINE_SOURCES = {"fmnist": " (or take Debian's copy: apt-get install dataset-fashion-mnist, then "
                              "--data-dir /usr/share/datasets/fashion-mnist)"}
 
-# What the publishers' files hold, checked after decoding (check_known_content; docs/datasets.md says what is
-# checked for which dataset). sizes: (train, test) samples; counts: samples per class (train, test), from the
-# publishers' documentation (CIFAR's and EMNIST digits' classes are balanced); sha256: of the decoded arrays
-# (content_sha256) x_train, y_train, x_test, y_test, where we could compute it: Fashion-MNIST from Debian's
-# dataset-fashion-mnist, whose archives were recompressed (their md5 differs from the publisher's, the content not).
+# What the publishers' files hold, checked after decoding (check_known_content; docs/datasets.md). sizes: (train,
+# test) samples; counts: samples per class (train, test), from the publishers' documentation (CIFAR's and EMNIST
+# digits' classes are balanced); sha256 (content_sha256) of x_train, y_train, x_test, y_test where we could compute it:
+# Fashion-MNIST from Debian's dataset-fashion-mnist, whose archives were recompressed (other md5, same content).
 KNOWN_CONTENT = {
     "mnist": {"title": "MNIST", "shape": (1, 28, 28), "classes": 10, "sizes": (60000, 10000),
               "counts": ((5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949),
@@ -106,20 +106,27 @@ KNOWN_CONTENT = {
 }
 ARRAYS = ("training images", "training labels", "test images", "test labels")
 READ_CHUNK = 1 << 24  # bytes inflated at a time
+CIFAR_MAX_BYTES = 60000 * 4096  # the unpacked files of either CIFAR: 60,000 images of 3072 bytes, labels, names
+NPZ_ROUTE = ("; data of your own goes in an .npz with x, y (optional x_test, y_test): --dataset path/to/file.npz "
+             "(docs/datasets.md)")
+
+
+class NotCanonical(ValueError):
+    """A CIFAR file that is read whole but holds something else than torchvision's layout."""
+
+
+class ContentError(UserError):
+    """A publisher's file whose content is not the dataset's (check_known_content)."""
 
 
 def content_sha256(array):
-    """The fingerprint of a decoded array: sha256 of its bytes in C order, images as uint8 (N, C, H, W) and labels
-    as one byte each (a known dataset's labels are checked to be below its class count first)."""
-    import hashlib
+    """sha256 of a decoded array in C order as uint8: images (N, C, H, W), labels one byte each (checked < classes)."""
     return hashlib.sha256(np.ascontiguousarray(array, dtype=np.uint8).data).hexdigest()
 
 
 def read_idx(stream, what, expected=None):
-    """The array in an idx stream (LeCun's format: two zero bytes, type 0x08 for unsigned bytes, the number of
-    dimensions, each dimension as a big-endian int32, the data). A header other than ``expected`` (a known
-    dataset's dimensions) is refused before any data is read; no more than the header declares is read or allocated
-    (a .gz that inflates beyond it is refused after one byte more), and a cut file is refused, not read short."""
+    """The array in an idx stream (LeCun's: 0, 0, 0x08 for uint8, the number of dimensions, each a big-endian int32,
+    the data): exactly the size its header declares is read, a header other than ``expected`` refused before it."""
     head = stream.read(4)  # buffered streams (files, gzip, zip members) return fewer bytes only at their end
     if len(head) < 4 or head[:3] != b"\0\0\x08" or not 1 <= head[3] <= 4:
         raise ValueError(f"{what} is not an idx file of unsigned bytes")
@@ -128,10 +135,9 @@ def read_idx(stream, what, expected=None):
         raise ValueError(f"{what} ends inside its header")
     dims = tuple(int(d) for d in np.frombuffer(sizes, ">u4"))
     if expected is not None and dims != tuple(expected):
-        raise ContentError(f"its header declares {'x'.join(map(str, dims))} values where "
-                           f"{'x'.join(map(str, expected))} are expected")
+        raise ContentError(f"its header declares {_dims(dims)} values where {_dims(expected)} are expected")
     declared = math.prod(dims)
-    check_fits(f"{what} (its header declares {'x'.join(map(str, dims))} bytes)", declared)
+    check_fits(f"{what} (its header declares {_dims(dims)} bytes)", declared)
     data = np.empty(declared, np.uint8)
     view, got = memoryview(data), 0
     while got < declared:
@@ -145,44 +151,37 @@ def read_idx(stream, what, expected=None):
 
 
 def find_idx(name, data_dir):
-    """Where the four idx files of ``name`` are: (the folder, [(the file's path, a function opening it as a stream)]
-    for each), or (None, None). Looked for in data_dir/<torchvision's folder> (MNIST/raw, ...) and in data_dir, each
-    plain or gzipped; EMNIST's also inside its gzip.zip. Nothing is unpacked on disk: the streams inflate as read."""
-    import gzip
-    import zipfile
+    """(folder, [(path, opener of a stream inflated as read)]) of ``name``'s four idx files, or (None, None): in
+    data_dir/<torchvision's folder> or data_dir, each plain or .gz, EMNIST's also inside its gzip.zip."""
     for folder in (os.path.join(data_dir, VISION[name][2]), data_dir):
-        paths = []
-        for stem in IDX_FILES[name]:
-            found = [os.path.join(folder, f) for f in (stem, stem + ".gz") if os.path.isfile(os.path.join(folder, f))]
-            paths.append(found[0] if found else None)
+        paths = [next((p for p in (os.path.join(folder, stem), os.path.join(folder, stem + ".gz")) if os.path.isfile(p)),
+                      None) for stem in IDX_FILES[name]]
         if all(paths):
             return folder, [(p, lambda p=p: gzip.open(p, "rb") if p.endswith(".gz") else open(p, "rb")) for p in paths]
         archive = os.path.join(folder, EMNIST_ZIP)
         if name == "emnist" and os.path.isfile(archive):  # read from the zip as it is
+            @contextlib.contextmanager
             def member(stem):
-                @contextlib.contextmanager
-                def opened():
-                    with zipfile.ZipFile(archive) as z, z.open(f"gzip/{stem}.gz") as f, gzip.GzipFile(fileobj=f) as g:
-                        yield g
-                return opened
-            return folder, [(f"{archive} (gzip/{stem}.gz)", member(stem)) for stem in IDX_FILES[name]]
+                with zipfile.ZipFile(archive) as z, z.open(f"gzip/{stem}.gz") as f, gzip.GzipFile(fileobj=f) as g:
+                    yield g
+            return folder, [(f"{archive} (gzip/{stem}.gz)", lambda s=stem: member(s)) for stem in IDX_FILES[name]]
     return None, None
 
 
-class NotCanonical(ValueError):
-    """A CIFAR file that is read whole but holds something else than torchvision's layout."""
+def _torchvision_class(name):
+    import torchvision  # slow to import: only for the datasets it has
+    return getattr(torchvision.datasets, VISION[name][0])
 
 
-NPZ_ROUTE = ("; data of your own goes in an .npz with x, y (optional x_test, y_test): --dataset path/to/file.npz "
-             "(docs/datasets.md)")
+def _cifar_complete(cls, folder):
+    """Whether ``folder`` holds every batch file that torchvision's CIFAR class (or instance) ``cls`` reads."""
+    return all(os.path.isfile(os.path.join(folder, f)) for f, _ in cls.train_list + cls.test_list)
 
 
 def read_cifar(name, folder):
-    """CIFAR's pickled batches in ``folder`` as torchvision reads them (each a dict with 'data', uint8
-    (N, 3072), and 'labels', CIFAR-100's 'fine_labels'): (x_train, y_train, x_test, y_test) as (N, 3, 32, 32)
-    uint8 and int64, and for each array the [(file, samples)] it came from."""
-    import torchvision
-    cls = getattr(torchvision.datasets, VISION[name][0])
+    """CIFAR's pickled batches in ``folder`` as torchvision reads them: [x_train, y_train, x_test, y_test] as
+    (N, 3, 32, 32) uint8 and int64, and for each array the [(file, samples)] it came from."""
+    cls = _torchvision_class(name)
     arrays, sources = [], []
     for files in (cls.train_list, cls.test_list):
         images, labels, parts = [], [], []
@@ -206,49 +205,34 @@ def read_cifar(name, folder):
     return arrays, sources
 
 
-CIFAR_MAX_BYTES = 60000 * 4096  # the unpacked files of either CIFAR: 60,000 images of 3072 bytes, labels, names
-
-
 def unpack_cifar(name, data_dir):
-    """CIFAR's tar.gz in data_dir (or in the folder it unpacks to, as an older message of ours said), unpacked into
-    data_dir/cifar-10-batches-py (cifar-100-python) when that folder lacks its files: only the files torchvision
-    reads, only if their tar headers declare a CIFAR's sizes, each renamed into place whole (runs that start
-    together read no half file); a folder made for an archive that fails to unpack is removed again."""
-    import tarfile
-    import torchvision
-    cls = getattr(torchvision.datasets, VISION[name][0])
+    """CIFAR's tar.gz in data_dir (or its folder, as an older message said) unpacked into its folder when that lacks
+    its files: only the files read, if their headers declare a CIFAR's sizes, renamed into place whole."""
+    cls = _torchvision_class(name)
     folder = os.path.join(data_dir, cls.base_folder)
-    if all(os.path.isfile(os.path.join(folder, f)) for f, _ in cls.train_list + cls.test_list):
+    found = [a for a in (os.path.join(data_dir, cls.filename), os.path.join(folder, cls.filename)) if os.path.isfile(a)]
+    if _cifar_complete(cls, folder) or not found:
         return
-    for archive in (os.path.join(data_dir, cls.filename), os.path.join(folder, cls.filename)):
-        if os.path.isfile(archive):
-            with removed_on_failure(folder):
-                os.makedirs(folder, exist_ok=True)
-                with tempfile.TemporaryDirectory(dir=data_dir, prefix=".unpack-") as tmp:
-                    with tarfile.open(archive, "r:gz") as tar:
-                        wanted = {f"{cls.base_folder}/{f}" for f, _ in cls.train_list + cls.test_list + [
-                            (cls.meta["filename"], None)]}
-                        members, declared = [], 0
-                        for member in tar:  # refused at the header that declares too much, before its data
-                            if member.name in wanted:
-                                members.append(member)
-                                declared += member.size
-                            if declared > CIFAR_MAX_BYTES:
-                                raise UserError(f"{archive}: its files declare more than {name}'s "
-                                                f"{human_bytes(CIFAR_MAX_BYTES)} at most ({member.name}: "
-                                                f"{human_bytes(member.size)}); it is not {name}'s archive")
-                        tar.extractall(tmp, members=members, filter="data")  # only the files that are read
-                    unpacked = os.path.join(tmp, cls.base_folder)
-                    for f in os.listdir(unpacked):
-                        os.replace(os.path.join(unpacked, f), os.path.join(folder, f))
-            return
+    wanted = {f"{cls.base_folder}/{f}" for f, _ in cls.train_list + cls.test_list + [(cls.meta["filename"], None)]}
+    with removed_on_failure(folder):
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=data_dir, prefix=".unpack-") as tmp, tarfile.open(found[0], "r:gz") as tar:
+            members, declared = [], 0
+            for member in tar:  # refused at the header that declares too much, before its data
+                if member.name in wanted:
+                    members.append(member)
+                    declared += member.size
+                if declared > CIFAR_MAX_BYTES:
+                    raise UserError(f"{found[0]}: its files declare more than {name}'s {human_bytes(CIFAR_MAX_BYTES)} "
+                                    f"at most ({member.name}: {human_bytes(member.size)}); it is not {name}'s archive")
+            tar.extractall(tmp, members=members, filter="data")  # only the files that are read
+            for f in os.listdir(os.path.join(tmp, cls.base_folder)):
+                os.replace(os.path.join(tmp, cls.base_folder, f), os.path.join(folder, f))
 
 
 @contextlib.contextmanager
 def removed_on_failure(folder):
-    """``folder`` and those of its parents that do not exist yet, removed again with what they hold if the
-    block fails (offline, a refused download, a damaged archive): a failed load leaves no folder it made."""
-    import shutil
+    """``folder`` and its parents not there yet, removed again if the block fails: a failed load leaves no folder."""
     top, path = None, os.path.abspath(folder)
     while not os.path.lexists(path):
         top, path = path, os.path.dirname(path)
@@ -261,8 +245,7 @@ def removed_on_failure(folder):
 
 
 def _fetch(folder, download, missing, put):
-    """Run ``download`` into ``folder``, network reads timing out after 20 s; if it fails (offline, refused, a bad
-    checksum: all the same to the user), the folders it made are removed and one line says what to put where."""
+    """Run ``download`` into ``folder`` (reads time out after 20 s); on failure, one line says what to put where."""
     timeout = socket.getdefaulttimeout()
     socket.setdefaulttimeout(20)
     try:
@@ -275,18 +258,15 @@ def _fetch(folder, download, missing, put):
 
 
 def _torchvision_download(name, data_dir):
-    """torchvision's download of ``name`` into data_dir (_fetch). CIFAR's extracted files need only exist (the md5
-    of the archive is checked when it is downloaded); its class names are not read."""
-    import torchvision
-    cls = getattr(torchvision.datasets, VISION[name][0])
+    """torchvision's download of ``name`` into data_dir (_fetch); CIFAR's archive is md5-checked, its names unread."""
+    cls = _torchvision_class(name)
     folder = os.path.join(data_dir, VISION[name][2])
     if name.startswith("cifar"):  # torchvision unpacks the archive from data_dir
         where, what = data_dir, f"{cls.filename} from {cls.url} in {data_dir} (it is unpacked into {folder})"
 
         class Cifar(cls):
             def _check_integrity(self):
-                return all(os.path.isfile(os.path.join(self.root, self.base_folder, f))
-                           for f, _ in self.train_list + self.test_list)
+                return _cifar_complete(self, os.path.join(self.root, self.base_folder))
 
             def _load_meta(self):
                 self.classes = []
@@ -301,10 +281,6 @@ def _torchvision_download(name, data_dir):
         for train in (True, False):
             cls(data_dir, train=train, download=True, **VISION[name][1])
     _fetch(folder, download, f"{name} is not in {where}", what + OFFLINE_SOURCES.get(name, ""))
-
-
-class ContentError(UserError):
-    """A publisher's file whose content is not the dataset's (check_known_content)."""
 
 
 def _same_as_other(name, arrays):
@@ -323,9 +299,8 @@ def _same_as_other(name, arrays):
 
 
 def check_known_content(name, arrays, sources):
-    """Refuse the decoded arrays of a known dataset (KNOWN_CONTENT) unless they are the publisher's: a label outside
-    its classes (naming the file and the sample), other sizes, counts per class or fingerprint, in that order; one
-    line naming the file. ``sources``: for each of the four arrays, the [(file, samples)] it was read from."""
+    """Refuse in one line naming the file (``sources``: each array's [(file, samples)]) a known dataset's arrays unless
+    they are the publisher's: a label outside its classes, other sizes, counts per class or sha256, in that order."""
     known = KNOWN_CONTENT.get(name)
     if known is None:
         return
@@ -333,8 +308,8 @@ def check_known_content(name, arrays, sources):
 
     def refuse(i, why):  # naming the file(s) the array came from
         files = [path for path, _ in sources[i]]
-        names = ", ".join(map(os.path.basename, files))
-        where = files[0] if len(files) == 1 else f"{os.path.dirname(files[0])} ({names})"
+        where = files[0] if len(files) == 1 else \
+            f"{os.path.dirname(files[0])} ({', '.join(map(os.path.basename, files))})"
         raise ContentError(f"{where} is not {title}'s {ARRAYS[i]}: {why}{_same_as_other(name, arrays)}")
 
     for i in (1, 3):
@@ -347,17 +322,15 @@ def check_known_content(name, arrays, sources):
                 sample -= n
             raise ContentError(f"{path}: label {arrays[i][outside[0]]} (sample {sample}) is outside {title}'s "
                                f"classes 0..{classes - 1}: this is not {title}'s file")
-    for i, split in ((0, 0), (2, 1)):
-        shape, expected = tuple(arrays[i].shape[1:]), known["sizes"][split]
+    for i in (0, 2):
+        shape, expected = tuple(arrays[i].shape[1:]), known["sizes"][i // 2]
         if (len(arrays[i]), shape) != (expected, known["shape"]):
-            refuse(i, f"{len(arrays[i])} images of {'x'.join(map(str, shape))}, {title}'s are {expected} of "
-                      f"{'x'.join(map(str, known['shape']))}")
-    for i, split in ((1, 0), (3, 1)):
-        counts = tuple(int(c) for c in np.bincount(arrays[i], minlength=classes))
-        if counts != tuple(known["counts"][split]):
-            expected = known["counts"][split]
+            refuse(i, f"{len(arrays[i])} images of {_dims(shape)}, {title}'s are {expected} of {_dims(known['shape'])}")
+    for i in (1, 3):
+        counts, expected = tuple(int(c) for c in np.bincount(arrays[i], minlength=classes)), known["counts"][i // 2]
+        if counts != tuple(expected):
             same = f"{expected[0]} in each" if len(set(expected)) == 1 else first_few(list(expected))
-            refuse(i, f"its classes hold {first_few(list(counts))} samples, {title}'s {same}")
+            refuse(i, f"its classes hold {first_few(counts)} samples, {title}'s {same}")
     for i, expected in enumerate(known.get("sha256") or ()):
         found = content_sha256(arrays[i])
         if found != expected:
@@ -365,23 +338,17 @@ def check_known_content(name, arrays, sources):
 
 
 def load_vision(name, data_dir):
-    """(x_train, y_train, x_test, y_test) of MNIST, FashionMNIST, EMNIST (digits), CIFAR-10 or CIFAR-100 as uint8
-    (N, C, H, W) images and int64 labels. The publishers' files are read where they lie (find_idx, unpack_cifar),
-    else torchvision downloads them (md5-checked) into data_dir. What is read is checked against the known content
-    (check_known_content), not the archives' checksums, so a copy from elsewhere (Debian's) loads too."""
-    import torchvision
-    folder = os.path.join(data_dir, VISION[name][2])
-    cls = getattr(torchvision.datasets, VISION[name][0])
+    """(x_train, y_train, x_test, y_test), uint8 (N, C, H, W) and int64, of a torchvision dataset: the publishers'
+    files where they lie, else downloaded; checked for their known content, so a copy from elsewhere (Debian's) loads."""
+    cls, folder, known = _torchvision_class(name), os.path.join(data_dir, VISION[name][2]), KNOWN_CONTENT.get(name)
     address = cls.url if hasattr(cls, "url") else cls.mirrors[0]
-    known = KNOWN_CONTENT.get(name)
     try:
         if name in IDX_FILES:
             found, files = find_idx(name, data_dir)
             if files is None:
                 _torchvision_download(name, data_dir)
                 found, files = find_idx(name, data_dir)
-            folder = found or folder
-            arrays, sources = [], []
+            folder, arrays, sources = found or folder, [], []
             for i, (path, opener) in enumerate(files):  # a known dataset's images are (N, H, W), labels (N,)
                 expected = (known["sizes"][i // 2], *known["shape"][1:])[:3 if i % 2 == 0 else 1] if known else None
                 try:
@@ -390,12 +357,11 @@ def load_vision(name, data_dir):
                 except ContentError as e:
                     raise ContentError(f"{path} is not {known['title']}'s {ARRAYS[i]}: {e}") from None
                 sources.append([(path, len(arrays[-1]))])
-            xtr, ytr, xte, yte = arrays
         else:
             unpack_cifar(name, data_dir)
-            if not all(os.path.isfile(os.path.join(folder, f)) for f, _ in cls.train_list + cls.test_list):
+            if not _cifar_complete(cls, folder):
                 _torchvision_download(name, data_dir)
-            (xtr, ytr, xte, yte), sources = read_cifar(name, folder)
+            arrays, sources = read_cifar(name, folder)
     except UserError:
         raise
     except NotCanonical as e:  # read whole: not damaged, another layout
@@ -405,13 +371,13 @@ def load_vision(name, data_dir):
         raise UserError(f"the {name} files in {folder} are corrupt or truncated ({e.__class__.__name__}: {e}); "
                         f"delete them and run again to download them from {address}"
                         + (NPZ_ROUTE if name.startswith("cifar") else ""))
+    xtr, ytr, xte, yte = arrays
     if name in IDX_FILES:
         if xtr.ndim != 3 or xte.ndim != 3 or ytr.ndim != 1 or yte.ndim != 1:
             raise UserError(f"the {name} files in {folder} hold arrays of shapes {xtr.shape}, {ytr.shape}, "
                             f"{xte.shape} and {yte.shape}; expected images (N, H, W) and labels (N,)")
-        if name == "emnist":  # EMNIST stores its images transposed
-            xtr, xte = xtr.transpose(0, 2, 1), xte.transpose(0, 2, 1)
-        xtr, xte = xtr[:, None].copy(), xte[:, None].copy()
+        # (N, 1, H, W); EMNIST stores its images transposed
+        xtr, xte = ((x.transpose(0, 2, 1) if name == "emnist" else x)[:, None].copy() for x in (xtr, xte))
     arrays = xtr, ytr.astype(np.int64), xte, yte.astype(np.int64)
     try:
         check_known_content(name, arrays, sources)
@@ -450,7 +416,6 @@ def _write_whole(path, write, prefix):
 
 def _download(url, path, md5=None):
     """Download ``url`` to ``path`` (_write_whole), checking ``md5`` when given. Network reads time out after 20 s."""
-    import hashlib
     import urllib.request
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
 
@@ -465,61 +430,37 @@ def _download(url, path, md5=None):
     _write_whole(path, write, ".download-")
 
 
-def _extract_tiny(archive, data_dir):
-    """Unzip tiny-imagenet-200.zip into ``data_dir`` via a temporary folder: no half-extracted folder is taken."""
-    import zipfile
-    with tempfile.TemporaryDirectory(dir=data_dir, prefix=".extract-", ignore_cleanup_errors=True) as tmp:
-        try:
-            with zipfile.ZipFile(archive) as z:
-                if not {"tiny-imagenet-200/wnids.txt", "tiny-imagenet-200/val/val_annotations.txt"} <= \
-                        set(z.namelist()):
-                    raise ValueError("it has no tiny-imagenet-200/wnids.txt and val/val_annotations.txt")
-                z.extractall(tmp)  # checks every member's CRC
-            if not os.path.isdir(os.path.join(data_dir, "tiny-imagenet-200")):  # else another run extracted it
-                os.replace(os.path.join(tmp, "tiny-imagenet-200"), os.path.join(data_dir, "tiny-imagenet-200"))
-        except (zipfile.BadZipFile, ValueError, EOFError, OSError) as e:
-            raise UserError(f"{archive} is corrupt, truncated or not the Tiny-ImageNet archive ({e}); "
-                            "delete it and run again to re-download")
-
-
 def _decode_tiny(root):
-    """The extracted tiny-imagenet-200/ folder as (x_train, y_train, x_val, y_val, wnids). A class's label is its line
-    in wnids.txt. Train: train/<wnid>/images/*.JPEG. Val: val/images/<file>, labelled by the wnid on its line of
-    val/val_annotations.txt (file, wnid, box; tab-separated), never by file order. test/ is unlabelled: not used."""
-    def incomplete(path):
-        return UserError(f"{path} is missing: {root} is incomplete; delete it (keep the zip) to re-extract")
-
-    def lines(path):
+    """tiny-imagenet-200/ as (x_train, y_train, x_val, y_val, wnids), labels the lines of wnids.txt: val/images/<file>
+    labelled by val/val_annotations.txt (file, wnid, box), never by file order; test/ is unlabelled: not used."""
+    def listed(path, images=False):  # a folder's images or a file's lines, or one line: it is missing
         try:
+            if images:
+                return sorted(n for n in os.listdir(path) if n.lower().endswith((".jpeg", ".jpg")))
             with open(path) as f:
                 return [line.rstrip("\r\n") for line in f if line.strip()]
         except OSError:
-            raise incomplete(path)
+            raise UserError(f"{path} is missing: {root} is incomplete; delete it (keep the zip) to re-extract")
 
-    def images_in(folder):
-        if not os.path.isdir(folder):
-            raise incomplete(folder)
-        return sorted(n for n in os.listdir(folder) if n.lower().endswith((".jpeg", ".jpg")))
-
-    wnids = [w.strip() for w in lines(os.path.join(root, "wnids.txt"))]
+    wnids = [w.strip() for w in listed(os.path.join(root, "wnids.txt"))]
     label_of = {w: i for i, w in enumerate(wnids)}
     if len(label_of) != len(wnids):
         raise UserError(f"{os.path.join(root, 'wnids.txt')} lists a class twice")
     train_files, train_labels = [], []
     for wnid in wnids:
         folder = os.path.join(root, "train", wnid, "images")
-        names = images_in(folder)
+        names = listed(folder, images=True)
         train_files += [os.path.join(folder, n) for n in names]
         train_labels += [label_of[wnid]] * len(names)
     annotations = os.path.join(root, "val", "val_annotations.txt")
     val_files, val_labels = [], []
-    for number, line in enumerate(lines(annotations), 1):
+    for number, line in enumerate(listed(annotations), 1):
         fields = line.split("\t")
         if len(fields) < 2 or fields[1] not in label_of:
             raise UserError(f"{annotations} line {number} is not 'file<TAB>wnid<TAB>box' with a wnid of wnids.txt")
         val_files.append(os.path.join(root, "val", "images", fields[0]))
         val_labels.append(label_of[fields[1]])
-    if set(images_in(os.path.join(root, "val", "images"))) != {os.path.basename(f) for f in val_files}:
+    if set(listed(os.path.join(root, "val", "images"), images=True)) != {os.path.basename(f) for f in val_files}:
         raise UserError(f"{annotations} does not label exactly the images in {os.path.join(root, 'val', 'images')}")
     print(f"tinyimagenet: decoding {len(train_files)} train and {len(val_files)} val images once "
           f"(about 0.3 ms each) into {TINY_CACHE}", flush=True)
@@ -544,10 +485,8 @@ def _decode_tiny(root):
 
 
 def load_tinyimagenet(data_dir):
-    """Tiny-ImageNet-200 (Le & Yang 2015): 100k train and 10k val images, 3x64x64 uint8, 200 classes; the val set
-    is the test set (labelled by val_annotations.txt). Read from, in order of preference: the cache
-    <data_dir>/tiny-imagenet-200-uint8.npz; the extracted folder <data_dir>/tiny-imagenet-200/;
-    <data_dir>/tiny-imagenet-200.zip (extracted); a download of that zip from cs231n.stanford.edu (md5 checked)."""
+    """Tiny-ImageNet-200: 100k train, 10k val (test) images, 3x64x64 uint8, 200 classes, from the first there of:
+    TINY_CACHE, tiny-imagenet-200/, tiny-imagenet-200.zip (extracted whole), a download of that zip (md5 checked)."""
     cache = os.path.join(data_dir, TINY_CACHE)
     if os.path.exists(cache):
         try:
@@ -558,13 +497,23 @@ def load_tinyimagenet(data_dir):
         if arrays[0].shape[1:] != (3, 64, 64) or arrays[2].shape[1:] != (3, 64, 64):
             raise UserError(f"{cache} does not hold 3x64x64 images; delete it to rebuild it")
         return arrays
-    root = os.path.join(data_dir, "tiny-imagenet-200")
+    root, archive = os.path.join(data_dir, "tiny-imagenet-200"), os.path.join(data_dir, "tiny-imagenet-200.zip")
     if not os.path.isdir(root):
-        archive = os.path.join(data_dir, "tiny-imagenet-200.zip")
         if not os.path.exists(archive):
             _fetch(data_dir, lambda: _download(TINY_URL, archive, TINY_MD5), "tinyimagenet not found",
                    f"tiny-imagenet-200.zip from {TINY_URL} (or its extracted folder tiny-imagenet-200/) in {data_dir}")
-        _extract_tiny(archive, data_dir)
+        with tempfile.TemporaryDirectory(dir=data_dir, prefix=".extract-", ignore_cleanup_errors=True) as tmp:
+            try:
+                with zipfile.ZipFile(archive) as z:
+                    if not {"tiny-imagenet-200/wnids.txt", "tiny-imagenet-200/val/val_annotations.txt"} <= \
+                            set(z.namelist()):
+                        raise ValueError("it has no tiny-imagenet-200/wnids.txt and val/val_annotations.txt")
+                    z.extractall(tmp)  # checks every member's CRC
+                if not os.path.isdir(root):  # else another run extracted it
+                    os.replace(os.path.join(tmp, "tiny-imagenet-200"), root)
+            except (zipfile.BadZipFile, ValueError, EOFError, OSError) as e:
+                raise UserError(f"{archive} is corrupt, truncated or not the Tiny-ImageNet archive ({e}); "
+                                "delete it and run again to re-download")
     x_train, y_train, x_test, y_test, wnids = _decode_tiny(root)
     try:
         arrays = dict(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test, wnids=wnids)
@@ -579,9 +528,7 @@ _BASIC_ENGLISH = [(r"\'", " '  "), (r"\"", ""), (r"\.", " . "), (r"<br \/>", " "
 
 
 def basic_english_tokens(text):
-    """torchtext's ``basic_english`` tokeniser (used by PFLlib/FedALA for AG News): lower-case,
-    put spaces around ' . , ( ) ! ?, drop double quotes, ; and :, split on whitespace."""
-    import re
+    """torchtext's ``basic_english`` tokeniser (PFLlib/FedALA's for AG News), split on whitespace."""
     text = text.lower()
     for pattern, replacement in _BASIC_ENGLISH:
         text = re.sub(pattern, replacement, text)
@@ -589,9 +536,7 @@ def basic_english_tokens(text):
 
 
 def build_vocab(token_lists, min_count=AGNEWS_MIN_COUNT, first_id=UNK_ID + 1):
-    """word -> id for words seen at least ``min_count`` times, most frequent first (ties in
-    alphabetical order, as torchtext's build_vocab_from_iterator); ids start at ``first_id``
-    (after PAD_ID and UNK_ID; 1 for the authors' vocabulary, whose only special, id 0, pads)."""
+    """word -> id (from ``first_id``) of words seen ``min_count`` times, most frequent first, ties alphabetical."""
     counts = collections.Counter(t for tokens in token_lists for t in tokens)
     words = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
     return {w: i for i, w in enumerate(words, start=first_id)}
@@ -624,10 +569,8 @@ def _read_agnews_csv(path):
 
 
 def load_agnews(data_dir, vocabulary="authors"):
-    """AG News (Zhang et al. 2015) from <data_dir>/ag_news_csv/{train,test}.csv: 120k train and 7.6k test news
-    texts, 4 classes, as (N, 200) int64 token ids. ``vocabulary="authors"``: built from the train and test texts
-    together, words from id 1, id 0 the "<unk>" that also pads (TsingZ0/PFLlib dataset/generate_agnews.py @ 45e310d;
-    no word is unknown then); ``"train"`` (ours): from the training texts only, a test word not in it is UNK_ID."""
+    """AG News from <data_dir>/ag_news_csv/ as (N, 200) int64 token ids. ``"authors"``: the vocabulary of train and
+    test texts, id 0 the "<unk>" that also pads (PFLlib's generate_agnews.py); ``"train"``: of train texts, UNK_ID."""
     folder = os.path.join(data_dir, "ag_news_csv")
     paths = [os.path.join(folder, name) for name in ("train.csv", "test.csv")]
     for path in paths:
@@ -635,8 +578,7 @@ def load_agnews(data_dir, vocabulary="authors"):
             _fetch(folder, lambda: _download(AGNEWS_URL + os.path.basename(path), path), "agnews not found",
                    f"train.csv and test.csv (the AG News CSVs at {AGNEWS_URL}) in {folder}")
     (train_texts, y_train), (test_texts, y_test) = (_read_agnews_csv(p) for p in paths)
-    train_tokens = [basic_english_tokens(t) for t in train_texts]
-    test_tokens = [basic_english_tokens(t) for t in test_texts]
+    train_tokens, test_tokens = ([basic_english_tokens(t) for t in texts] for texts in (train_texts, test_texts))
     if vocabulary == "authors":
         vocab, unknown = build_vocab(train_tokens + test_tokens, first_id=PAD_ID + 1), PAD_ID
     else:
@@ -657,66 +599,44 @@ LOADERS = {"tinyimagenet": load_tinyimagenet, "agnews": load_agnews}
 PFLLIB_MAX_CLIENTS = 100000
 PFLLIB_MAX_CLASSES = 100000
 PFLLIB_CONFIG_MAX_BYTES = 64 * 2 ** 20
+PFLLIB_MAX_CONFIG_INT = 2 ** 63 - 1  # no count, label or size of a folder comes near; 1e999 is no number at all
 PFLLIB_RESPLIT_FLAGS = ("train_ratio", "test_split")  # with common.PARTITION_FLAGS: refused for a folder
+PFLLIB_PARTITION_KEYS = ("partition", "alpha", "balance", "non_iid", "num_clients", "num_classes")
 # PFLlib's pickle of {'x': array, 'y': array} takes about 160 opcodes; more are work no PFLlib file asks for. They
 # are counted before any is run (pickletools only decodes them), so that the unpickler's work and memory stay within
 # a small multiple of the payload, whose size was checked: millions of harmless opcodes would each build an object.
 PFLLIB_MAX_PICKLE_OPS = 4096
-_PICKLE_RECONSTRUCT = {("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "_reconstruct")}
 # bool, integers, floats; O: the 0-d object array around the dict
 _PICKLE_DTYPES = {"b1", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "O4", "O8"}
 
 
 def is_pfllib_folder(name):
-    """Whether --dataset ``name`` is read as a PFLlib dataset folder: an existing folder (not a file) whose
-    name is not one of the datasets' names (``mnist``, ``synthetic(...)``: those names win, ``./mnist`` is
-    the folder) nor ends in .npz. What it holds is checked when it is read (``read_pfllib_config``)."""
+    """Whether --dataset ``name`` is a PFLlib folder: a folder not named as a dataset (``./mnist`` is) nor *.npz."""
     return (name not in VISION and name not in LOADERS and name != "synthetic" and not name.startswith("synthetic(")
             and not name.lower().endswith(".npz") and os.path.isdir(name))
 
 
-PFLLIB_MAX_CONFIG_INT = 2 ** 63 - 1  # no count, label or size of a folder comes near; 1e999 is no number at all
-
-
-class _ConfigNumber(ValueError):
-    """A number in a folder's config.json that is not finite or not in range (its text, cut)."""
-
-
-def _config_int(text):
-    """An integer of config.json, in range (parsed before any use: no later int() can overflow or take long)."""
-    if len(text) > 20 or abs(int(text)) > PFLLIB_MAX_CONFIG_INT:
-        raise _ConfigNumber(shortened(text, 24))
-    return int(text)
-
-
-def _config_float(text):
-    """A number with a fraction or exponent of config.json: finite, or refused (1e999 parses as inf); also
-    NaN, Infinity and -Infinity, which Python's json reads and JSON does not have."""
-    value = float(text)
-    if not math.isfinite(value):
-        raise _ConfigNumber(shortened(text, 24))
-    return value
-
-
 def read_pfllib_config(folder):
-    """The config.json of the PFLlib dataset folder ``folder`` (a dict), with its num_clients and num_classes
-    checked, and train/ and test/ present: one line naming what is missing or wrong."""
-    import json
+    """``folder``'s config.json (a dict) with num_clients, num_classes, train/ and test/ checked, in one line."""
     path = os.path.join(folder, "config.json")
     layout = "a PFLlib dataset folder holds config.json, train/0.npz ... and test/0.npz ... (docs/datasets.md)"
     for part in ("config.json", "train", "test"):
         if not os.path.lexists(os.path.join(folder, part)):
             raise UserError(f"--dataset {quoted(folder)} is a folder without {part}; {layout}")
     check_regular(path, doing="--dataset")
+
+    def number(text, kind=float):  # each parsed before any use: no later int() can overflow or take long
+        value = kind(text) if kind is float or len(text) <= 20 else math.inf  # also NaN, Infinity: not JSON's
+        if math.isfinite(value) and (kind is float or abs(value) <= PFLLIB_MAX_CONFIG_INT):
+            return value
+        raise UserError(f"{quoted(path)} holds the number {shortened(text, 24)}; PFLlib's config.json holds finite "
+                        f"numbers and integers of at most {len(str(PFLLIB_MAX_CONFIG_INT))} digits")
     try:
         if os.path.getsize(path) > PFLLIB_CONFIG_MAX_BYTES:
             raise UserError(f"{quoted(path)} is {human_bytes(os.path.getsize(path))}; a PFLlib config.json is a "
                             f"few KB (at most {human_bytes(PFLLIB_CONFIG_MAX_BYTES)} is read)")
         with open(path, encoding="utf-8") as f:
-            config = json.load(f, parse_int=_config_int, parse_float=_config_float, parse_constant=_config_float)
-    except _ConfigNumber as e:
-        raise UserError(f"{quoted(path)} holds the number {e}; PFLlib's config.json holds finite numbers and "
-                        f"integers of at most {len(str(PFLLIB_MAX_CONFIG_INT))} digits")
+            config = json.load(f, parse_int=lambda text: number(text, int), parse_float=number, parse_constant=number)
     except OSError as e:
         raise UserError(f"cannot read {quoted(path)}: {e.strerror or e.__class__.__name__}")
     except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested beyond Python's stack
@@ -736,46 +656,16 @@ def read_pfllib_config(folder):
     return config
 
 
-PFLLIB_PARTITION_KEYS = ("partition", "alpha", "balance", "non_iid", "num_clients", "num_classes")
-
-
 def pfllib_partition(config):
-    """How PFLlib's generator made a folder's clients, as its config.json says (partition 'pat' or 'dir', alpha,
-    balance, ...), in place of our partition flags: plain values only, each string cut to 40 characters."""
+    """How config.json says PFLlib made the clients (partition, alpha, ...): plain values, strings cut to 40."""
     settings = {key: config.get(key) for key in PFLLIB_PARTITION_KEYS}
     return {key: value[:40] if isinstance(value, str) else value for key, value in settings.items()
             if value is None or isinstance(value, (bool, int, float, str))}
 
 
-def pfllib_client_files(folder, num_clients):
-    """[(train/<i>.npz, test/<i>.npz)] of the folder's clients: exactly 0.npz ... <n-1>.npz in each of
-    train/ and test/, nothing missing and nothing else there."""
-    files = []
-    for part in ("train", "test"):
-        where = os.path.join(folder, part)
-        try:
-            present = set(os.listdir(where))
-        except OSError as e:
-            raise UserError(f"cannot read {quoted(where)}: {e.strerror or e.__class__.__name__}")
-        expected = [f"{i}.npz" for i in range(num_clients)]
-        missing = [name for name in expected if name not in present]
-        extra = sorted(present - set(expected))
-        said = f"its config.json says {num_clients} client(s): {part}/0.npz ... {part}/{num_clients - 1}.npz"
-        if missing:
-            raise UserError(f"{quoted(os.path.join(where, missing[0]))} is missing ({len(missing)} file(s) missing); "
-                            f"{said}")
-        if extra:
-            raise UserError(f"{quoted(os.path.join(where, extra[0]))} is not a client's file of {quoted(folder)} "
-                            f"({len(extra)} such); {said} and nothing else; move it away")
-        files.append([os.path.join(where, name) for name in expected])
-    return list(zip(*files))
-
-
 class _PickledArray:
-    """What the pickle of an ndarray builds here instead of the array: ``__setstate__`` receives numpy's state
-    (version, shape, dtype, Fortran order, the raw bytes or, for an object array, a list) and checks that the
-    bytes are exactly the shape's before making the array from them, so no declared shape is ever allocated
-    (numpy's own ``__setstate__`` segfaults on an object array whose list is shorter than its shape)."""
+    """What the pickle of an ndarray builds here: its state's bytes are checked to be exactly the shape's, so no
+    declared shape is ever allocated (numpy's segfaults on an object array whose list is shorter than its shape)."""
     value = None
 
     def __setstate__(self, state):
@@ -830,16 +720,13 @@ def _dtype(spec, align=False, copy=True):
 
 
 class _PfllibUnpickler(pickle.Unpickler):
-    """An unpickler that knows three names, numpy's ``_reconstruct``, ``ndarray`` and ``dtype``, each as its stand-in
-    above; any other global (os.system, builtins.eval, ...) is refused before it is looked up."""
+    """Knows numpy's ``_reconstruct``, ``ndarray`` and ``dtype`` as the stand-ins above; any other global is refused."""
+    GLOBALS = {("numpy._core.multiarray", "_reconstruct"): _reconstruct, ("numpy", "ndarray"): _NDARRAY,
+               ("numpy.core.multiarray", "_reconstruct"): _reconstruct, ("numpy", "dtype"): _dtype}
 
     def find_class(self, module, name):
-        if (module, name) in _PICKLE_RECONSTRUCT:
-            return _reconstruct
-        if (module, name) == ("numpy", "ndarray"):
-            return _NDARRAY
-        if (module, name) == ("numpy", "dtype"):
-            return _dtype
+        if (module, name) in self.GLOBALS:
+            return self.GLOBALS[module, name]
         raise pickle.UnpicklingError(f"it asks for {str(module)[:60]}.{str(name)[:60]}, which a PFLlib file never "
                                      "holds (it holds numpy arrays in a dict); nothing of it was run")
 
@@ -879,7 +766,6 @@ def _unreadable(path, e):
 
 def pfllib_declared_bytes(path):
     """The uncompressed size that the zip header of ``path`` declares for its data.npy (read, not inflated)."""
-    import zipfile
     check_regular(path, doing="--dataset")
     try:
         with zipfile.ZipFile(path) as z:
@@ -889,21 +775,15 @@ def pfllib_declared_bytes(path):
 
 
 def read_pfllib_npz(path):
-    """(x, y) of one PFLlib client file, running nothing it carries: the zip must hold data.npy alone, its .npy header
-    a 0-d object array; at most the size the zip header declares is inflated (the caller checked it against memory),
-    CRC checked; _PfllibUnpickler reads a dict of exactly 'x' and 'y', numeric arrays."""
-    import io
-    import pickletools
-    import zipfile
+    """(x, y) of a PFLlib client file, running nothing: data.npy alone, a 0-d object array, inflated up to its declared
+    size (checked against memory), CRC checked, its pickle read by _PfllibUnpickler: {'x': array, 'y': array}."""
     check_regular(path, doing="--dataset")
     try:
         with zipfile.ZipFile(path) as z, z.open(_pfllib_member(z)) as f:
             version = np.lib.format.read_magic(f)
             if version not in ((1, 0), (2, 0)):
                 raise _Refused(f"its data.npy is .npy version {version[0]}.{version[1]}; numpy writes 1.0 or 2.0")
-            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-                np.lib.format.read_array_header_2_0
-            shape, _, dtype = read_header(f, max_header_size=10000)
+            shape, _, dtype = getattr(np.lib.format, f"read_array_header_{version[0]}_0")(f, max_header_size=10000)
             if shape != () or dtype != np.dtype(object):
                 raise _Refused(f"its data.npy is a {dtype} array of shape {shape}, not PFLlib's pickled dict "
                                "{'x': ..., 'y': ...}")
@@ -932,87 +812,97 @@ def read_pfllib_npz(path):
 
 
 def _check_pfllib_client(path, x, y, num_classes, like):
-    """One line naming ``path`` unless its (x, y) are samples with as many integer labels in 0..num_classes-1,
-    finite and bounded, of the shape and dtype of ``like`` (the first client's x)."""
+    """Refuse ``path`` unless (x, y) are finite samples like ``like`` (the first x) and integer labels < num_classes."""
+    p = quoted(path)
     if x.ndim == 3:  # (N, H, W): one channel, as .npz files
         x = x[:, None]
     if y.ndim != 1 or x.ndim not in (2, 4) or len(x) != len(y) or 0 in x.shape[1:]:
-        raise UserError(f"{quoted(path)}: x and y must be (N, features), (N, H, W) or (N, C, H, W) samples with N "
+        raise UserError(f"{p}: x and y must be (N, features), (N, H, W) or (N, C, H, W) samples with N "
                         f"labels; got shapes {x.shape} and {y.shape}")
     if x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):  # before any size or model check
-        raise UserError(f"{quoted(path)} holds channels-last images {x.shape} (N, H, W, C); PFLlib's generators "
+        raise UserError(f"{p} holds channels-last images {x.shape} (N, H, W, C); PFLlib's generators "
                         "write (N, C, H, W): transpose x to (0, 3, 1, 2) when making the folder")
     if not len(y):
-        raise UserError(f"{quoted(path)} holds no samples; every client needs training and test samples")
+        raise UserError(f"{p} holds no samples; every client needs training and test samples")
     if y.dtype.kind not in "iu":
-        raise UserError(f"{quoted(path)}: the labels y are {y.dtype}; they must be integers 0..C-1")
+        raise UserError(f"{p}: the labels y are {y.dtype}; they must be integers 0..C-1")
     if x.dtype.kind not in "uif":
-        raise UserError(f"{quoted(path)}: x is {x.dtype}; samples must be real numbers (integers or floats)")
+        raise UserError(f"{p}: x is {x.dtype}; samples must be real numbers (integers or floats)")
     if like is not None and (x.shape[1:], x.dtype) != (like.shape[1:], like.dtype):
-        raise UserError(f"{quoted(path)} holds samples of shape {x.shape[1:]} and dtype {x.dtype}; the first "
+        raise UserError(f"{p} holds samples of shape {x.shape[1:]} and dtype {x.dtype}; the first "
                         f"client's are {like.shape[1:]}, {like.dtype}: every client's must be the same")
     if x.dtype.kind == "f" and not np.isfinite(x).all():
-        raise UserError(f"{quoted(path)}: x has {int(np.count_nonzero(~np.isfinite(x)))} non-finite value(s) "
-                        "(NaN or inf)")
+        raise UserError(f"{p}: x has {int(np.count_nonzero(~np.isfinite(x)))} non-finite value(s) (NaN or inf)")
     if max(abs(float(x.max())), abs(float(x.min()))) > MAX_FEATURE:
-        raise UserError(f"{quoted(path)}: x has values beyond {MAX_FEATURE:.0e}; scale the features")
+        raise UserError(f"{p}: x has values beyond {MAX_FEATURE:.0e}; scale the features")
     if y.min() < 0 or y.max() >= num_classes:
-        raise UserError(f"{quoted(path)} has labels from {y.min()} to {y.max()}; its folder's config.json says "
+        raise UserError(f"{p} has labels from {y.min()} to {y.max()}; its folder's config.json says "
                         f"num_classes {num_classes}, so labels are 0..{num_classes - 1}")
     return x, y.astype(np.int64)
 
 
 def _check_pfllib_statistic(folder, config, labels):
-    """PFLlib's config.json lists each client's [label, count] pairs over its train and test data ("Size of samples
-    for labels in clients"); where it does, they must be the files' counts exactly: each pair two integers (6.9 is
-    no count, true no label), each label once, every label the files hold and no other."""
+    """config.json's [label, count] pairs per client, if there, must be the files' counts exactly, each label once."""
     statistic = config.get("Size of samples for labels in clients")
     if statistic is None:
         return
-    path = os.path.join(folder, "config.json")
+    path = quoted(os.path.join(folder, "config.json"))
     if not isinstance(statistic, list) or len(statistic) != len(labels):
-        raise UserError(f"{quoted(path)}: 'Size of samples for labels in clients' must list {len(labels)} clients")
+        raise UserError(f"{path}: 'Size of samples for labels in clients' must list {len(labels)} clients")
     for client, (pairs, y) in enumerate(zip(statistic, labels)):
         if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 and all(type(v) is int for v in p)
                                                   for p in pairs):  # type(): no float, no bool
-            raise UserError(f"{quoted(path)}: 'Size of samples for labels in clients' of client {client} is not a "
+            raise UserError(f"{path}: 'Size of samples for labels in clients' of client {client} is not a "
                             "list of [label, count] pairs of integers")
-        said = [(label, count) for label, count in pairs]
+        said = [tuple(p) for p in pairs]
         if len(said) > config["num_classes"]:
-            raise UserError(f"{quoted(path)} lists {len(said)} labels of client {client}; its num_classes is "
+            raise UserError(f"{path} lists {len(said)} labels of client {client}; its num_classes is "
                             f"{config['num_classes']}")
         times = collections.Counter(label for label, _ in said)  # linear: a client may list 10^6 pairs
         twice = sorted(label for label, n in times.items() if n > 1)
         if twice:
-            raise UserError(f"{quoted(path)} lists label {twice[0]} of client {client} more than once; PFLlib "
+            raise UserError(f"{path} lists label {twice[0]} of client {client} more than once; PFLlib "
                             "lists each label of a client once")
         found = dict(zip(*(v.tolist() for v in np.unique(y, return_counts=True))))
         if dict(said) != found:
-            raise UserError(f"{quoted(path)} counts client {client}'s labels as {first_few(sorted(said), 4)}, "
+            raise UserError(f"{path} counts client {client}'s labels as {first_few(sorted(said), 4)}, "
                             f"but train/{client}.npz and test/{client}.npz hold {first_few(sorted(found.items()), 4)}")
 
 
 def load_pfllib_folder(folder, num_clients=None):
-    """A PFLlib dataset folder as (x, y, train, test, num_classes): client i's train and test samples are exactly
-    those of train/<i>.npz and test/<i>.npz (no re-split), ``train[i]`` and ``test[i]`` their indices into x and y
-    (all clients' training samples first); the classes are config.json's num_classes. ``num_clients``: what the run
-    expects (a --resume), refused if config.json differs. All declared sizes are checked against memory first;
-    the checks of every dataset (datasets.check_arrays) follow in datasets.load_federated_data."""
+    """A PFLlib folder as (x, y, train, test, num_classes): client i's samples exactly train/<i>.npz's and test/<i>.npz's,
+    ``train[i]``, ``test[i]`` their indices; ``num_clients``: what a --resume expects. Sizes are checked first."""
     config = read_pfllib_config(folder)
     n = config["num_clients"]
     if num_clients is not None and num_clients != n:  # a run resumed on a folder changed since
         raise UserError(f"{quoted(os.path.join(folder, 'config.json'))} says {n} clients, but the run has "
                         f"{num_clients} (--num-clients)")
-    files = pfllib_client_files(folder, n)
+    files, expected = [], [f"{i}.npz" for i in range(n)]
+    for part in ("train", "test"):  # exactly 0.npz ... <n-1>.npz in each, nothing missing and nothing else
+        where = os.path.join(folder, part)
+        try:
+            present = set(os.listdir(where))
+        except OSError as e:
+            raise UserError(f"cannot read {quoted(where)}: {e.strerror or e.__class__.__name__}")
+        missing, extra = [f for f in expected if f not in present], sorted(present - set(expected))
+        said = f"its config.json says {n} client(s): {part}/0.npz ... {part}/{n - 1}.npz"
+        if missing:
+            raise UserError(f"{quoted(os.path.join(where, missing[0]))} is missing ({len(missing)} file(s) missing); "
+                            f"{said}")
+        if extra:
+            raise UserError(f"{quoted(os.path.join(where, extra[0]))} is not a client's file of {quoted(folder)} "
+                            f"({len(extra)} such); {said} and nothing else; move it away")
+        files.append([os.path.join(where, f) for f in expected])
+    files = list(zip(*files))  # [(train/<i>.npz, test/<i>.npz)]
     declared = sum(pfllib_declared_bytes(path) for pair in files for path in pair)
     check_fits(f"the client files of {quoted(folder)}", 2 * declared)  # the files' arrays, then one copy of all
-    parts, like = {"train": [], "test": []}, None
+    parts, like = ([], []), None
     for pair in files:
-        for part, path in zip(("train", "test"), pair):
+        for part, path in zip(parts, pair):
             x, y = _check_pfllib_client(path, *read_pfllib_npz(path), config["num_classes"], like)
             like = x if like is None else like
-            parts[part].append((x, y))
-    x, y, ranges = stack_clients(parts["train"] + parts["test"])
+            part.append((x, y))
+    x, y, ranges = stack_clients(parts[0] + parts[1])
     _check_pfllib_statistic(folder, config, [np.concatenate([y[ranges[k]], y[ranges[n + k]]]) for k in range(n)])
     return x, y, ranges[:n], ranges[n:], config["num_classes"]
 
@@ -1022,4 +912,3 @@ def stack_clients(clients):
     starts = np.cumsum([0] + [len(y) for _, y in clients])
     return (np.concatenate([x for x, _ in clients]), np.concatenate([y for _, y in clients]),
             [np.arange(starts[k], starts[k + 1]) for k in range(len(clients))])
-

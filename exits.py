@@ -110,8 +110,9 @@ def run_main(main, argv=None):
         say(OPEN_RUNS[-1].interrupted_line(signum) if OPEN_RUNS else
             f"{stopped_by(signum)} before the run folder was made; nothing was written")
         code = 128 + signum
-    except OSError as e:  # disk full, permissions: the run's own files (FileFault) or any other
-        say(f"error: {e}" if isinstance(e, FileFault) or not e.filename else f"error: {e.filename}: {e.strerror}")
+    except OSError as e:  # disk full, permissions: the run's own files (FileFault), standard output, or any other
+        where = e.filename or ("standard output" if not isinstance(e, FileFault) and not writable_stdout() else None)
+        say(f"error: {e}" if isinstance(e, FileFault) or not where else f"error: cannot write to {where} ({e.strerror})")
         code = 1
     finally:
         for run in list(OPEN_RUNS):
@@ -124,6 +125,19 @@ def run_main(main, argv=None):
         os._exit(code)
     if code:
         sys.exit(code)
+
+
+def writable_stdout():
+    """Whether a line printed now reaches stdout (an empty one is the probe); if not, what is printed goes to
+    /dev/null from here on (the flush at exit must not fail a second time)."""
+    try:
+        print(flush=True)
+        return True
+    except (OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return False
+    except AttributeError:  # None: no stdout at all
+        return True
 
 
 def quoted(name):

@@ -57,9 +57,6 @@ def check_fits(what, nbytes, device="cpu"):
                         f"free {where}")
 
 
-MAX_FEATURE = 1e10
-
-
 def first_few(values, most=10):
     """``values`` as '3, 7, 9' (the first ``most`` of them, then how many more)."""
     more = f" and {len(values) - most} more" if len(values) > most else ""
@@ -154,8 +151,8 @@ def find_idx(name, data_dir):
     """(folder, [(path, opener of a stream inflated as read)]) of ``name``'s four idx files, or (None, None): in
     data_dir/<torchvision's folder> or data_dir, each plain or .gz, EMNIST's also inside its gzip.zip."""
     for folder in (os.path.join(data_dir, VISION[name][2]), data_dir):
-        paths = [next((p for p in (os.path.join(folder, stem), os.path.join(folder, stem + ".gz")) if os.path.isfile(p)),
-                      None) for stem in IDX_FILES[name]]
+        stems = [os.path.join(folder, stem) for stem in IDX_FILES[name]]
+        paths = [next((p for p in (stem, stem + ".gz") if os.path.isfile(p)), None) for stem in stems]
         if all(paths):
             return folder, [(p, lambda p=p: gzip.open(p, "rb") if p.endswith(".gz") else open(p, "rb")) for p in paths]
         archive = os.path.join(folder, EMNIST_ZIP)
@@ -338,8 +335,8 @@ def check_known_content(name, arrays, sources):
 
 
 def load_vision(name, data_dir):
-    """(x_train, y_train, x_test, y_test), uint8 (N, C, H, W) and int64, of a torchvision dataset: the publishers'
-    files where they lie, else downloaded; checked for their known content, so a copy from elsewhere (Debian's) loads."""
+    """(x_train, y_train, x_test, y_test), uint8 (N, C, H, W) and int64, of a torchvision dataset: the publishers' files
+    where they lie, else downloaded; checked for their known content, so a copy from elsewhere (Debian's) loads."""
     cls, folder, known = _torchvision_class(name), os.path.join(data_dir, VISION[name][2]), KNOWN_CONTENT.get(name)
     address = cls.url if hasattr(cls, "url") else cls.mirrors[0]
     try:
@@ -596,6 +593,7 @@ LOADERS = {"tinyimagenet": load_tinyimagenet, "agnews": load_agnews}
 # config.json, train/<i>.npz and test/<i>.npz for client i, each npz holding one entry, data.npy: a 0-d
 # object array whose pickle holds the dict {'x': samples, 'y': labels}. Pickles are programs; these files
 # are read by a reader that understands exactly that pickle and builds nothing else (_PfllibUnpickler).
+MAX_FEATURE = 1e10  # the largest magnitude of a feature taken, here and in datasets.check_arrays
 PFLLIB_MAX_CLIENTS = 100000
 PFLLIB_MAX_CLASSES = 100000
 PFLLIB_CONFIG_MAX_BYTES = 64 * 2 ** 20
@@ -870,8 +868,8 @@ def _check_pfllib_statistic(folder, config, labels):
 
 
 def load_pfllib_folder(folder, num_clients=None):
-    """A PFLlib folder as (x, y, train, test, num_classes): client i's samples exactly train/<i>.npz's and test/<i>.npz's,
-    ``train[i]``, ``test[i]`` their indices; ``num_clients``: what a --resume expects. Sizes are checked first."""
+    """A PFLlib folder as (x, y, train, test, num_classes): client i's samples exactly those of train/<i>.npz and
+    test/<i>.npz, ``train[i]``, ``test[i]`` their indices; ``num_clients``: what a --resume expects."""
     config = read_pfllib_config(folder)
     n = config["num_clients"]
     if num_clients is not None and num_clients != n:  # a run resumed on a folder changed since

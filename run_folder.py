@@ -4,6 +4,7 @@ the round's line, the progress of a long round, checkpoint.pt and an exact ``res
 (the errors, ``run_main``, the stop signals, ``atomic_write``) is exits.py's. Importing it changes nothing.
 """
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -93,8 +94,8 @@ PROGRESS_AFTER, PROGRESS_LOG_EVERY = 5.0, 30.0  # a round's progress shows after
 
 
 def duration(seconds):
-    seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 def summarise(values):
@@ -172,9 +173,10 @@ class Run:
                 break
             except FileExistsError:
                 path, n = f"{base}-{n}", n + 1
-            except OSError as e:
+            except OSError as e:  # a path too long for the system, or a file in a folder's place: bad input
                 self.remove_made()
-                raise FileFault(path, e, "; nothing was made", verb="create") from None
+                fault = FileFault(path, e, "; nothing was made", verb="create")
+                raise (UserError(str(fault)) if e.errno in (errno.ENAMETOOLONG, errno.ENOTDIR) else fault) from None
         self.dir, self.made = path, [path, *self.made]
         self.take_lock()
 
@@ -223,10 +225,8 @@ class Run:
         if self.checkpoint_round or self.args.resume:
             return (f"the checkpoint of round {self.checkpoint_round} is kept" if self.checkpoint_round else
                     f"{quoted(self.dir)} is as it was") + f"; continue with: {command}"
-        if self.rows:
-            return (f"no checkpoint yet (--checkpoint-every {self.args.checkpoint_every}); {quoted(self.dir)}/metrics"
-                    f".csv keeps rounds up to {self.rows[-1]['round']}; nothing to resume")
-        return "nothing was kept"
+        return (f"no checkpoint yet (--checkpoint-every {self.args.checkpoint_every}); {quoted(self.dir)}/metrics.csv "
+                f"keeps rounds up to {self.rows[-1]['round']}; nothing to resume") if self.rows else "nothing was kept"
 
     def add_bytes(self, down, up):
         self.bytes_down, self.bytes_up = self.bytes_down + int(down), self.bytes_up + int(up)
@@ -281,7 +281,7 @@ class Run:
                              if self.device.type == "cuda" else {})})
         self.write_metrics()
         mean, m = self.elapsed / round_, metrics  # the mean: every round, a long first or initial-stage one included
-        took = f"{per_round:.3f} s this round" if rounds == 1 else f"{per_round:.3f} s/round over rounds {first}-{round_}"
+        took = f"{per_round:.3f} " + ("s this round" if rounds == 1 else f"s/round over rounds {first}-{round_}")
         extra = (f" (client mean {m['test_acc_mean']:.2f} ± {m['test_acc_std']:.2f})" if "test_acc_mean" in m else "") \
             + (f" | train loss {m['train_loss']:.4f}" if "train_loss" in m else "") \
             + (f" | global_acc {m['global_acc']:.2f}%" if "global_acc" in m else "")  # --test-split global
@@ -306,7 +306,7 @@ class Run:
                                               and round_ >= self.args.stop_after)
 
     def checkpoint(self, round_, state, rng):
-        """Every --checkpoint-every rounds, the last and before a stop: ``state`` (modules by state_dict), RNGs, rows."""
+        """Every --checkpoint-every rounds, the last, before a stop: ``state`` (modules by state_dict), RNGs, rows."""
         self.latest = (round_, state, rng)  # for stop(), should a signal come after this call
         if round_ % self.args.checkpoint_every == 0 or round_ == self.args.rounds or self.stop_requested(round_):
             self.save_checkpoint(round_, state, rng)
@@ -339,7 +339,7 @@ class Run:
 
     def resume(self, state, rng):
         """With --resume: load the checkpoint into ``state`` in place and into ``rng``, and return the first round to
-        run; else 1. weights_only: a crafted file cannot run code. Anything wrong with it is one line, nothing changed."""
+        run; else 1. weights_only: a crafted file cannot run code. Anything wrong with it: one line, nothing changed."""
         if not self.args.resume:
             return 1
         path = os.path.join(self.dir, "checkpoint.pt")
@@ -387,7 +387,7 @@ class Run:
             raise UserError(f"cannot resume: {quoted(self.dir)}/config.json has a damaged continued_on ({e})") from None
         if moved:
             config, place = moved, moved["continued_on"][-1]
-            note = f"; from round {round_ + 1} on {place['device_name'] if place['device'] != 'cpu' else place['cpu_model']}"
+            note = f"; from round {round_ + 1} on {place['cpu_model' if place['device'] == 'cpu' else 'device_name']}"
         if config["args"]["dataset"] != self.args.dataset:  # data that moved: later resumes read them there
             config["args"]["dataset"], note = self.args.dataset, f"{note}; its dataset is now {self.args.dataset}"
         if config["args"]["rounds"] != self.args.rounds or note:
@@ -431,7 +431,7 @@ class Run:
         return f"{stopped_by(signum)}; {self.kept()}"
 
     def close(self, failed=False, diverged=False):
-        """Release the folder: a run that failed before any result leaves nothing; a diverged one says so. Never raises."""
+        """Release the folder: a run that failed before any result leaves nothing; a diverged one says so."""
         if self not in OPEN_RUNS:
             return
         OPEN_RUNS.remove(self)

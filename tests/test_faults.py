@@ -414,9 +414,9 @@ def test_a_run_whose_first_write_fails_leaves_no_folder_nor_the_out_folders_it_m
 @pytest.mark.parametrize("out", [["d" * 250] * 20, ["x" * 300]], ids=["a path of 5000 bytes", "a name of 300 bytes"])
 def test_an_out_beyond_the_system_limits_is_one_line_and_makes_no_folder(out, tmp_path, capsys):
     """The OS's refusal as it is (issue 86 dropped the wording of path lengths): one line naming the folder it
-    could not create, and nothing made."""
+    could not create, bad input (exit status 2, as before), and nothing made."""
     code, lines = run(capsys, *SMALL, "--rounds", "1", "--out", os.path.join(tmp_path, *out))
-    assert code == 1 and len(lines) == 1 and lines[0].startswith(f"error: cannot create {tmp_path}/"), lines
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error: cannot create {tmp_path}/"), lines
     assert lines[0].endswith(" (File name too long); nothing was made"), lines
     assert os.listdir(tmp_path) == []
 

@@ -290,6 +290,7 @@ def main(argv=None):
                                    data)
     model_bytes = common.state_bytes(global_model)
     classes = held_classes(data)
+    # plumbing: the run folder (config.json, partition.json, the partition printed), its lock, Ctrl-C at a round's end
     run = run_folder.Run("fedacd", args, data, device, headline_metric=HEADLINE_METRIC, headline=HEADLINE)
     state = {"global_model": global_model}
     start = run.resume(state, rng)

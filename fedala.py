@@ -205,6 +205,7 @@ def main(argv=None):
     pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=AUTO_IMAGE), device,
                                    data)
     model_bytes = common.state_bytes(global_model)
+    # plumbing: the run folder (config.json, partition.json, the partition printed), its lock, Ctrl-C at a round's end
     run = run_folder.Run("fedala", args, data, device, headline_metric=HEADLINE_METRIC, headline=HEADLINE)
     state = {"global_model": global_model, "local_models": local_models, "ala": ala}
     start = run.resume(state, rng)

@@ -72,6 +72,7 @@ def main(argv=None):
     pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=AUTO_IMAGE), device,
                                    data)
     model_bytes = common.state_bytes(global_model)
+    # plumbing: the run folder (config.json, partition.json, the partition printed), its lock, Ctrl-C at a round's end
     run = run_folder.Run("fedavg", args, data, device, headline_metric=HEADLINE_METRIC, headline=HEADLINE)
     state = {"global_model": global_model}
     start = run.resume(state, rng)

@@ -293,6 +293,7 @@ def main(argv=None):
     form = aggregation_form(args, global_model, device)  # once, before config.json records args
     if not args.resume:  # resumed: the recorded form (a run begun before it was recorded says auto: decided now)
         args.aggregation = form
+    # plumbing: the run folder (config.json, partition.json, the partition printed), its lock, Ctrl-C at a round's end
     run = run_folder.Run("fedpake", args, data, device, headline_metric=HEADLINE_METRIC, headline=HEADLINE)
     state = {"global_model": global_model}
     start = run.resume(state, rng)

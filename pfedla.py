@@ -237,6 +237,7 @@ def main(argv=None):
                                        generator=torch.default_generator).to(device)  # --seed's, after the model
     pool = common.ClientPool.build(args, lambda: common.build_model(args.model, data, auto_image=AUTO_IMAGE), device,
                                    data)
+    # plumbing: the run folder (config.json, partition.json, the partition printed), its lock, Ctrl-C at a round's end
     run = run_folder.Run(algo, args, data, device, script="pfedla", headline_metric=HEADLINE_METRIC, headline=HEADLINE)
     state = {"hypernetworks": hypernetworks, "stored_models": stored_models}
     start = run.resume(state, rng)

@@ -197,13 +197,13 @@ def template_matrix(num_classes, tau, dtype=torch.float64, device=None):
     return Q.fill_diagonal_(tau)
 
 
-def aggregation_score(P, present, tau, reduction="sum"):
-    """V_m = sigmoid(1 / KL(P^m || Q)), Eq. (10). KL of the two matrices as printed: the sum over the
-    rows i of classes the client holds of sum_j P_ij log(P_ij / Q_ij) (rows of absent classes, zero in
-    ``probability_matrix``, add nothing). Caveat: summed over tens of rows the KL is tens of times
-    Table 9's 0.60-5.59 (CIFAR-100) and every V_m is near 0.5, i.e. uniform weights; ``reduction="mean"``
-    (our choice, what fedacd.py runs by default) averages the rows instead, Table 9's scale. ``present``:
-    those classes as a (C,) boolean mask or as indices. Returns (V_m, KL) as 0-dim float64 tensors."""
+def aggregation_score(P, present, tau, reduction="mean"):
+    """V_m = sigmoid(1 / KL(P^m || Q)), Eq. (10). KL of the two matrices: over the rows i of classes the client
+    holds, of sum_j P_ij log(P_ij / Q_ij) (rows of absent classes, zero in ``probability_matrix``, add nothing),
+    their mean (our choice, Table 9's scale; fedacd.py's default) or, ``reduction="sum"``, their sum as printed.
+    Caveat: summed over tens of rows the KL is tens of times Table 9's 0.60-5.59 (CIFAR-100) and every V_m is
+    near 0.5, i.e. uniform weights. ``present``: those classes as a (C,) boolean mask or as indices. Returns
+    (V_m, KL) as 0-dim float64 tensors."""
     P = P.double()
     Q = template_matrix(P.shape[0], tau, device=P.device)
     kl_rows = (torch.xlogy(P, P) - P * Q.log()).sum(1)[present]

@@ -320,6 +320,8 @@ def main(argv=None):
                              **stats})
             print(f"[fedpake]   high-dispersion {100 * stats['high_fraction']:.1f}% | "
                   f"{stats['macro_classes']} Macro-Classes | aggregation {stats['agg_seconds']:.3f} s")
+        if stats["macro_classes"] == len(clients) > 1:  # one client a Macro-Class each: FedAvg's weights
+            print(f"[fedpake]   round {round_}: each client is its own Macro-Class: the aggregation is FedAvg's")
         run.checkpoint(round_, state, rng)
         if run.stop_requested(round_):  # Ctrl-C: this round's checkpoint is written
             return run.stop(round_)

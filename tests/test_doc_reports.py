@@ -116,26 +116,30 @@ def test_the_table_check_fails_on_a_changed_number(tmp_path):
 # README's "On real data" table: its first column names the paper table and cell a report prints
 README_TABLES = {"pFedLA Table 1": ("pfedla-t1", "fmnist"), "pFedLA Table 2": ("pfedla-t2", "fmnist"),
                  "PFLlib leaderboard, Dir(0.1)": ("pfllib-fmnist", "dir"),
-                 "PFLlib leaderboard, pathological": ("pfllib-fmnist", "pat")}
-README_SEEDS = {}  # a table's seeds, where README quotes fewer than the report's default (0 1 2)
+                 "PFLlib leaderboard, pathological": ("pfllib-fmnist", "pat"),
+                 "pFedLA Table 1, another reading": ("pfedla-fmnist-sensitivity", "t1-fedavg-local-models"),
+                 "pFedLA Table 2, another reading": ("pfedla-fmnist-sensitivity", "t2-fedavg-local-models")}
+README_SEEDS = {"pfedla-fmnist-sensitivity": ["--seeds", "0"]}  # a table's seeds, where fewer than the default 0 1 2
+SUMMARIES = ["README.md", os.path.join("docs", "results.md")]  # README's "On real data", results.md's summary
 
 
-def readme_real_data_rows():
-    """(paper table, cell, method, ours, n) of each row of README's "On real data" table."""
-    with open(os.path.join(ROOT, "README.md")) as f:
+def readme_real_data_rows(doc="README.md"):
+    """(paper table, cell, method, ours, n) of each row of README's "On real data" table (or results.md's summary)."""
+    with open(os.path.join(ROOT, doc)) as f:
         text = f.read()
     block = "| table, Fashion-MNIST |" + text.split("\n| table, Fashion-MNIST |", 1)[1].split("\n\n", 1)[0]
     rows, where = [], None
     for line in block.splitlines()[2:]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if cells[0]:
-            (where,) = [v for k, v in README_TABLES.items() if cells[0].startswith(k)]
+            where = README_TABLES[max((k for k in README_TABLES if cells[0].startswith(k)), key=len)]
         rows.append((*where, cells[1], cells[2], cells[3]))
     return rows
 
 
-def test_readme_s_real_data_numbers_are_the_reports(results_copy, capsys, monkeypatch):
-    rows = readme_real_data_rows()
+@pytest.mark.parametrize("doc", SUMMARIES)
+def test_readme_s_real_data_numbers_are_the_reports(doc, results_copy, capsys, monkeypatch):
+    rows = readme_real_data_rows(doc)
     assert len(rows) >= 6
     printed = {}
     for table in sorted({r[0] for r in rows}):

@@ -3,7 +3,7 @@
 The example of docs/layout.md, "Adding your own algorithm": fedavg.py's round with FedProx's client update, each
 piece from common.py. Run it from the repository root (every shared flag of fedavg.py, and --mu):
 
-    python docs/examples/fedprox.py --dataset synthetic --rounds 20 --mu 0.01
+    python docs/examples/fedprox.py --dataset synthetic --rounds 20 --local-epochs 5 --mu 1   # beside fedavg.py's
 """
 import os
 import sys

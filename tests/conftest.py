@@ -14,13 +14,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
-BY_HAND = {"recheck": "--recheck-all", "flower_faults": "--flower-faults"}  # marker: the option that selects it
+BY_HAND = {"recheck": "--recheck-all", "flower_faults": "--flower-faults", "first_looks": "--first-looks"}  # marker: the option that selects it
 
 
 def pytest_addoption(parser):
     parser.addoption("--recheck-all", action="store_true",
                      help="tests/test_results.py: re-run every committed run's first rounds, not only its sample "
                           "(run it before committing a run; about an hour on 2 cores)")
+    parser.addoption("--first-looks", action="store_true",
+                     help="tests/test_first_looks.py: run each algorithm doc's first look on Fashion-MNIST and hold "
+                          "the lines it shows to what it prints (about 15 minutes on 2 cores)")
     parser.addoption("--flower-faults", action="store_true",
                      help="the Flower deployment's fault tests: a node killed mid-run, a failed run, the harness "
                           "that kills and restarts nodes (run them after a change to flower/ or tests/deploy.py; "

@@ -76,7 +76,8 @@ def printed(argv, out):
     return done.stdout.splitlines()
 
 
-@pytest.mark.slow  # the first looks themselves: 30 s to 2 minutes of CPU each
+@pytest.mark.slow  # the first looks themselves: 1 to 4 minutes each on 2 cores: by hand, with --first-looks
+@pytest.mark.first_looks
 @pytest.mark.parametrize("doc, heading", PLACES)
 def test_the_lines_a_first_look_shows_are_what_its_commands_print(doc, heading, tmp_path):
     if heading is None and not os.path.isdir("/usr/share/datasets/fashion-mnist"):

@@ -23,9 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import filelock  # noqa: E402
 import torch  # noqa: E402
 
+from common import MAX_THREADS  # noqa: E402  (--threads)
 from run_folder import RESUME_MAY_CHANGE, UserError, check_regular, dumps, quoted, shortened  # noqa: E402
 
-MAX_THREADS = 1024  # as common.MAX_THREADS (--threads)
 PID_MAX = 2 ** 22  # the largest pid Linux gives
 RUN_JSON_MAX_BYTES = 64 * 2 ** 20  # a run's config.json or summary.json is a few KB; more is not read
 
@@ -46,15 +46,9 @@ REMOVED_FLAGS = {"clients_together": (False, "its stacked local SGD is the piece
                                              "runs (docs/speed.md, \"Clients together\")")}
 
 
-def removed_flag_line(flag):
-    """'--flag was removed: where it went' for a flag of REMOVED_FLAGS given as ``flag`` (--x or --no-x), else None."""
-    dest = flag.removeprefix("--").removeprefix("no-").replace("-", "_")
-    return f"{flag} was removed: {REMOVED_FLAGS[dest][1]}" if flag.startswith("--") and dest in REMOVED_FLAGS else None
-
-
 # flags that left a script for a program of tools/ (one mode per script): program -> (the script, its flags). A
 # run made with one of them set (config.json keeps the command as run) continues, and its command runs, there
-# with the same flags; the program also continues the script's own runs (docs/running.md)
+# with the same flags (docs/running.md)
 MOVED = {"tools/fedavg_variants": ("fedavg", ("local_training", "eval_local_models")),
          "tools/fedacd_diagnostics": ("fedacd", ("fedavg", "log_risk", "log_kl"))}
 # flag values that older runs saved in another form (config.json and the checkpoint's args): flag -> today's form
@@ -78,12 +72,6 @@ def todays_state(state):
             value = {RENAMED_STATE.get((entry, k), k): v for k, v in value.items()}
         today[RENAMED_STATE.get((entry,), entry)] = value
     return today
-
-
-def recorded_args(args, script):
-    """``args`` as config.json and the checkpoint record them: with the flags that left ``script`` for tools/
-    (MOVED) off, as its runs recorded them before, so that its runs and those programs' compare on --resume."""
-    return {**{f: False for moved_from, flags in MOVED.values() if moved_from == script for f in flags}, **vars(args)}
 
 
 def todays_command(command):

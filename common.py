@@ -18,13 +18,19 @@ import torch.nn.functional as F
 
 import datasets
 from datasets import check_fits, synthetic_setting  # the scripts' too: common.check_fits
-from exits import DivergedError, FileFault, UserError, check_regular, quoted, shortened  # the scripts' too: common.UserError
+from exits import DivergedError, FileFault, UserError, check_regular, quoted, shortened  # scripts: common.UserError
 from run_folder import RESUME_MAY_CHANGE, RUN_FILES, read_json
 from models import (MODELS, CNN, MLP, FastText, GlobalAvgPool, LeNet, PFedLACNN, SimpleCNN, build_model,  # noqa: F401
                     deterministic_pooling, layers)  # the scripts' too: common.build_model
 
 
 # ----------------------------------------------------------------------------- command line
+
+MAX_THREADS = 1024  # --threads: more is a typing error, not a machine
+LR_HELP = "local learning rate (default: 0.1 on mnist and agnews and for fasttext and resnet18, else 0.005)"
+# the flags of the label partition, which synthetic data (generated per client) does not use
+PARTITION_FLAGS = ("partition", "beta", "classes_per_client", "balance", "samples_per_client", "dominant_share")
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, not argparse's usage block
@@ -41,9 +47,6 @@ def _auto_or_count(text):
     if text == "auto" or text.isdigit() and int(text) >= 1:
         return text if text == "auto" else int(text)
     raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 1, got {text!r}")
-
-
-MAX_THREADS = 1024  # --threads: more is a typing error, not a machine
 
 
 def _thread_count(text):
@@ -69,10 +72,9 @@ def base_parser(description, script=None, helps=None, **defaults):
       "(optional x_test, y_test), or a PFLlib dataset folder (config.json, train/<i>.npz, test/<i>.npz: client i's "
       "data as it is; docs/datasets.md)")
     a("--data-dir", default="./data", help="where datasets are downloaded and read")
-    a("--agnews-vocab", default="authors", choices=["authors", "train"],
-      help="AG News vocabulary. authors (default): every word of the train and test texts, id 0 both padding "
-      "and unknown, as TsingZ0/PFLlib dataset/generate_agnews.py @ 45e310d; train (ours): the train texts' words, "
-      "unknown test words get id 1")
+    a("--agnews-vocab", default="authors", choices=["authors", "train"], help="AG News vocabulary. authors (default): "
+      "every word of the train and test texts, id 0 both padding and unknown, as TsingZ0/PFLlib "
+      "dataset/generate_agnews.py @ 45e310d; train (ours): the train texts' words, unknown test words get id 1")
     a("--partition", default="dir", choices=["iid", "pat", "dir", "pfedla1", "pfedla2"], help="label partition")
     a("--beta", type=float, default=0.1, help="Dirichlet concentration for --partition dir")
     a("--classes-per-client", type=int, default=None,
@@ -106,10 +108,9 @@ def base_parser(description, script=None, helps=None, **defaults):
       help="train this many clients at once on CPU threads, one torch thread each (1: one client at a time on "
       "all --threads threads; auto: one per --threads thread on CPU, up to 4 on a GPU); on a CPU results "
       "depend on whether this is 1, not on the schedule; on a GPU they do not depend on it")
-    a("--threads", type=_thread_count, default="auto",
-      help="CPU torch threads, which decide a CPU run's arithmetic (its results repeat bit for bit at the same "
-      "count); auto (default): torch's own count, set by OMP_NUM_THREADS or the cores; config.json records the "
-      "count taken. On a GPU it sets the threads of the CPU work")
+    a("--threads", type=_thread_count, default="auto", help="CPU torch threads, which decide a CPU run's arithmetic "
+      "(its results repeat bit for bit at the same count); auto (default): torch's own count, set by OMP_NUM_THREADS "
+      "or the cores; config.json records the count taken. On a GPU it sets the threads of the CPU work")
     a("--out", default="runs", help="folder under which the run folder is created")
     a("--resume", default=None, metavar="RUN_DIR",
       help="continue a stopped run from its last checkpoint (default: a new run)")
@@ -125,18 +126,11 @@ def model_help(images):
 
 
 def fedala_learning_rate(args):
-    """FedALA's setup, as a ``resolve`` of parse_args: --lr 0.005 for the 4-layer CNN, 0.1 on MNIST and for
-    fastText and ResNet-18."""
+    """FedALA's setup, as a ``resolve`` of parse_args (its --help: LR_HELP): --lr 0.005 for the 4-layer CNN, 0.1 on
+    MNIST and for fastText and ResNet-18."""
     if args.lr is None:
         fast = args.dataset in ("mnist", "agnews") or args.model in ("fasttext", "resnet18")
         args.lr = 0.1 if fast else 0.005
-
-
-LR_HELP = "local learning rate (default: 0.1 on mnist and agnews and for fasttext and resnet18, else 0.005)"
-
-
-# the flags of the label partition, which synthetic data (generated per client) does not use
-PARTITION_FLAGS = ("partition", "beta", "classes_per_client", "balance", "samples_per_client", "dominant_share")
 
 
 def parse_args(parser, argv=None, resolve=None, checks=()):
@@ -190,11 +184,10 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
         if not ok:  # with --resume, a value not given now is config.json's
             raise UserError(message if not args.resume or flag in given else f"cannot resume: {args.resume}/config."
                             f"json holds an invalid setting: {message} (the file was edited or damaged)")
-    if not args.resume:  # before any data is loaded: an --out that cannot hold a run folder
-        check_out_folder(args.out)
-    if not args.resume and synthetic_setting(args.dataset) is not None:
+    if not args.resume:
+        check_out_folder(args.out)  # before any data is loaded: an --out that cannot hold a run folder
         ignored = [f"--{dest.replace('_', '-')}" for dest in PARTITION_FLAGS if dest in given]
-        if ignored:  # they would be recorded in config.json, and compare.py would label the runs by them
+        if ignored and synthetic_setting(args.dataset) is not None:  # recorded, compare.py would label runs by them
             raise UserError(f"{', '.join(ignored)} does not apply to synthetic data: each client's data is generated "
                             "as its own (set the heterogeneity with synthetic(ALPHA,BETA) or synthetic(iid)); "
                             "leave the flag out")
@@ -216,9 +209,6 @@ def pfllib_folder_settings(args, given):
         raise UserError(f"--num-clients {args.num_clients}, but {quoted(args.dataset)} holds {clients} "
                         f"clients (its config.json); leave --num-clients out or give {clients}")
     args.num_clients, args.test_split = clients, "client"
-
-
-UPGRADE = "python tools/run_records.py --upgrade"  # what brings a run folder of an older form to today's
 
 
 def given_flags(parser, argv):
@@ -262,7 +252,7 @@ def resumed_args(parser, argv):
     if unknown or "data_sha256" not in config or not isinstance(saved.get("threads"), int) \
             or set(defaults) - set(saved) - RESUME_MAY_CHANGE:
         raise UserError(f"cannot resume: {quoted(folder)} was made by an older version of {parser.prog}; "
-                        f"bring it to today's form with: {UPGRADE} {shlex.quote(folder)}")
+                        f"bring it to today's form with: python tools/run_records.py --upgrade {shlex.quote(folder)}")
     bad = [k for k in defaults if k in saved and not fits(defaults[k], saved[k])]
     if bad:
         raise UserError(f"cannot resume: {quoted(path)} has {bad[0]} = {shortened(repr(saved[bad[0]]), 40)}, "
@@ -274,7 +264,7 @@ def resumed_args(parser, argv):
         raise UserError(f"cannot resume with other settings: {'; '.join(changed)}; only --rounds (to extend the "
                         "run), --device, --parallel-clients, --data-dir, --checkpoint-every, --stop-after, --out and "
                         "the new place of a --dataset file or folder that moved may change")
-    args = argparse.Namespace(**{**defaults, **{k: saved[k] for k in defaults if k in saved}})
+    args = argparse.Namespace(**{k: saved.get(k, default) for k, default in defaults.items()})
     for k in set(given) & (RESUME_MAY_CHANGE | {"dataset"}):
         setattr(args, k, given[k])
     args.resume, args.stop_after = folder, given.get("stop_after")
@@ -301,7 +291,7 @@ def check_out_folder(out):
         raise FileFault(path, PermissionError(13, "not writable"), "; nothing was made", verb="create a run folder in")
 
 
-# ----------------------------------------------------------------------------- data
+# ----------------------------------------------------------------------------- data, devices and seeds
 
 def load_federated_data(args, device):
     """The dataset of ``args``, partitioned over its clients, on ``device`` (datasets.py), after
@@ -310,8 +300,6 @@ def load_federated_data(args, device):
     set_threads(args.threads)
     return datasets.load_federated_data(args, device)
 
-
-# ----------------------------------------------------------------------------- devices and seeds
 
 def resolve_device(name):
     if name == "auto":
@@ -330,11 +318,10 @@ def resolve_device(name):
 
 
 def set_determinism(device, mode):
-    """--deterministic for a run on ``device`` (docs/running.md); returns whether it is on. On ('auto' on
-    CUDA): deterministic kernels (an op without one raises), no cuDNN autotuning, no TF32 (fp32_precision,
-    allow_tf32's successor from torch 2.9: do not mix them) and the cuBLAS workspace cuBLAS reads when it
-    starts (so this runs before any GPU work). Off: torch's defaults. Settings are global to the process:
-    each run sets every one, both ways."""
+    """--deterministic for a run on ``device`` (docs/running.md); returns whether it is on. On ('auto' on CUDA):
+    deterministic kernels (an op without one raises), no cuDNN autotuning, no TF32 (fp32_precision, allow_tf32's
+    successor from torch 2.9: do not mix them) and the cuBLAS workspace cuBLAS reads when it starts (so this runs before
+    any GPU work). Off: torch's defaults. Settings are global to the process: each run sets every one, both ways."""
     cuda = torch.device(device).type == "cuda"
     on = mode == "on" or (mode == "auto" and cuda)
     if torch.are_deterministic_algorithms_enabled() != on or torch.is_deterministic_algorithms_warn_only_enabled():
@@ -348,12 +335,11 @@ def set_determinism(device, mode):
 
 
 def set_threads(threads):
-    """--threads: torch's CPU (intra-op) threads for the whole run, whatever OMP_NUM_THREADS says. A CPU
-    run's arithmetic depends on this count (how a sum is split over threads), so a run repeats bit for bit
-    only at the count it was made with. None (a run made before the flag, which recorded none) or 'auto'
-    (flags not resolved by parse_args): torch's default from the environment. Inter-op threads are left
-    as they are: nothing here runs ops concurrently through them (parallel clients use their own threads,
-    ClientPool)."""
+    """--threads: torch's CPU (intra-op) threads for the whole run, whatever OMP_NUM_THREADS says. A CPU run's
+    arithmetic depends on this count (how a sum is split over threads), so a run repeats bit for bit only at the count
+    it was made with. None (a run made before the flag, which recorded none) or 'auto' (flags not resolved by
+    parse_args): torch's default from the environment. Inter-op threads are left as they are: nothing here runs ops
+    concurrently through them (parallel clients use their own threads, ClientPool)."""
     if threads not in (None, "auto") and torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
 
@@ -454,16 +440,16 @@ def local_train(model, data, idx, args, seed):
     return total / max(steps, 1)
 
 
-def weighted_average(stacked, weights):
-    """FedAvg's aggregation: sum_k w_k theta_k / sum_k w_k over the rows of ``stacked`` (K x D)."""
+def weighted_average(client_states, weights):
+    """FedAvg's aggregation: sum_k w_k theta_k / sum_k w_k over the clients' flat models (K x D, or a list)."""
+    stacked = client_states if torch.is_tensor(client_states) else torch.stack(list(client_states))
     weights = to_device(torch.as_tensor(weights, dtype=stacked.dtype), stacked.device)
     return (weights / weights.sum()) @ stacked
 
 
 def check_finite(loss, round_, client):
     """One host sync per client: stop a run that diverged (the data was checked finite: the step size is to blame)."""
-    value = float(loss)
-    if not math.isfinite(value):
+    if not math.isfinite(value := float(loss)):
         raise DivergedError(f"training loss became {value} in round {round_} on client {client}; "
                             "lower --lr (metrics so far are in the run folder)")
     return value
@@ -517,7 +503,9 @@ class ClientPool:
     client ran on one torch thread or on all of them. No model is built or copied per client."""
 
     def __init__(self, models, client_sizes):
-        self.models, self.client_sizes = models, client_sizes
+        self.models, self.client_sizes, self.free = models, client_sizes, queue.SimpleQueue()  # free: models not in use
+        for model in models:
+            self.free.put(model)
 
     @classmethod
     def build(cls, args, build_model, device, data):
@@ -532,17 +520,15 @@ class ClientPool:
         """``[client_update(model, client) for client in clients]``, each call given a free model."""
         if len(self.models) == 1:
             return [client_update(self.models[0], client) for client in clients]
-        free, threads = queue.SimpleQueue(), torch.get_num_threads()
-        for model in self.models:
-            free.put(model)
 
         def run(client):
-            model = free.get()
+            model = self.free.get()
             try:
                 return client_update(model, client)
             finally:
-                free.put(model)
+                self.free.put(model)
 
+        threads = torch.get_num_threads()
         torch.set_num_threads(1)
         executor = ThreadPoolExecutor(len(self.models))
         try:
@@ -553,10 +539,8 @@ class ClientPool:
             torch.set_num_threads(threads)
 
     def train(self, client_update, clients, progress=None):
-        """``map`` of ``client_update(model, client)`` -> (the trained model, flat; anything else): the trained
-        models as the rows of a new (K x D) tensor, each copied in as its client ends (no K models held besides:
-        docs/speed.md), then each further value as a list. ``progress(client, of, done)`` is told as each starts
-        and ends (the script passes its run's: run_folder.Run.progress)."""
+        """``map`` of ``client_update(model, client)`` -> (the trained model, flat; more): the (K x D) rows, each copied
+        in as its client ends (docs/speed.md), then each further value as a list; ``progress`` is told of each."""
         state, report = float_state(self.models[0]), progress or (lambda *_: None)
         rows = torch.empty(len(clients), sum(v.numel() for v in state), dtype=state[0].dtype, device=state[0].device)
 

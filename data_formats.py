@@ -99,17 +99,12 @@ KNOWN_CONTENT = {
     "cifar10": {"title": "CIFAR-10", "shape": (3, 32, 32), "classes": 10, "sizes": (50000, 10000),
                 "counts": ((5000,) * 10, (1000,) * 10)},
     "cifar100": {"title": "CIFAR-100", "shape": (3, 32, 32), "classes": 100, "sizes": (50000, 10000),
-                 "counts": ((500,) * 100, (100,) * 100)},
-}
+                 "counts": ((500,) * 100, (100,) * 100)}}
 ARRAYS = ("training images", "training labels", "test images", "test labels")
 READ_CHUNK = 1 << 24  # bytes inflated at a time
 CIFAR_MAX_BYTES = 60000 * 4096  # the unpacked files of either CIFAR: 60,000 images of 3072 bytes, labels, names
 NPZ_ROUTE = ("; data of your own goes in an .npz with x, y (optional x_test, y_test): --dataset path/to/file.npz "
              "(docs/datasets.md)")
-
-
-class NotCanonical(ValueError):
-    """A CIFAR file that is read whole but holds something else than torchvision's layout."""
 
 
 class ContentError(UserError):
@@ -178,8 +173,10 @@ def _cifar_complete(cls, folder):
 def read_cifar(name, folder):
     """CIFAR's pickled batches in ``folder`` as torchvision reads them: [x_train, y_train, x_test, y_test] as
     (N, 3, 32, 32) uint8 and int64, and for each array the [(file, samples)] it came from."""
-    cls = _torchvision_class(name)
-    arrays, sources = [], []
+    def not_canonical(why):  # read whole: not damaged, another layout
+        return UserError(f"the {name} files in {folder} are readable but not the canonical {name} set "
+                         f"that torchvision reads ({why}){NPZ_ROUTE}")
+    cls, arrays, sources = _torchvision_class(name), [], []
     for files in (cls.train_list, cls.test_list):
         images, labels, parts = [], [], []
         for file, _ in files:
@@ -188,12 +185,12 @@ def read_cifar(name, folder):
                 entry = pickle.load(f, encoding="latin1")
             label_key = next((k for k in ("labels", "fine_labels") if isinstance(entry, dict) and k in entry), None)
             if label_key is None or "data" not in entry:
-                raise NotCanonical(f"{file} is no dict with 'data' and 'labels' ('fine_labels')")
+                raise not_canonical(f"{file} is no dict with 'data' and 'labels' ('fine_labels')")
             x, y = np.asarray(entry["data"]), np.asarray(entry[label_key])
             if x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3072 or y.ndim != 1 or len(y) != len(x):
-                raise NotCanonical(f"{file} holds no uint8 (N, 3072) images with N labels")
+                raise not_canonical(f"{file} holds no uint8 (N, 3072) images with N labels")
             if not np.issubdtype(y.dtype, np.integer):
-                raise NotCanonical(f"{file} has labels of {y.dtype}, not integers")
+                raise not_canonical(f"{file} has labels of {y.dtype}, not integers")
             images.append(x)
             labels.append(y.astype(np.int64))
             parts.append((path, len(y)))
@@ -295,9 +292,9 @@ def _same_as_other(name, arrays):
     return ""
 
 
-def check_known_content(name, arrays, sources):
-    """Refuse in one line naming the file (``sources``: each array's [(file, samples)]) a known dataset's arrays unless
-    they are the publisher's: a label outside its classes, other sizes, counts per class or sha256, in that order."""
+def check_known_content(name, arrays, sources, route=""):
+    """Refuse in one line naming the file (``sources``: each array's [(file, samples)]), ending in ``route``, a known
+    dataset's arrays unless the publisher's: a label outside its classes, other sizes, class counts, sha256, in turn."""
     known = KNOWN_CONTENT.get(name)
     if known is None:
         return
@@ -307,7 +304,7 @@ def check_known_content(name, arrays, sources):
         files = [path for path, _ in sources[i]]
         where = files[0] if len(files) == 1 else \
             f"{os.path.dirname(files[0])} ({', '.join(map(os.path.basename, files))})"
-        raise ContentError(f"{where} is not {title}'s {ARRAYS[i]}: {why}{_same_as_other(name, arrays)}")
+        raise ContentError(f"{where} is not {title}'s {ARRAYS[i]}: {why}{_same_as_other(name, arrays)}{route}")
 
     for i in (1, 3):
         outside = np.flatnonzero((arrays[i] < 0) | (arrays[i] >= classes))
@@ -318,7 +315,7 @@ def check_known_content(name, arrays, sources):
                     break
                 sample -= n
             raise ContentError(f"{path}: label {arrays[i][outside[0]]} (sample {sample}) is outside {title}'s "
-                               f"classes 0..{classes - 1}: this is not {title}'s file")
+                               f"classes 0..{classes - 1}: this is not {title}'s file{route}")
     for i in (0, 2):
         shape, expected = tuple(arrays[i].shape[1:]), known["sizes"][i // 2]
         if (len(arrays[i]), shape) != (expected, known["shape"]):
@@ -339,6 +336,7 @@ def load_vision(name, data_dir):
     where they lie, else downloaded; checked for their known content, so a copy from elsewhere (Debian's) loads."""
     cls, folder, known = _torchvision_class(name), os.path.join(data_dir, VISION[name][2]), KNOWN_CONTENT.get(name)
     address = cls.url if hasattr(cls, "url") else cls.mirrors[0]
+    route = NPZ_ROUTE if name.startswith("cifar") else ""  # CIFAR has no fingerprint: another set's data reads whole
     try:
         if name in IDX_FILES:
             found, files = find_idx(name, data_dir)
@@ -361,13 +359,9 @@ def load_vision(name, data_dir):
             arrays, sources = read_cifar(name, folder)
     except UserError:
         raise
-    except NotCanonical as e:  # read whole: not damaged, another layout
-        raise UserError(f"the {name} files in {folder} are readable but not the canonical {name} set "
-                        f"that torchvision reads ({e}){NPZ_ROUTE}")
     except Exception as e:  # noqa: BLE001  what the parsers raise on a damaged file
         raise UserError(f"the {name} files in {folder} are corrupt or truncated ({e.__class__.__name__}: {e}); "
-                        f"delete them and run again to download them from {address}"
-                        + (NPZ_ROUTE if name.startswith("cifar") else ""))
+                        f"delete them and run again to download them from {address}{route}")
     xtr, ytr, xte, yte = arrays
     if name in IDX_FILES:
         if xtr.ndim != 3 or xte.ndim != 3 or ytr.ndim != 1 or yte.ndim != 1:
@@ -376,10 +370,7 @@ def load_vision(name, data_dir):
         # (N, 1, H, W); EMNIST stores its images transposed
         xtr, xte = ((x.transpose(0, 2, 1) if name == "emnist" else x)[:, None].copy() for x in (xtr, xte))
     arrays = xtr, ytr.astype(np.int64), xte, yte.astype(np.int64)
-    try:
-        check_known_content(name, arrays, sources)
-    except ContentError as e:  # CIFAR has no fingerprint: read whole, its sizes or classes are another set's
-        raise ContentError(f"{e}{NPZ_ROUTE}" if name.startswith("cifar") else str(e)) from None
+    check_known_content(name, arrays, sources, route)
     return arrays
 
 
@@ -388,6 +379,7 @@ def load_vision(name, data_dir):
 TINY_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
 TINY_MD5 = "90528d7ca1a48142e341f4ef8d21d0de"  # 248,100,043 bytes
 TINY_CACHE = "tiny-imagenet-200-uint8.npz"  # decoded once, then reused (delete it to rebuild)
+TINY_ARRAYS = ("x_train", "y_train", "x_test", "y_test")  # what TINY_CACHE holds besides wnids, the class names
 AGNEWS_URL = "https://raw.githubusercontent.com/mhjabreel/CharCnn_Keras/master/data/ag_news_csv/"
 AGNEWS_MAX_LEN = 200  # tokens per text: cut, or padded with PAD_ID (PFLlib's max_len for FedALA)
 AGNEWS_MIN_COUNT = 1  # a training word is in the vocabulary if seen this often; no size cap (torchtext default)
@@ -428,7 +420,7 @@ def _download(url, path, md5=None):
 
 
 def _decode_tiny(root):
-    """tiny-imagenet-200/ as (x_train, y_train, x_val, y_val, wnids), labels the lines of wnids.txt: val/images/<file>
+    """tiny-imagenet-200/ as TINY_CACHE's arrays, val/ the test set, labels the lines of wnids.txt: val/images/<file>
     labelled by val/val_annotations.txt (file, wnid, box), never by file order; test/ is unlabelled: not used."""
     def listed(path, images=False):  # a folder's images or a file's lines, or one line: it is missing
         try:
@@ -477,8 +469,8 @@ def _decode_tiny(root):
             x[i] = pixels.transpose(2, 0, 1)
         return x
 
-    return (decode(train_files), np.array(train_labels, dtype=np.int64),
-            decode(val_files), np.array(val_labels, dtype=np.int64), np.array(wnids))
+    return dict(x_train=decode(train_files), y_train=np.array(train_labels, dtype=np.int64), x_test=decode(val_files),
+                y_test=np.array(val_labels, dtype=np.int64), wnids=np.array(wnids))
 
 
 def load_tinyimagenet(data_dir):
@@ -488,7 +480,7 @@ def load_tinyimagenet(data_dir):
     if os.path.exists(cache):
         try:
             with np.load(cache, allow_pickle=False) as d:
-                arrays = tuple(d[k] for k in ("x_train", "y_train", "x_test", "y_test"))
+                arrays = tuple(d[k] for k in TINY_ARRAYS)
         except (OSError, ValueError, KeyError, EOFError) as e:
             raise UserError(f"{cache} is corrupt or truncated ({e.__class__.__name__}); delete it to rebuild it")
         if arrays[0].shape[1:] != (3, 64, 64) or arrays[2].shape[1:] != (3, 64, 64):
@@ -511,13 +503,12 @@ def load_tinyimagenet(data_dir):
             except (zipfile.BadZipFile, ValueError, EOFError, OSError) as e:
                 raise UserError(f"{archive} is corrupt, truncated or not the Tiny-ImageNet archive ({e}); "
                                 "delete it and run again to re-download")
-    x_train, y_train, x_test, y_test, wnids = _decode_tiny(root)
+    arrays = _decode_tiny(root)
     try:
-        arrays = dict(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test, wnids=wnids)
         _write_whole(cache, lambda f: np.savez(f, **arrays), ".tmp-")  # uncompressed: loads in about a second
     except OSError as e:  # a read-only or full data dir: train anyway, decode again next time
         print(f"tinyimagenet: could not write the cache {cache} ({e.__class__.__name__}: {e})", file=sys.stderr)
-    return x_train, y_train, x_test, y_test
+    return tuple(arrays[k] for k in TINY_ARRAYS)
 
 
 _BASIC_ENGLISH = [(r"\'", " '  "), (r"\"", ""), (r"\.", " . "), (r"<br \/>", " "), (r",", " , "), (r"\(", " ( "),
@@ -594,8 +585,7 @@ LOADERS = {"tinyimagenet": load_tinyimagenet, "agnews": load_agnews}
 # object array whose pickle holds the dict {'x': samples, 'y': labels}. Pickles are programs; these files
 # are read by a reader that understands exactly that pickle and builds nothing else (_PfllibUnpickler).
 MAX_FEATURE = 1e10  # the largest magnitude of a feature taken, here and in datasets.check_arrays
-PFLLIB_MAX_CLIENTS = 100000
-PFLLIB_MAX_CLASSES = 100000
+PFLLIB_MAX_CLIENTS = PFLLIB_MAX_CLASSES = 100000
 PFLLIB_CONFIG_MAX_BYTES = 64 * 2 ** 20
 PFLLIB_MAX_CONFIG_INT = 2 ** 63 - 1  # no count, label or size of a folder comes near; 1e999 is no number at all
 PFLLIB_RESPLIT_FLAGS = ("train_ratio", "test_split")  # with common.PARTITION_FLAGS: refused for a folder
@@ -736,48 +726,44 @@ class _Refused(Exception):
     """Why one client file is not what PFLlib's save_file writes."""
 
 
-def _pfllib_member(z):
-    """The ZipInfo of data.npy, the one member a PFLlib client file has."""
-    names = z.namelist()
-    if names != ["data.npy"]:
-        raise _Refused(f"it holds {first_few([quoted(n) for n in names], 3) or 'nothing'}; PFLlib's files hold "
-                       "data.npy only")
-    info = z.getinfo("data.npy")
-    if info.flag_bits & 0x1:  # zipfile would ask for a password
-        raise _Refused("its data.npy is encrypted; PFLlib's files are not")
-    return info
-
-
-def _unreadable(path, e):
-    """The one line of a client file that cannot be read as PFLlib's, for the exception ``e``."""
-    if isinstance(e, _Refused):
-        return UserError(f"{quoted(path)}: {e}")
-    if isinstance(e, pickle.UnpicklingError):
-        return UserError(f"{quoted(path)} is refused: {e}")
-    if isinstance(e, OSError) and e.strerror:
-        return UserError(f"cannot read {quoted(path)}: {e.strerror}")
-    # not a zip, a bad CRC, cut short, a malformed header
-    why = shortened((str(e).strip().splitlines() or [""])[0], 120)
-    return UserError(f"{quoted(path)} is not a readable PFLlib client file ({e.__class__.__name__}"
-                     f"{': ' + why if why else ''})")
+@contextlib.contextmanager
+def _pfllib_zip(path):
+    """(the zip, the ZipInfo of its data.npy) of a PFLlib client file, whose one member is data.npy; whatever fails
+    in the block is refused in one line naming ``path``."""
+    check_regular(path, doing="--dataset")
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+            if names != ["data.npy"]:
+                raise _Refused(f"it holds {first_few([quoted(n) for n in names], 3) or 'nothing'}; PFLlib's files "
+                               "hold data.npy only")
+            info = z.getinfo("data.npy")
+            if info.flag_bits & 0x1:  # zipfile would ask for a password
+                raise _Refused("its data.npy is encrypted; PFLlib's files are not")
+            yield z, info
+    except _Refused as e:
+        raise UserError(f"{quoted(path)}: {e}")
+    except pickle.UnpicklingError as e:
+        raise UserError(f"{quoted(path)} is refused: {e}")
+    except Exception as e:  # noqa: BLE001  not a zip, a bad CRC, a cut file, a malformed pickle or header
+        if isinstance(e, OSError) and e.strerror:
+            raise UserError(f"cannot read {quoted(path)}: {e.strerror}")
+        why = shortened((str(e).strip().splitlines() or [""])[0], 120)
+        raise UserError(f"{quoted(path)} is not a readable PFLlib client file ({e.__class__.__name__}"
+                        f"{': ' + why if why else ''})")
 
 
 def pfllib_declared_bytes(path):
     """The uncompressed size that the zip header of ``path`` declares for its data.npy (read, not inflated)."""
-    check_regular(path, doing="--dataset")
-    try:
-        with zipfile.ZipFile(path) as z:
-            return _pfllib_member(z).file_size
-    except Exception as e:  # noqa: BLE001  not a zip, cut short
-        raise _unreadable(path, e)
+    with _pfllib_zip(path) as (_, info):
+        return info.file_size
 
 
 def read_pfllib_npz(path):
     """(x, y) of a PFLlib client file, running nothing: data.npy alone, a 0-d object array, inflated up to its declared
     size (checked against memory), CRC checked, its pickle read by _PfllibUnpickler: {'x': array, 'y': array}."""
-    check_regular(path, doing="--dataset")
-    try:
-        with zipfile.ZipFile(path) as z, z.open(_pfllib_member(z)) as f:
+    with _pfllib_zip(path) as (z, info):
+        with z.open(info) as f:
             version = np.lib.format.read_magic(f)
             if version not in ((1, 0), (2, 0)):
                 raise _Refused(f"its data.npy is .npy version {version[0]}.{version[1]}; numpy writes 1.0 or 2.0")
@@ -793,8 +779,6 @@ def read_pfllib_npz(path):
                 raise _Refused(f"its pickle holds more than {PFLLIB_MAX_PICKLE_OPS} opcodes; PFLlib's dict of two "
                                "arrays takes about 160, so it is not PFLlib's file (nothing of it was run)")
         holder = _PfllibUnpickler(io.BytesIO(payload)).load()
-    except Exception as e:  # noqa: BLE001  not a zip, a bad CRC, a cut file, a malformed pickle or header
-        raise _unreadable(path, e)
     data = holder.value if isinstance(holder, _PickledArray) else None
     if not isinstance(data, dict) or set(data) != {"x", "y"}:
         what = f"a dict of {first_few(sorted(map(repr, data)), 4)}" if isinstance(data, dict) else \

@@ -107,7 +107,7 @@ def run_main(main, argv=None):
     except KeyboardInterrupt as e:
         restore_signals(previous, ignore=True)
         signum = getattr(e, "signum", signal.SIGINT)
-        say(OPEN_RUNS[-1].interrupted_line(signum) if OPEN_RUNS else
+        say(f"{stopped_by(signum)}; {OPEN_RUNS[-1].kept()}" if OPEN_RUNS else
             f"{stopped_by(signum)} before the run folder was made; nothing was written")
         code = 128 + signum
     except OSError as e:  # disk full, permissions: the run's own files (FileFault), standard output, or any other

@@ -274,7 +274,7 @@ def server_update(client_states, scores, uniform=False):
         weights = torch.full((len(scores),), 1 / len(scores), dtype=torch.float64)
     else:
         weights = aggregation_weights(torch.stack(scores))
-    return common.weighted_average(common.as_rows(client_states), weights)
+    return common.weighted_average(client_states, weights)
 
 
 def main(argv=None):

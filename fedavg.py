@@ -60,7 +60,7 @@ def client_update(model, global_state, data, client, args, round_):
 def server_update(client_states, num_samples):
     """The server's step (Alg. 1's last line): the new global model, the average of the clients' trained models (K x D,
     or a list) weighted by their sample counts, w <- sum_k n_k / n w^k."""
-    return common.weighted_average(common.as_rows(client_states), num_samples)
+    return common.weighted_average(client_states, num_samples)
 
 
 def main(argv=None):

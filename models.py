@@ -189,16 +189,11 @@ def _model(name, data):
         raise UserError(f"--model {name} needs image data (N, C, H, W); {data.info.get('name', 'this dataset')} "
                         f"has shape {tuple(x.shape[1:])}; use --model {'mlp' if x.is_floating_point() else 'fasttext'}")
     channels, size = x.shape[1], x.shape[2]
-    if name in ("cnn", "pfedlacnn", "lenet", "simplecnn") and _pooled_side(min(x.shape[2:])) < 1:
-        raise ValueError("it needs images of at least 16x16")  # build_model's message names the models that do
-    if name == "cnn":
-        return CNN(channels, k, size)
-    if name == "pfedlacnn":
-        return PFedLACNN(channels, k, size)
-    if name == "lenet":
-        return LeNet(channels, k, size)
-    if name == "simplecnn":
-        return SimpleCNN(channels, k, size)
+    small_cnn = {"cnn": CNN, "pfedlacnn": PFedLACNN, "lenet": LeNet, "simplecnn": SimpleCNN}.get(name)
+    if small_cnn:
+        if _pooled_side(min(x.shape[2:])) < 1:
+            raise ValueError("it needs images of at least 16x16")  # build_model's message names the models that do
+        return small_cnn(channels, k, size)
     import torchvision
     model = getattr(torchvision.models, name)(weights=None, num_classes=k)
     if channels != 3:

@@ -23,10 +23,9 @@ import numpy as np
 import torch
 
 import data_partition
-from exits import (OPEN_RUNS, STOP_SIGNALS, STOP_STATUSES, DivergedError, FileFault, Stopped, UserError,  # noqa: F401
-                   atomic_write, check_regular, detach_from_terminal, handle_stop_signals, is_terminal, quoted,
-                   read_json, restore_signals, run_main, say, shortened, show, signal_name, stop_at_once, stopped_by,
-                   torch_save)  # the scripts' too: run_folder.run_main
+from exits import (OPEN_RUNS, DivergedError, FileFault, Stopped, UserError, atomic_write, check_regular,  # noqa: F401
+                   detach_from_terminal, handle_stop_signals, is_terminal, quoted, read_json, restore_signals, run_main,
+                   say, shortened, show, signal_name, stop_at_once, stopped_by, torch_save)  # the scripts' too
 
 
 # flags that may differ on --resume: they do not change what is computed (--rounds extends the run)
@@ -236,11 +235,10 @@ class Run:
         return round_ % self.args.eval_every == 0 or round_ > self.args.rounds - 10
 
     def progress(self, round_):
-        """The callback of round ``round_`` for common.ClientPool.train, told as each client starts and ends: past
-        PROGRESS_AFTER s the clients done and an ETA (in place on a terminal, in a log every PROGRESS_LOG_EVERY s). The
-        round's rest: the clients left at the mean client's time, less what running ones did, over those run at once."""
+        """Round ``round_``'s callback for common.ClientPool.train, told as each client starts and ends: past
+        PROGRESS_AFTER s a line of the clients done and an ETA, on a terminal at each end, in a log at most every
+        PROGRESS_LOG_EVERY s (show_progress)."""
         t0, running, times, shown = clock(), {}, [], [clock(), 1]  # shown: when, and the most clients at once
-        before = self.elapsed + t0 - self.t_last  # the rounds before this one
 
         def report(client, of, done):
             now, terminal = clock(), is_terminal(sys.stdout)
@@ -250,19 +248,25 @@ class Run:
                     shown[1] = max(shown[1], len(running))
                     return
                 times.append(now - running.pop(client))
-                if now - t0 < PROGRESS_AFTER or not terminal and now - shown[0] < PROGRESS_LOG_EVERY:
-                    return
-                mean = sum(times) / len(times)
-                rest = max((of - len(times)) * mean - sum(min(now - s, mean) for s in running.values()), 0) / shown[1]
-                eta = rest + (before + now - t0 + rest) / round_ * (self.args.rounds - round_)
-                line = (f"[{self.algo}] round {round_}/{self.args.rounds}: {len(times)}/{of} clients done | "
-                        f"{now - t0:.0f} s into this round | ETA {duration(eta)}")
-                shown[0] = now
-                if terminal:  # cut to the terminal's width: a wrapped line is not rewritten in place
-                    line = line[:max(shutil.get_terminal_size().columns - 1, 20)]
-                    self.progress_width = max(self.progress_width, len(line))
-                show(line, self.progress_width if terminal else 0)
+                if now - t0 >= PROGRESS_AFTER and (terminal or now - shown[0] >= PROGRESS_LOG_EVERY):
+                    shown[0] = now
+                    self.show_progress(round_, of, t0, now, times, running.values(), shown[1], terminal)
         return report
+
+    def show_progress(self, round_, of, t0, now, times, starts, at_once, terminal):
+        """The progress line. The round's rest: the clients not done at the mean client's time, less what the running
+        ones (started at ``starts``) did, over the most run at once; the rounds after at the run's mean so far, this
+        one included. In place on a terminal, cut to its width (a wrapped line is not rewritten in place)."""
+        mean = sum(times) / len(times)
+        rest = max((of - len(times)) * mean - sum(min(now - start, mean) for start in starts), 0) / at_once
+        before = self.elapsed + t0 - self.t_last  # the rounds before this one
+        eta = rest + (before + now - t0 + rest) / round_ * (self.args.rounds - round_)
+        line = (f"[{self.algo}] round {round_}/{self.args.rounds}: {len(times)}/{of} clients done | "
+                f"{now - t0:.0f} s into this round | ETA {duration(eta)}")
+        if terminal:
+            line = line[:max(shutil.get_terminal_size().columns - 1, 20)]
+            self.progress_width = max(self.progress_width, len(line))
+        show(line, self.progress_width if terminal else 0)
 
     def log(self, round_, metrics):
         """Record one evaluation: a row of metrics.csv (rewritten atomically) and the round's line."""
@@ -425,10 +429,6 @@ class Run:
                 show(f"  {key:>22s}: best {v['best']:.2f}  final {v['final']:.2f}  {mean_of} {v['last10_mean']:.2f}")
         show(f"  {self.elapsed:.1f} s, {summary['mb_down']:.1f} MB down, {summary['mb_up']:.1f} MB up; files in {self.dir}")
         return summary
-
-    def interrupted_line(self, signum=signal.SIGINT):
-        """What a signal that stops at once (a second one, in the middle of a round) leaves, in one line."""
-        return f"{stopped_by(signum)}; {self.kept()}"
 
     def close(self, failed=False, diverged=False):
         """Release the folder: a run that failed before any result leaves nothing; a diverged one says so."""

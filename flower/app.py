@@ -677,7 +677,7 @@ def leave_after_stop():
     with _RECORDING:
         _STOPPED.set()
         run = run_folder.OPEN_RUNS[-1] if run_folder.OPEN_RUNS else None
-        line = run.interrupted_line(signum) if run else f"{what} before the run folder was made; nothing was written"
+        line = f"{what}; {run.kept()}" if run else f"{what} before the run folder was made; nothing was written"
         for open_run in list(run_folder.OPEN_RUNS):
             open_run.close(failed=True)
     try:

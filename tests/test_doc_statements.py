@@ -53,3 +53,15 @@ def test_the_suite_s_time_is_stated_in_readme_alone():
                 found.append((doc, number, line.strip()))
     assert [doc for doc, *_ in found] == ["README.md"], found
     assert "README" in read(os.path.join("docs", "running.md")).split("python -m pytest -q -n 2", 1)[1].split("\n")[0]
+
+
+def test_readme_says_help_waits_for_torch_as_it_does():
+    """README: `python SCRIPT --help` prints once torch has loaded (the parser is built by common.py). Should --help
+    come to print before torch loads, README's sentence and its measured seconds must change with it."""
+    import subprocess
+    import sys
+    assert "it prints once torch has loaded" in " ".join(read("README.md").split())
+    probe = ("import runpy, sys\nsys.argv = ['fedavg.py', '--help']\ntry:\n    runpy.run_path('fedavg.py', "
+             "run_name='__main__')\nexcept SystemExit:\n    pass\nprint('torch loaded:', 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
+    assert "--rounds" in out and out.rstrip().endswith("torch loaded: True"), out[-300:]

@@ -145,7 +145,7 @@ def main(argv=None):
         losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         if args.fedavg:
             num_samples = [len(data.train_idx[client]) for client in clients]
-            new_global = common.weighted_average(common.as_rows(client_states), num_samples)
+            new_global = common.weighted_average(client_states, num_samples)
         else:
             new_global = fedacd.server_update(client_states, scores, args.uniform_agg)
         common.load_flat_state(global_model, new_global)

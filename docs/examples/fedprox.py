@@ -74,7 +74,7 @@ def main(argv=None):
                                            progress=run.progress(round_))
         losses = [common.check_finite(loss, round_, client) for client, loss in zip(clients, losses)]
         num_samples = [len(data.train_idx[client]) for client in clients]
-        common.load_flat_state(global_model, common.weighted_average(common.as_rows(client_states), num_samples))
+        common.load_flat_state(global_model, common.weighted_average(client_states, num_samples))
         run.add_bytes(down=model_bytes * len(clients), up=model_bytes * len(clients))
         if run.should_eval(round_):
             run.log(round_, {**common.evaluate_global(global_model, data), "train_loss": sum(losses) / len(losses)})

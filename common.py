@@ -485,12 +485,6 @@ def parallel_clients(args, device):
     return max(1, min(n, clients_per_round(args)))
 
 
-def client_threads(args, device):
-    """The torch threads one client trains on in a run of ``args``: 1 when clients train in parallel, else
-    all --threads (None: a run that recorded no count, at torch's default)."""
-    return 1 if parallel_clients(args, device) > 1 else getattr(args, "threads", None)
-
-
 class ClientPool:
     """The reusable models that run a round's client updates: ``map`` and ``train`` over the clients.
 

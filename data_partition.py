@@ -1,8 +1,7 @@
 """Client partitions of a labelled dataset; see docs/datasets.md.
 
-Every function takes the label array, the number of clients and a
-``numpy.random.Generator`` and returns one sorted ``int64`` index array per
-client. They are pure: the same generator state gives the same partition.
+Every partition takes the label array, the number of clients and a ``numpy.random.Generator`` and returns one sorted
+``int64`` index array per client. They are pure: the same generator state gives the same partition.
 """
 import numpy as np
 
@@ -24,18 +23,11 @@ def iid(labels, num_clients, rng):
     return [np.sort(part) for part in np.array_split(rng.permutation(len(labels)), num_clients)]
 
 
-def _random_cuts(total, parts, rng):
-    """Split ``total`` items into ``parts`` random non-empty shares (sizes sum to total)."""
-    cuts = np.sort(rng.choice(np.arange(1, total), size=parts - 1, replace=False))
-    return np.diff(np.concatenate([[0], cuts, [total]]))
-
-
 def pathological(labels, num_clients, rng, classes_per_client, balance=False):
     """McMahan et al. (2017) shards: each client holds exactly ``classes_per_client`` classes.
 
-    Classes are dealt round-robin over a random class order, so every class goes to
-    (nearly) the same number of clients. Each class's samples are split among its
-    holders in equal shares (``balance``) or in random non-empty shares.
+    Classes are dealt round-robin over a random class order, so every class goes to (nearly) the same number of
+    clients. Each class's samples are split among its holders in equal shares (``balance``) or random non-empty shares.
     """
     _check(labels, num_clients)
     classes = np.unique(labels)
@@ -43,8 +35,7 @@ def pathological(labels, num_clients, rng, classes_per_client, balance=False):
         raise PartitionError(f"--classes-per-client {classes_per_client} must be between 1 and the "
                              f"{len(classes)} classes of the dataset")
     order = rng.permutation(classes)
-    client_classes = [[order[(i * classes_per_client + j) % len(classes)] for j in range(classes_per_client)]
-                      for i in range(num_clients)]
+    client_classes = np.resize(order, (num_clients, classes_per_client))  # the order repeated, row by row
     parts = [[] for _ in range(num_clients)]
     for c in classes:
         holders = [i for i in range(num_clients) if c in client_classes[i]]
@@ -54,9 +45,11 @@ def pathological(labels, num_clients, rng, classes_per_client, balance=False):
         if len(idx) < len(holders):
             raise PartitionError(f"class {c} has {len(idx)} samples for {len(holders)} clients; "
                                  "use fewer --num-clients or --classes-per-client")
-        sizes = (np.diff(np.linspace(0, len(idx), len(holders) + 1).astype(int)) if balance
-                 else _random_cuts(len(idx), len(holders), rng))
-        for i, chunk in zip(holders, np.split(idx, np.cumsum(sizes)[:-1])):
+        if balance:
+            cuts = np.linspace(0, len(idx), len(holders) + 1).astype(int)[1:-1]
+        else:  # distinct cuts in 1..len(idx)-1: random non-empty shares
+            cuts = np.sort(rng.choice(np.arange(1, len(idx)), size=len(holders) - 1, replace=False))
+        for i, chunk in zip(holders, np.split(idx, cuts)):
             parts[i].append(chunk)
     return [np.sort(np.concatenate(p)).astype(np.int64) for p in parts]
 
@@ -64,10 +57,9 @@ def pathological(labels, num_clients, rng, classes_per_client, balance=False):
 def dirichlet(labels, num_clients, rng, beta, min_size=10, max_draws=100):
     """Label-skew Dir(beta) split (Hsu et al. 2019; the FedALA / PFLlib variant).
 
-    For every class, proportions ~ Dir(beta * 1_N); a client that already holds more
-    than N_total / num_clients samples gets no more of later classes. The whole draw
-    is repeated until every client has ``min_size`` samples, at most ``max_draws``
-    times, after which a PartitionError names the knobs to turn.
+    For every class, proportions ~ Dir(beta * 1_N); a client that already holds more than N_total / num_clients
+    samples gets no more of later classes. The whole draw is repeated until every client has ``min_size`` samples, at
+    most ``max_draws`` times, after which a PartitionError names the knobs to turn.
     """
     _check(labels, num_clients)
     if not beta > 0:
@@ -104,34 +96,43 @@ def _balanced_class_sets(num_classes, num_clients, per_client, rng):
             if not deck:
                 deck = list(rng.permutation(num_classes))
             c = deck.pop()
-            if c in chosen:  # at the end of a deck; put it back for the next client
+            if c not in chosen:
+                chosen.append(c)
+            else:  # at the end of a deck; put it back for the next client
                 deck.insert(0, c)
                 if all(d in chosen for d in deck):
                     deck = []
-                continue
-            chosen.append(c)
         sets.append(sorted(int(c) for c in chosen))
     return sets
 
 
-def pfedla1(labels, num_clients, rng, classes_per_client=4, samples_per_client=None):
-    """pFedLA non-IID_1: each client gets ``classes_per_client`` random classes, the same
-    number of samples from each, so every client holds the same amount of data.
+def _deal(labels, counts, rng):
+    """Client i gets ``counts[i, c]`` samples of each class c: every class some client takes is shuffled, in class
+    order, and dealt out in client order."""
+    parts = [[] for _ in counts]
+    for c in np.flatnonzero(counts.sum(0)):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        for i, chunk in enumerate(np.split(idx, np.cumsum(counts[:, c]))[:-1]):
+            parts[i].append(chunk)
+    return [np.sort(np.concatenate(p)).astype(np.int64) for p in parts]
 
-    Each client's class set is random; the sets are drawn from shuffled decks of all classes, so
-    every class is held by about the same number of clients (our choice: it lets 100 clients
-    share a balanced dataset without running out of any class). The per-class count is
-    ``samples_per_client // classes_per_client``, or (None) the largest that every class can
-    supply to all of its holders.
+
+def pfedla1(labels, num_clients, rng, classes_per_client=4, samples_per_client=None):
+    """pFedLA non-IID_1: each client gets ``classes_per_client`` random classes, the same number of samples from each,
+    so every client holds the same amount of data.
+
+    Each client's class set is random; the sets are drawn from shuffled decks of all classes, so every class is held by
+    about the same number of clients (our choice: it lets 100 clients share a balanced dataset without running out of
+    any class). The per-class count is ``samples_per_client // classes_per_client``, or (None) the largest that every
+    class can supply to all of its holders.
     """
     _check(labels, num_clients)
     num_classes = int(labels.max()) + 1
     if not 1 <= classes_per_client <= num_classes:
         raise PartitionError(f"--classes-per-client {classes_per_client} must be between 1 and {num_classes}")
     sets = _balanced_class_sets(num_classes, num_clients, classes_per_client, rng)
-    holders = np.zeros(num_classes, int)
-    for s in sets:
-        holders[s] += 1
+    held = np.array([np.isin(np.arange(num_classes), s) for s in sets])  # held[i, c]: client i holds class c
+    holders = held.sum(0)
     available = np.bincount(labels, minlength=num_classes)
     largest = int(min(available[c] // holders[c] for c in range(num_classes) if holders[c]))
     per_class = largest if samples_per_client is None else samples_per_client // classes_per_client
@@ -141,23 +142,14 @@ def pfedla1(labels, num_clients, rng, classes_per_client=4, samples_per_client=N
                              f"for {num_clients} clients of this dataset")
     if per_class < 1:
         raise PartitionError("too few samples per class for pfedla1; use fewer --num-clients")
-    pools = {c: list(rng.permutation(np.flatnonzero(labels == c))) for c in range(num_classes) if holders[c]}
-    parts = []
-    for s in sets:
-        chunks = []
-        for c in s:
-            chunks.append(np.array(pools[c][:per_class]))
-            del pools[c][:per_class]
-        parts.append(np.sort(np.concatenate(chunks)).astype(np.int64))
-    return parts
+    return _deal(labels, held * per_class, rng)
 
 
 def pfedla2(labels, num_clients, rng, dominant_classes=2, dominant_share=0.8, samples_per_client=None):
-    """pFedLA non-IID_2: every client has all classes; ``dominant_classes`` random classes
-    together hold ``dominant_share`` of its samples in equal parts, the other classes share
-    the rest equally. Every client holds the same amount of data (our documented choice:
-    the paper gives no ratio): ``samples_per_client`` exactly (the rounding remainder goes to
-    the classes with the largest fractional shares), or (None) the most the dataset allows.
+    """pFedLA non-IID_2: every client has all classes; ``dominant_classes`` random classes together hold
+    ``dominant_share`` of its samples in equal parts, the other classes share the rest equally. Every client holds the
+    same amount of data (our documented choice: the paper gives no ratio): ``samples_per_client`` exactly (the rounding
+    remainder goes to the classes with the largest fractional shares), or (None) the most the dataset allows.
     """
     _check(labels, num_clients)
     num_classes = int(labels.max()) + 1
@@ -168,27 +160,19 @@ def pfedla2(labels, num_clients, rng, dominant_classes=2, dominant_share=0.8, sa
     for i, s in enumerate(dominant):
         share[i, s] = dominant_share / dominant_classes
     available = np.bincount(labels, minlength=num_classes)
-    size = int(np.min(available / share.sum(0))) if samples_per_client is None else samples_per_client
+    largest = int(np.min(available / share.sum(0)))
+    size = largest if samples_per_client is None else samples_per_client
     counts = np.floor(share * size).astype(int)
     if samples_per_client is not None:
         fraction = share * size - counts
         for i in range(num_clients):
             counts[i, np.argsort(-fraction[i], kind="stable")[:size - counts[i].sum()]] += 1
-        largest = int(np.min(available / share.sum(0)))
         if (counts.sum(0) > available).any():
             raise PartitionError(f"--samples-per-client {samples_per_client} is more than this dataset can give "
                                  f"{num_clients} pfedla2 clients (at most about {largest})")
     if (counts < 1).any():
         raise PartitionError("too few samples for pfedla2 (a client would miss a class); use fewer --num-clients")
-    pools = {c: list(rng.permutation(np.flatnonzero(labels == c))) for c in range(num_classes)}
-    parts = []
-    for i in range(num_clients):
-        chunks = []
-        for c in range(num_classes):
-            chunks.append(np.array(pools[c][:counts[i, c]]))
-            del pools[c][:counts[i, c]]
-        parts.append(np.sort(np.concatenate(chunks)).astype(np.int64))
-    return parts
+    return _deal(labels, counts, rng)
 
 
 def train_test_split(client_idx, rng, train_ratio):
@@ -206,18 +190,15 @@ def train_test_split(client_idx, rng, train_ratio):
 
 
 def proportional_test_sets(train_labels_per_client, test_labels, rng, num_classes):
-    """For FedACD's Table 2: per client, a test set drawn from the uniform test set with
-    that client's label proportions. Its size is the largest the test set can supply for
-    those proportions, capped at the client's train size. Clients draw independently,
-    so two clients' test sets may share samples."""
+    """For FedACD's Table 2: per client, a test set drawn from the uniform test set with that client's label
+    proportions. Its size is the largest the test set can supply for those proportions, capped at the client's train
+    size. Clients draw independently, so two clients' test sets may share samples."""
     by_class = [np.flatnonzero(test_labels == c) for c in range(num_classes)]
     available = np.array([len(b) for b in by_class])
     out = []
     for y in train_labels_per_client:
         prior = np.bincount(y, minlength=num_classes) / max(len(y), 1)
-        present = prior > 0
-        size = int(np.min(available[present] / prior[present]))
-        size = min(size, len(y))
+        size = min(int(np.min(available[prior > 0] / prior[prior > 0])), len(y))
         counts = np.minimum(np.round(prior * size).astype(int), available)
         chosen = [rng.choice(by_class[c], counts[c], replace=False) for c in range(num_classes) if counts[c]]
         out.append(np.sort(np.concatenate(chosen)).astype(np.int64) if chosen else np.zeros(0, np.int64))

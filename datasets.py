@@ -1,22 +1,20 @@
-"""The data path, top to bottom: a --dataset name, .npz file or PFLlib folder becomes the clients' tensors.
-FedProx's Synthetic(alpha, beta), generated per client; a user's .npz file (``load_npz``); the checks every dataset
-passes (``check_arrays``); ``load_arrays`` over the named datasets and .npz files; the conversion to tensors
-(``to_tensor``); the partition over clients (data_partition.py) and ``load_federated_data``, which does it all for
-a script's ``args``. Other people's formats (torchvision's MNIST family and CIFAR, Tiny-ImageNet, AG News, PFLlib's
-folders) are read in data_formats.py. The scripts reach this through common.py (docs/layout.md).
-"""
+"""The data path, top to bottom: a --dataset name, .npz file or PFLlib folder becomes the clients' tensors: FedProx's
+Synthetic(alpha, beta), a user's .npz file, the checks every dataset passes, ``load_arrays`` over the named datasets and
+.npz files, the tensors, the partition over clients (data_partition.py) and ``load_federated_data``, which does it all
+for a script's ``args``. Other people's formats (torchvision's MNIST family and CIFAR, Tiny-ImageNet, AG News, PFLlib's
+folders) are read in data_formats.py. The scripts reach this through common.py (docs/layout.md)."""
 import math
 import os
+from contextlib import suppress
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 import data_partition as dp
-# not used here, read as datasets.X: memory_available (fedpake.py) and PFLLIB_RESPLIT_FLAGS (common.py)
-from data_formats import (LOADERS, MAX_FEATURE, PFLLIB_RESPLIT_FLAGS, VISION, check_fits, first_few,  # noqa: F401
-                          is_pfllib_folder, load_agnews, load_pfllib_folder, load_vision, memory_available,
-                          pfllib_partition, read_pfllib_config, stack_clients)
+from data_formats import (LOADERS, MAX_FEATURE, VISION, check_fits, first_few, is_pfllib_folder, load_agnews,
+                          load_pfllib_folder, load_vision, pfllib_partition, read_pfllib_config, stack_clients)
+from data_formats import PFLLIB_RESPLIT_FLAGS, memory_available  # noqa: F401  common.py and fedpake.py read them here
 from exits import UserError, check_regular, quoted
 
 
@@ -36,12 +34,10 @@ def synthetic_setting(name):
     inside = name[len("synthetic("):].removesuffix(")").replace(" ", "")
     if name.endswith(")") and inside == "iid":
         return 0.0, 0.0, True
-    try:
+    with suppress(ValueError):  # not two numbers
         alpha, beta = (float(v) for v in inside.split(","))
         if name.endswith(")") and all(math.isfinite(v) and 0 <= v <= 1e6 for v in (alpha, beta)):
             return alpha, beta, False
-    except ValueError:
-        pass
     raise UserError(f"unknown synthetic dataset '{name}'; use {SYNTHETIC_HELP}")
 
 
@@ -60,8 +56,7 @@ def synthetic_clients(num_clients, rng, alpha=SYNTHETIC_ALPHA, beta=SYNTHETIC_BE
     for k in range(num_clients):
         if not iid:
             u, big_b = rng.normal(0, math.sqrt(alpha)), rng.normal(0, math.sqrt(beta))
-            w, b = rng.normal(u, 1, (c, d)), rng.normal(u, 1, c)
-            v = rng.normal(big_b, 1, d)
+            w, b, v = rng.normal(u, 1, (c, d)), rng.normal(u, 1, c), rng.normal(big_b, 1, d)
         x = rng.normal(v, np.sqrt(sigma), (sizes[k], d)).astype(np.float32)
         y = np.argmax(x @ w.T + b, axis=1).astype(np.int64)
         out.append((x, y))
@@ -119,21 +114,20 @@ def check_arrays(name, xtr, ytr, xte, yte, npz=False):
     """Refuse data no run can use, before anything is written: one line that says what is wrong. In a user's
     ``npz`` every test label must also be a training label (a named dataset's classes are its publisher's)."""
     max_classes = max(ytr.size + yte.size, 1000)  # a label of 10^9 would ask for 10^9-wide class-count tables
-    for x, y, what in ((xtr, ytr, "x, y"), (xte, yte, "x_test, y_test")):
+    for x, y, what, xname in ((xtr, ytr, "x, y", "x"), (xte, yte, "x_test, y_test", "x_test")):
         if y.ndim != 1 or x.ndim not in (2, 4) or len(x) != len(y) or 0 in x.shape[1:]:
             raise UserError(f"{name}: {what} must be (N, features), (N, H, W) or (N, C, H, W) samples with N "
                             f"labels; got shapes {x.shape} and {y.shape}")
         if not np.issubdtype(y.dtype, np.integer):
             raise UserError(f"{name}: the labels in {what} must be integers 0..C-1, got {y.dtype}")
         if x.dtype.kind not in "uif":  # complex, bool, strings, records
-            raise UserError(f"{name}: {what.split(',')[0]} is {x.dtype}; samples must be real numbers "
-                            "(integers or floats)")
+            raise UserError(f"{name}: {xname} is {x.dtype}; samples must be real numbers (integers or floats)")
         bad = int(np.count_nonzero(~np.isfinite(x))) if x.dtype.kind == "f" else 0
         if bad:
-            raise UserError(f"{name}: {what.split(',')[0]} has {bad} non-finite value(s) (NaN or inf); clean the data")
+            raise UserError(f"{name}: {xname} has {bad} non-finite value(s) (NaN or inf); clean the data")
         largest = max(abs(float(x.max())), abs(float(x.min()))) if x.size else 0.0
         if largest > MAX_FEATURE:  # float32 training overflows long before 3e38; no real features are this large
-            raise UserError(f"{name}: {what.split(',')[0]} has values as large as {largest:.3g}; scale the features "
+            raise UserError(f"{name}: {xname} has values as large as {largest:.3g}; scale the features "
                             f"(for example to [0, 1]) so that none exceeds {MAX_FEATURE:.0e}")
         if len(y) and (y.min() < 0 or y.max() >= max_classes):
             raise UserError(f"{name}: labels must be 0..C-1 with C at most {max_classes} (the larger of 1000 and "
@@ -193,12 +187,10 @@ def to_tensor(x, reference=None, tokens=False):
         for start in range(0, len(ref), 4096):
             chunk = ref[start: start + 4096].double() / 255
             total += torch.stack([chunk.sum((0, 2, 3)), chunk.square().sum((0, 2, 3))])
-        count = ref.numel() / ref.shape[1]
-        mean = total[0] / count
-        std = (total[1] / count - mean ** 2).clamp_min(0).sqrt() + 1e-8
-        shape = (1, -1, 1, 1)
+        mean, mean_square = total / (ref.numel() / ref.shape[1])
+        std = (mean_square - mean ** 2).clamp_min(0).sqrt() + 1e-8
         x = torch.from_numpy(x).to(torch.float32, memory_format=torch.channels_last)
-        return x.div_(255).sub_(mean.float().view(shape)).div_(std.float().view(shape))
+        return x.div_(255).sub_(mean.float().view(1, -1, 1, 1)).div_(std.float().view(1, -1, 1, 1))
     if tokens and x.min() < 0:
         raise UserError(f"token ids for --model fasttext must be >= 0 (0 pads), but x has ids down to {x.min()}")
     return torch.from_numpy(x.astype(np.int64 if tokens else np.float32))
@@ -221,9 +213,6 @@ class FedData:
     @property
     def num_clients(self):
         return len(self.train_idx)
-
-    def train_sizes(self):
-        return np.array([len(i) for i in self.train_idx])
 
 
 def partition(labels, args, rng, num_classes, min_size):
@@ -273,9 +262,8 @@ def load_federated_data(args, device):
     rng = np.random.default_rng([args.seed, 0])  # data and partition: independent of training randomness
     synthetic = synthetic_setting(args.dataset)
     folder = not synthetic and is_pfllib_folder(args.dataset)
-    if not synthetic:
-        check_dataset_exists(args.dataset, args.resume)
     if synthetic:
+        info = {"generated": True}  # no file: the run folder's --resume check names the seed it is generated from
         x, y, client_idx = stack_clients(synthetic_clients(args.num_clients, rng, *synthetic))
         train, test = dp.train_test_split(client_idx, rng, args.train_ratio)
         x, num_classes = to_tensor(x), SYNTHETIC_CLASSES
@@ -283,20 +271,22 @@ def load_federated_data(args, device):
         global_test = np.concatenate(test) if args.test_split == "global" else None
     elif folder:  # PFLlib's clients as they are: client i's train and test data are its two files
         x, y, train, test, num_classes = load_pfllib_folder(args.dataset, args.num_clients)
+        # the --resume check names the folder, not --data-dir; config.json and compare.py show how its clients were made
+        info = {"folder": pfllib_partition(read_pfllib_config(args.dataset))}
         global_test, n_train = None, sum(len(t) for t in train)
         check_arrays(args.dataset, x[:n_train], y[:n_train], x[n_train:], y[n_train:])
         tokens = x.dtype.kind in "ui" and x.ndim == 2 and args.model == "fasttext"
         x = to_tensor(x, reference=x[:n_train], tokens=tokens)
     else:
+        check_dataset_exists(args.dataset, args.resume)
         xtr, ytr, xte, yte = load_arrays(args.dataset, args.data_dir, getattr(args, "agnews_vocab", "authors"))
-        num_classes = int(max(ytr.max(), yte.max() if len(yte) else 0)) + 1
         x = np.concatenate([xtr, xte]) if len(xte) else xtr
         y = np.concatenate([ytr, yte])
+        num_classes = int(y.max()) + 1
         if args.test_split == "client":
             if args.num_clients > len(y):
                 raise UserError(f"{args.num_clients} clients but only {len(y)} samples; use fewer --num-clients")
-            min_size = math.ceil(args.batch_size / args.train_ratio) + 1
-            parts = partition(y, args, rng, num_classes, min_size)
+            parts = partition(y, args, rng, num_classes, min_size=math.ceil(args.batch_size / args.train_ratio) + 1)
             train, test = dp.train_test_split(parts, rng, args.train_ratio)
             global_test = None
         else:
@@ -309,6 +299,8 @@ def load_federated_data(args, device):
             train = parts = partition(ytr, args, rng, num_classes, args.batch_size)
             test = [t + len(ytr) for t in dp.proportional_test_sets([ytr[i] for i in train], yte, rng, num_classes)]
             global_test = np.arange(len(ytr), len(y))
+        pfedla = args.partition in ("pfedla1", "pfedla2")
+        info = {"samples_per_client": {"flag": args.samples_per_client, "samples": len(parts[0])}} if pfedla else {}
         # integer vectors are token ids only when asked for (--model fasttext) or for AG News; else numbers
         tokens = xtr.dtype.kind in "ui" and xtr.ndim == 2 and (args.model == "fasttext" or args.dataset == "agnews")
         x = to_tensor(x, reference=xtr, tokens=tokens)
@@ -325,16 +317,9 @@ def load_federated_data(args, device):
         check_fits(f"the data of {quoted(args.dataset)} ({tuple(x.shape)}, {x.dtype})", x.numel() * x.element_size(),
                    device)
     x = x.to(device)
-    data = FedData(
+    return FedData(
         x=x, y=torch.from_numpy(y).to(device), num_classes=num_classes,
         train_idx=[on(t) for t in train], test_idx=[on(t) for t in test],
         global_test_idx=None if global_test is None else on(global_test),
         train_counts=dp.class_counts(y, train, num_classes), test_counts=dp.class_counts(y, test, num_classes),
-        vocab_size=int(x.max()) + 1 if not x.is_floating_point() else 0)
-    if synthetic:  # no file: the run folder's --resume check names the seed it is generated from
-        data.info["generated"] = True
-    if folder:  # a folder: the --resume check names it, not --data-dir; config.json and compare.py show how
-        data.info["folder"] = pfllib_partition(read_pfllib_config(args.dataset))  # its clients were made
-    if not synthetic and not folder and args.partition in ("pfedla1", "pfedla2"):
-        data.info["samples_per_client"] = {"flag": args.samples_per_client, "samples": len(parts[0])}
-    return data
+        vocab_size=int(x.max()) + 1 if not x.is_floating_point() else 0, info=info)

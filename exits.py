@@ -3,7 +3,6 @@
 SIGTERM, SIGHUP: 130, 143, 129), and ``atomic_write``, so that what a program leaves is whole. Every file of ours
 raises these errors; importing it changes nothing in the process (docs/layout.md).
 """
-import argparse
 import contextlib
 import json
 import os
@@ -11,8 +10,6 @@ import re
 import signal
 import stat
 import sys
-
-import torch
 
 import data_partition
 
@@ -178,25 +175,6 @@ def atomic_write(path, content):
         if made:
             with contextlib.suppress(OSError):
                 os.remove(tmp)
-
-
-def torch_save(blob):
-    """torch.save as content for atomic_write, raising a failed write's OSError (torch.save turns it into a
-    RuntimeError that names no cause)."""
-    def write(f):
-        errors = []
-
-        def keep(b):
-            try:
-                return f.write(b)
-            except OSError as e:
-                errors.append(e)
-                raise
-        try:
-            torch.save(blob, argparse.Namespace(write=keep, flush=f.flush))
-        except RuntimeError:
-            raise errors[0] if errors else sys.exc_info()[1] from None
-    return write
 
 
 def read_json(path, doing="cannot resume"):

@@ -6,6 +6,7 @@ the round's line, the progress of a long round, checkpoint.pt and an exact ``res
 import contextlib
 import errno
 import hashlib
+import io
 import json
 import os
 import platform
@@ -25,7 +26,7 @@ import torch
 import data_partition
 from exits import (OPEN_RUNS, DivergedError, FileFault, Stopped, UserError, atomic_write, check_regular,  # noqa: F401
                    detach_from_terminal, handle_stop_signals, is_terminal, quoted, read_json, restore_signals, run_main,
-                   say, shortened, show, signal_name, stop_at_once, stopped_by, torch_save)  # the scripts' too
+                   say, shortened, show, signal_name, stop_at_once, stopped_by)  # the scripts' too
 
 
 # flags that may differ on --resume: they do not change what is computed (--rounds extends the run)
@@ -236,8 +237,7 @@ class Run:
 
     def progress(self, round_):
         """Round ``round_``'s callback for common.ClientPool.train, told as each client starts and ends: past
-        PROGRESS_AFTER s a line of the clients done and an ETA, on a terminal at each end, in a log at most every
-        PROGRESS_LOG_EVERY s (show_progress)."""
+        PROGRESS_AFTER s, show_progress on a terminal at each end, in a log at most every PROGRESS_LOG_EVERY s."""
         t0, running, times, shown = clock(), {}, [], [clock(), 1]  # shown: when, and the most clients at once
 
         def report(client, of, done):
@@ -254,9 +254,8 @@ class Run:
         return report
 
     def show_progress(self, round_, of, t0, now, times, starts, at_once, terminal):
-        """The progress line. The round's rest: the clients not done at the mean client's time, less what the running
-        ones (started at ``starts``) did, over the most run at once; the rounds after at the run's mean so far, this
-        one included. In place on a terminal, cut to its width (a wrapped line is not rewritten in place)."""
+        """The clients done and an ETA: those left at the mean client's time, less what running ones did, over the most
+        run at once, then the rounds after at the run's mean; on a terminal in place, cut to its width (not wrapped)."""
         mean = sum(times) / len(times)
         rest = max((of - len(times)) * mean - sum(min(now - start, mean) for start in starts), 0) / at_once
         before = self.elapsed + t0 - self.t_last  # the rounds before this one
@@ -316,12 +315,13 @@ class Run:
             self.save_checkpoint(round_, state, rng)
 
     def save_checkpoint(self, round_, state, rng):
-        # no CUDA RNG state: nothing draws from a CUDA generator, and a checkpoint resumes where no GPU is
-        self.write("checkpoint.pt", torch_save({
-            "algorithm": self.algo, "round": round_, "rows": self.rows, "args": self.fixed_args(),
-            "bytes": [self.bytes_down, self.bytes_up], "elapsed": self.elapsed + clock() - self.t_last,
-            "state": {k: (v.state_dict() if hasattr(v, "state_dict") else v) for k, v in state.items()},
-            "rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state()}))
+        # in memory first: a full disk is atomic_write's OSError (torch.save's own is a RuntimeError); no CUDA RNG state
+        blob = io.BytesIO()
+        torch.save({"algorithm": self.algo, "round": round_, "rows": self.rows, "args": self.fixed_args(),
+                    "bytes": [self.bytes_down, self.bytes_up], "elapsed": self.elapsed + clock() - self.t_last,
+                    "state": {k: (v.state_dict() if hasattr(v, "state_dict") else v) for k, v in state.items()},
+                    "rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state()}, blob)
+        self.write("checkpoint.pt", blob.getbuffer())
         self.checkpoint_round = round_
 
     def fixed_args(self):

@@ -179,7 +179,10 @@ def node_work(message_type, client, config, received):
     job = job_for(config["algorithm"], list(config["flags"]))
     if not 0 <= client < job.args.num_clients:
         raise common.UserError(f"this node's partition-id {client} is outside 0..{job.args.num_clients - 1}")
-    common.set_threads(common.client_threads(job.args, job.device))  # the torch threads of the script's client
+    # the torch threads the script's client trains on: 1 when clients train in parallel, else all --threads (None: a
+    # run that recorded no count, at torch's default)
+    parallel = common.parallel_clients(job.args, job.device) > 1
+    common.set_threads(1 if parallel else getattr(job.args, "threads", None))
     sent, metrics = HANDLERS[message_type][job.algorithm](
         job, client, int(config["round"]), {k: torch.from_numpy(v).to(job.device) for k, v in received.items()},
         bool(config["evaluate"]))

@@ -1,6 +1,6 @@
 """Other people's data formats, read without trusting them: torchvision's MNIST family and CIFAR from the publishers'
 files (``load_vision``, checked against their known content), Tiny-ImageNet-200 and AG News (``LOADERS``), PFLlib's
-dataset folders (``load_pfllib_folder``: their pickles read by an unpickler that builds numeric arrays, runs nothing).
+dataset folders (``load_pfllib_folder``); CIFAR's and PFLlib's pickles are read by an unpickler that runs nothing.
 Every declared size is checked against memory before it is allocated (``check_fits``). This imports exits only."""
 import collections
 import contextlib
@@ -171,8 +171,8 @@ def _cifar_complete(cls, folder):
 
 
 def read_cifar(name, folder):
-    """CIFAR's pickled batches in ``folder`` as torchvision reads them: [x_train, y_train, x_test, y_test] as
-    (N, 3, 32, 32) uint8 and int64, and for each array the [(file, samples)] it came from."""
+    """CIFAR's pickled batches in ``folder`` as torchvision reads them, by _CifarUnpickler (which runs nothing):
+    [x_train, y_train, x_test, y_test] as (N, 3, 32, 32) uint8 and int64, and each array's [(file, samples)]."""
     def not_canonical(why):  # read whole: not damaged, another layout
         return UserError(f"the {name} files in {folder} are readable but not the canonical {name} set "
                          f"that torchvision reads ({why}){NPZ_ROUTE}")
@@ -181,12 +181,15 @@ def read_cifar(name, folder):
         images, labels, parts = [], [], []
         for file, _ in files:
             path = os.path.join(folder, file)
-            with open(path, "rb") as f:
-                entry = pickle.load(f, encoding="latin1")
+            try:
+                with open(path, "rb") as f:
+                    entry = _CifarUnpickler(f, encoding="latin1").load()
+            except _PickleRefused as e:
+                raise UserError(f"{quoted(path)} is refused: {e}")
             label_key = next((k for k in ("labels", "fine_labels") if isinstance(entry, dict) and k in entry), None)
             if label_key is None or "data" not in entry:
                 raise not_canonical(f"{file} is no dict with 'data' and 'labels' ('fine_labels')")
-            x, y = np.asarray(entry["data"]), np.asarray(entry[label_key])
+            x, y = (np.asarray(v.value if type(v) is _PickledArray else v) for v in (entry["data"], entry[label_key]))
             if x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3072 or y.ndim != 1 or len(y) != len(x):
                 raise not_canonical(f"{file} holds no uint8 (N, 3072) images with N labels")
             if not np.issubdtype(y.dtype, np.integer):
@@ -651,6 +654,10 @@ def pfllib_partition(config):
             if value is None or isinstance(value, (bool, int, float, str))}
 
 
+class _PickleRefused(pickle.UnpicklingError):
+    """A step of a pickle that PFLlib's and CIFAR's files never take, refused before it is run."""
+
+
 class _PickledArray:
     """What the pickle of an ndarray builds here: its state's bytes are checked to be exactly the shape's, so no
     declared shape is ever allocated (numpy's segfaults on an object array whose list is shorter than its shape)."""
@@ -658,33 +665,34 @@ class _PickledArray:
 
     def __setstate__(self, state):
         if not (isinstance(state, tuple) and len(state) == 5):
-            raise pickle.UnpicklingError("an array's state is not numpy's (version, shape, dtype, order, data)")
+            raise _PickleRefused("an array's state is not numpy's (version, shape, dtype, order, data)")
         version, shape, dtype, fortran, raw = state
         if version != 1 or not isinstance(dtype, _PickledDtype) or not isinstance(fortran, bool) or \
                 not (isinstance(shape, tuple) and len(shape) <= 8 and all(type(n) is int and n >= 0 for n in shape)):
-            raise pickle.UnpicklingError("an array's state is not numpy's (version 1, a shape, a dtype, the order)")
+            raise _PickleRefused("an array's state is not numpy's (version 1, a shape, a dtype, the order)")
         if dtype.dtype.kind == "O":  # the 0-d array around PFLlib's dict
             if shape != () or not (isinstance(raw, list) and len(raw) == 1):
-                raise pickle.UnpicklingError(f"an object array of shape {shape}; only arrays of numbers are read "
-                                             "(PFLlib's text datasets keep (tokens, length) objects: not these)")
+                raise _PickleRefused(f"an object array of shape {shape}; only arrays of numbers are read "
+                                     "(PFLlib's text datasets keep (tokens, length) objects: not these)")
             self.value = raw[0]
             return
+        raw = raw.encode("latin1") if dtype.cifar and isinstance(raw, str) else raw  # Python 2's str, as latin1
         if not isinstance(raw, bytes) or len(raw) != math.prod(shape) * dtype.dtype.itemsize:
-            raise pickle.UnpicklingError(f"an array of shape {shape} and dtype {dtype.dtype} whose data is not "
-                                         "exactly its size")
+            raise _PickleRefused(f"an array of shape {shape} and dtype {dtype.dtype} whose data is not "
+                                 "exactly its size")
         self.value = np.frombuffer(raw, dtype.dtype).reshape(shape, order="F" if fortran else "C")
 
 
 class _PickledDtype:
     """What the pickle of a numeric (or object) numpy dtype builds here; ``__setstate__`` takes its byte order."""
 
-    def __init__(self, spec):
-        self.dtype = np.dtype(spec)
+    def __init__(self, spec, cifar=False):
+        self.dtype, self.cifar = np.dtype(spec), cifar
 
     def __setstate__(self, state):
         if not (isinstance(state, tuple) and len(state) == 8 and state[1] in ("<", ">", "|", "=")
                 and state[2] is None and state[3] is None and state[4] is None):
-            raise pickle.UnpicklingError("a dtype with fields or sub-arrays; only plain numbers are read")
+            raise _PickleRefused("a dtype with fields or sub-arrays; only plain numbers are read")
         if state[1] in "<>" and self.dtype.itemsize > 1:
             self.dtype = self.dtype.newbyteorder(state[1])
 
@@ -692,34 +700,41 @@ class _PickledDtype:
 _NDARRAY = object()  # what the pickle's numpy.ndarray stands for: a token, never the class (it would allocate)
 
 
-def _reconstruct(subtype, shape, typecode):
+def _reconstruct(subtype, shape, typecode, *, cifar=False):
     """numpy's ``_reconstruct(ndarray, (0,), b'b')``, the first step of every pickled array, as a _PickledArray."""
-    if subtype is not _NDARRAY or shape != (0,) or typecode != b"b":
-        raise pickle.UnpicklingError("numpy's array reconstruction with other arguments than numpy writes")
+    if subtype is not _NDARRAY or shape != (0,) or typecode != b"b" and not (cifar and typecode == "b"):
+        raise _PickleRefused("numpy's array reconstruction with other arguments than numpy writes")
     return _PickledArray()
 
 
-def _dtype(spec, align=False, copy=True):
+def _dtype(spec, align=False, copy=True, *, cifar=False):
     """numpy's ``dtype(spec, align, copy)`` of a pickle, for plain numbers and objects only."""
-    if not (isinstance(spec, str) and spec in _PICKLE_DTYPES) or align is not False or copy is not True:
-        raise pickle.UnpicklingError(f"the dtype {spec!r}; only bool, integer, float (and the object array around "
-                                     "the dict) are read")
-    return _PickledDtype(spec)
+    flags = (align, copy) == (0, 1) if cifar else align is False and copy is True  # Python 2 wrote 0, 1
+    if not (isinstance(spec, str) and spec in _PICKLE_DTYPES and flags) or cifar and spec[0] == "O":
+        raise _PickleRefused(f"the dtype {spec!r}; only bool, integer, float " + ("are read" if cifar else
+                             "(and the object array around the dict) are read"))
+    return _PickledDtype(spec, cifar)
 
 
 class _PfllibUnpickler(pickle.Unpickler):
     """Knows numpy's ``_reconstruct``, ``ndarray`` and ``dtype`` as the stand-ins above; any other global is refused."""
     GLOBALS = {("numpy._core.multiarray", "_reconstruct"): _reconstruct, ("numpy", "ndarray"): _NDARRAY,
                ("numpy.core.multiarray", "_reconstruct"): _reconstruct, ("numpy", "dtype"): _dtype}
+    KIND, HOLDS, KEYWORDS = "PFLlib", "numpy arrays in a dict", {}  # what refusals say; what the stand-ins take
 
-    def find_class(self, module, name):
-        if (module, name) in self.GLOBALS:
-            return self.GLOBALS[module, name]
-        raise pickle.UnpicklingError(f"it asks for {str(module)[:60]}.{str(name)[:60]}, which a PFLlib file never "
-                                     "holds (it holds numpy arrays in a dict); nothing of it was run")
+    def find_class(self, module, name):  # a new function each time: a pickle's BUILD on it changes no other load's
+        if (found := self.GLOBALS.get((module, name))) is not None:
+            return found if found is _NDARRAY else lambda *args: found(*args, **self.KEYWORDS)
+        raise _PickleRefused(f"it asks for {str(module)[:60]}.{str(name)[:60]}, which a {self.KIND} file never "
+                             f"holds (it holds {self.HOLDS}); nothing of it was run")
 
     def persistent_load(self, pid):
-        raise pickle.UnpicklingError("it holds a persistent id, which a PFLlib file never holds")
+        raise _PickleRefused(f"it holds a persistent id, which a {self.KIND} file never holds")
+
+
+class _CifarUnpickler(_PfllibUnpickler):
+    """The same for CIFAR's batches: also Python 2's (latin1: str for bytes, 0 and 1 for bools); no object arrays."""
+    KIND, HOLDS, KEYWORDS = "CIFAR", "a numpy array, lists and strings in a dict", {"cifar": True}
 
 
 class _Refused(Exception):

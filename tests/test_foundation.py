@@ -4,6 +4,7 @@ import gzip
 import json
 import os
 import pickle
+import struct
 import time
 from types import SimpleNamespace
 
@@ -97,6 +98,15 @@ def test_weighted_average_matches_independent_computation_with_bn():
         else:  # integer buffers are not averaged
             assert torch.equal(value, base.state_dict()[key])
     assert "bn1.running_mean" in target.state_dict()
+
+
+def test_weighted_average_of_a_list_is_the_hand_computed_average_as_of_the_rows():
+    """FedAvg's w = sum_k n_k w^k / n on two flat models of two numbers: (1*[1, 2] + 3*[3, 4]) / 4 = [2.5, 3.5],
+    whether the models come as a list (a pasted loop's) or as the rows of a K x D tensor (ClientPool.train's)."""
+    models, sizes = [torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])], [1, 3]
+    assert torch.equal(common.weighted_average(models, sizes), torch.tensor([2.5, 3.5]))
+    assert torch.equal(common.weighted_average(torch.stack(models), sizes), torch.tensor([2.5, 3.5]))
+    assert torch.equal(fedavg.server_update(models, sizes), torch.tensor([2.5, 3.5]))
 
 
 def test_fedavg_round_equals_hand_computation():
@@ -223,11 +233,49 @@ def write_cifar(root, classes, n_per_file=12):
     written = {}
     for name in names:
         data = rng.integers(0, 256, (n_per_file, 3072), dtype=np.uint8)
-        labels = list(rng.integers(0, classes, n_per_file))
+        labels = rng.integers(0, classes, n_per_file).tolist()  # Python ints, as the publisher's files hold
         with open(os.path.join(folder, name), "wb") as f:
             pickle.dump({"batch_label": name, key: labels, "data": data, "filenames": [f"{i}.png" for i in range(n_per_file)]}, f)
         written[name] = (data, labels)
     return written
+
+
+def python2_pickle(entry):
+    """``entry`` (str keys; uint8 arrays, lists of ints or str, str) as the publisher's CIFAR batches are pickled:
+    Python 2's cPickle, protocol 2, written here opcode by opcode (Python 3's pickle cannot write Python 2's str):
+    str as SHORT_BINSTRING / BINSTRING, an array as numpy.core.multiarray._reconstruct(numpy.ndarray, (0,), 'b')
+    and the state (1, shape, numpy.dtype('u1', 0, 1) with (3, '|', None, None, None, -1, -1, 0), False, its bytes
+    as a str), lists in APPENDS of 1,000, the dict in one SETITEMS; containers, keys and globals memoized."""
+    memo = iter(range(1, 2 ** 31))
+
+    def put():  # BINPUT, LONG_BINPUT
+        i = next(memo)
+        return b"q" + bytes([i]) if i < 256 else b"r" + struct.pack("<I", i)
+
+    def string(s):  # SHORT_BINSTRING, BINSTRING: Python 2's str, bytes that latin1 decodes one to one
+        raw = s if isinstance(s, bytes) else s.encode("latin1")
+        return (b"U" + bytes([len(raw)]) if len(raw) < 256 else b"T" + struct.pack("<i", len(raw))) + raw
+
+    def number(n):  # BININT1, BININT2, BININT
+        return b"K" + bytes([n]) if 0 <= n < 256 else b"M" + struct.pack("<H", n) if 0 <= n < 65536 else \
+            b"J" + struct.pack("<i", n)
+
+    def value(v):
+        if isinstance(v, np.ndarray):
+            assert v.dtype == np.uint8 and v.ndim == 2, v.dtype
+            return (b"cnumpy.core.multiarray\n_reconstruct\n" + put() + b"cnumpy\nndarray\n" + put()
+                    + b"K\x00\x85" + string("b") + b"\x87R" + put()  # _reconstruct(ndarray, (0,), 'b')
+                    + b"(K\x01" + number(v.shape[0]) + number(v.shape[1]) + b"\x86"  # BUILD (1, shape,
+                    + b"cnumpy\ndtype\n" + put() + string("u1") + b"K\x00K\x01\x87R" + put()  # dtype('u1', 0, 1)
+                    + b"(K\x03" + string("|") + b"NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb"  # its state
+                    + b"\x89" + string(v.tobytes()) + b"tb")  # False, the data)
+        if isinstance(v, list):
+            return b"]" + put() + b"".join(b"(" + b"".join(map(value, v[k:k + 1000])) + b"e"
+                                           for k in range(0, len(v), 1000))
+        return string(v) if isinstance(v, (str, bytes)) else number(v)
+
+    head = b"\x80\x02}" + put() + b"("  # PROTO 2, the dict, MARK
+    return head + b"".join(string(k) + put() + value(v) for k, v in entry.items()) + b"u."
 
 
 def write_idx(path, array, gz=False):
@@ -264,6 +312,37 @@ def test_cifar100_pickles_use_fine_labels(tmp_path, fabricated_publishers_files)
     written = write_cifar(str(tmp_path), 100, n_per_file=30)
     xtr, ytr, xte, yte = datasets.load_arrays("cifar100", str(tmp_path))
     assert xtr.shape == (30, 3, 32, 32) and ytr.tolist() == written["train"][1]
+
+
+@pytest.mark.parametrize("classes", [10, 100])
+def test_the_publishers_python2_batches_load_as_numpys_own_reconstruction_reads_them(classes, tmp_path,
+                                                                                    fabricated_publishers_files):
+    """CIFAR's batches as the publisher pickled them (Python 2's cPickle: str for bytes, align and copy as 0 and 1),
+    every byte value in the images: the restricted reader gives exactly what plain pickle.load(encoding="latin1"),
+    numpy's own reconstruction (which runs whatever a pickle names), gives for the same bytes."""
+    rng = np.random.default_rng(classes)
+    folder = tmp_path / ("cifar-10-batches-py" if classes == 10 else "cifar-100-python")
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"] if classes == 10 else ["train", "test"]
+    os.makedirs(folder)
+    for i, name in enumerate(names):
+        n = 1100 + i  # labels in two APPENDS batches, the data a BINSTRING of 3.4 MB
+        labels = {"labels": rng.integers(0, 10, n).tolist()} if classes == 10 else \
+            {"fine_labels": rng.integers(0, 100, n).tolist(), "coarse_labels": rng.integers(0, 20, n).tolist()}
+        blob = python2_pickle({"batch_label": f"batch {i} of {len(names)}", **labels,
+                               "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                               "filenames": [f"image_{j}.png" for j in range(n)]})
+        assert blob.startswith(b"\x80\x02}q\x01(") and b"cnumpy.core.multiarray\n_reconstruct\n" in blob
+        (folder / name).write_bytes(blob)
+    reference = [pickle.loads((folder / name).read_bytes(), encoding="latin1") for name in names]
+    assert all(r["data"].dtype == np.uint8 and isinstance(r["data"], np.ndarray) for r in reference)
+    key = "labels" if classes == 10 else "fine_labels"
+    train, test = reference[:-1], reference[-1:]
+    expected = [np.concatenate([r["data"] for r in part]).reshape(-1, 3, 32, 32) for part in (train, test)]
+    expected_labels = [np.array([label for r in part for label in r[key]]) for part in (train, test)]
+    xtr, ytr, xte, yte = datasets.load_arrays(f"cifar{classes}", str(tmp_path))
+    assert np.array_equal(xtr, expected[0]) and np.array_equal(xte, expected[1])
+    assert np.array_equal(ytr, expected_labels[0]) and np.array_equal(yte, expected_labels[1])
+    assert xtr.dtype == np.uint8 and ytr.dtype == np.int64 and len(xtr) == sum(len(r[key]) for r in train)
 
 
 def test_mnist_idx_files_plain_and_gz(tmp_path, fabricated_publishers_files):

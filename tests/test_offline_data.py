@@ -60,10 +60,11 @@ def write_emnist_zip(folder, names):
 
 
 def write_cifar_archive(folder, names, base, label_key, train_files):
+    from test_foundation import python2_pickle  # the publisher's format: Python 2's cPickle
     (name,) = names
     with tarfile.open(os.path.join(folder, name), "w:gz") as tar:
         def add(member, entry):
-            content = pickle.dumps(entry, protocol=2)
+            content = python2_pickle(entry)
             info = tarfile.TarInfo(f"{base}/{member}")
             info.size = len(content)
             tar.addfile(info, io.BytesIO(content))

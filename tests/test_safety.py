@@ -2,8 +2,10 @@
 line on stderr, runs nothing from a crafted file, leaves no half-made run folder behind and
 changes no result already written. Ctrl-C stops at a round boundary with a checkpoint."""
 import hashlib
+import io
 import json
 import os
+import pickle
 import shutil
 import signal
 import socket
@@ -334,12 +336,42 @@ def truncated_npz(path):
 
 
 def truncated_cifar(data_dir):
-    import pickle
     folder = os.path.join(data_dir, "cifar-10-batches-py")
     os.makedirs(folder)
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
         with open(os.path.join(folder, name), "wb") as f:
             f.write(pickle.dumps({"data": np.zeros((4, 3072), np.uint8), "labels": [0, 1, 2, 3]})[:50])
+
+
+def cifar_with_batch(data_dir, blob):
+    """A whole CIFAR-10 folder (test_foundation.write_cifar) whose data_batch_1 holds ``blob``; its path."""
+    from test_foundation import write_cifar
+    write_cifar(str(data_dir), 10)
+    path = os.path.join(data_dir, "cifar-10-batches-py", "data_batch_1")
+    with open(path, "wb") as f:
+        f.write(blob)
+    return path
+
+
+class PersistentArrays(pickle.Pickler):
+    """Pickles each array as a persistent id, which a loader resolves as it likes (torch's checkpoints do)."""
+
+    def persistent_id(self, obj):
+        return "array" if isinstance(obj, np.ndarray) else None
+
+
+def persistent_pickle(entry):
+    f = io.BytesIO()
+    PersistentArrays(f, protocol=2).dump(entry)
+    return f.getvalue()
+
+
+def cifar_batch(blob):
+    """A --data-dir maker: a CIFAR-10 folder whose data_batch_1 holds ``blob(images, labels)``."""
+    return lambda data_dir: cifar_with_batch(data_dir, blob(np.zeros((12, 3072), np.uint8), list(range(10)) + [0, 1]))
+
+
+CIFAR_REFUSED = "cifar-10-batches-py/data_batch_1 is refused: "
 
 
 def truncated_mnist(data_dir):
@@ -385,6 +417,16 @@ DATA_CASES = [  # (case, file maker for --dataset FILE (.npz) or --data-dir DIR,
     ("vectors with --model cnn", npz(x=rng_x(40, 8), y=Y40), "FILE", ["--model", "cnn"], "use --model mlp"),
     ("truncated MNIST idx", truncated_mnist, "mnist", [], "corrupt or truncated"),
     ("truncated CIFAR pickle", truncated_cifar, "cifar10", [], "corrupt or truncated"),
+    ("a CIFAR batch with a persistent id", cifar_batch(lambda x, y: persistent_pickle({"data": x, "labels": y})),
+     "cifar10", [], CIFAR_REFUSED + "it holds a persistent id, which a CIFAR file never holds"),
+    ("a CIFAR batch with an object array", cifar_batch(lambda x, y: pickle.dumps({"data": x.astype(object),
+                                                                                   "labels": y})),
+     "cifar10", [], CIFAR_REFUSED + "the dtype 'O8'; only bool, integer, float are read"),
+    ("a CIFAR batch in a 0-d object array (PFLlib's form)", cifar_batch(lambda x, y: pickle.dumps(np.array(
+        {"data": x, "labels": y}))), "cifar10", [], CIFAR_REFUSED + "the dtype 'O8'; only bool, integer, float"),
+    ("a CIFAR batch of numpy int64 labels", cifar_batch(lambda x, y: pickle.dumps({"data": x, "labels": list(
+        np.array(y))})), "cifar10", [], CIFAR_REFUSED + f"it asks for {np.int64(0).__reduce__()[0].__module__}.scalar"
+     ", which a CIFAR file never holds (it holds a numpy array, lists and strings in a dict); nothing of it was run"),
     ("no dataset files offline", lambda d: None, "cifar100", [], "cifar-100-python.tar.gz from https://"),
     ("labels as a scalar", npz(x=rng_x(40, 8), y=np.int64(3)), "FILE", [], "(N, features)"),
     ("samples of no features", npz(x=rng_x(40, 0), y=Y40), "FILE", [], "(N, features)"),
@@ -436,6 +478,60 @@ def test_bad_data_is_one_line_exit_2_before_any_run_folder(case, make, dataset, 
     lines = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(lines) == 1 and expected.format(tmp=tmp_path) in lines[0], lines
     assert not os.path.exists(tmp_path / "runs")
+
+
+def cifar_payloads(marker):
+    """{name: (batch, the global it asks for)} of CIFAR batches whose unpickling creates ``marker``: the whole pickle a
+    call, a call as the batch's data, and Python 2's (the publisher's format) __builtin__.eval."""
+    import builtins
+
+    from test_pfllib_folder import Reduce
+    code = f"open({str(marker)!r}, 'w').close()".encode()
+    return {"os.system": (pickle.dumps(Reduce(os.system, f"touch {marker}")), "posix.system"),
+            "builtins.eval as the data": (pickle.dumps({"data": Reduce(builtins.eval, code.decode()), "labels": [0]}),
+                                          "builtins.eval"),
+            "Python 2's __builtin__.eval": (b"\x80\x02c__builtin__\neval\nq\x01T" + len(code).to_bytes(4, "little")
+                                            + code + b"\x85R.", "__builtin__.eval")}
+
+
+@pytest.mark.parametrize("case", ["os.system", "builtins.eval as the data", "Python 2's __builtin__.eval"])
+def test_a_crafted_cifar_batch_runs_nothing_and_is_one_line_naming_it(case, tmp_path, capsys):
+    marker = tmp_path / "ran"
+    blob, asked = cifar_payloads(marker)[case]
+    path = cifar_with_batch(tmp_path / "data", blob)
+    capsys.readouterr()
+    assert run_in_process("fedavg.py", "--dataset", "cifar10", "--data-dir", tmp_path / "data", "--out",
+                          tmp_path / "runs", "--device", "cpu") == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == f"error: {path} is refused: it asks for {asked}, which a CIFAR file never holds (it holds a numpy " \
+        "array, lists and strings in a dict); nothing of it was run", line
+    assert not marker.exists() and not (tmp_path / "runs").exists()
+    pickle.loads(blob, encoding="latin1")  # the payload is live: torchvision's pickle.load runs it
+    assert marker.exists()
+
+
+def test_the_script_ends_on_a_crafted_cifar_batch_with_exit_2_and_runs_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    path = cifar_with_batch(tmp_path / "data", cifar_payloads(marker)["os.system"][0])
+    result = run_script("fedavg.py", "--dataset", "cifar10", "--data-dir", tmp_path / "data", "--out",
+                        tmp_path / "runs", "--device", "cpu")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert f"{path} is refused: it asks for posix.system" in result.stderr
+    assert not marker.exists() and not (tmp_path / "runs").exists()
+
+
+def test_a_pickle_changes_no_stand_in_that_another_file_is_read_by():
+    """A BUILD on a global the unpicklers know sets attributes of what they returned for it: a new function for each
+    name a pickle asks for, so that no file changes how a later one (another batch, another client) is read."""
+    import data_formats
+    state = {"__defaults__": (True, False), "__kwdefaults__": {"cifar": True}}
+    change = b"cnumpy\ndtype\n" + pickle.dumps((None, state), protocol=3)[2:-1] + b"b0"  # BUILD with it, POP
+    batch = pickle.dumps({"data": np.zeros((2, 3072), np.uint8), "labels": [0, 1]}, protocol=3)
+    blob = b"\x80\x03" + change + batch[2:]
+    for unpickler in (data_formats._PfllibUnpickler, data_formats._CifarUnpickler):
+        assert unpickler(io.BytesIO(blob), encoding="latin1").load()["data"].value.shape == (2, 3072)
+        assert data_formats._dtype.__defaults__ == (False, True) and data_formats._dtype.__kwdefaults__ == {
+            "cifar": False}
 
 
 @pytest.mark.parametrize("script, flags, words", [

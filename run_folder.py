@@ -315,7 +315,7 @@ class Run:
             self.save_checkpoint(round_, state, rng)
 
     def save_checkpoint(self, round_, state, rng):
-        # in memory first: a full disk is atomic_write's OSError (torch.save's own is a RuntimeError); no CUDA RNG state
+        # serialised in memory: a full disk is then atomic_write's OSError; no CUDA RNG state (nothing draws from one)
         blob = io.BytesIO()
         torch.save({"algorithm": self.algo, "round": round_, "rows": self.rows, "args": self.fixed_args(),
                     "bytes": [self.bytes_down, self.bytes_up], "elapsed": self.elapsed + clock() - self.t_last,

@@ -716,6 +716,31 @@ def _dtype(spec, align=False, copy=True, *, cifar=False):
     return _PickledDtype(spec, cifar)
 
 
+def _scalar(dtype, raw, *, cifar=True):
+    """numpy's ``scalar(dtype, data)``, a pickled numpy number (a label in a list), as that number."""
+    raw = raw.encode("latin1") if isinstance(raw, str) else raw  # Python 2's str
+    if not isinstance(dtype, _PickledDtype) or dtype.dtype.kind == "O" or not isinstance(raw, bytes) \
+            or len(raw) != dtype.dtype.itemsize:
+        raise _PickleRefused("a numpy number that is not one number of its dtype")
+    return np.frombuffer(raw, dtype.dtype)[0]
+
+
+def _frombuffer(buffer, dtype, shape, order, *, cifar=True):
+    """numpy's ``_frombuffer(buffer, dtype, shape, order)`` of pickle protocol 5, checked as _PickledArray's state."""
+    if order not in ("C", "F") or not isinstance(buffer, (bytes, bytearray)):
+        raise _PickleRefused("numpy's protocol-5 array with other arguments than numpy writes")
+    array = _PickledArray()
+    array.__setstate__((1, shape, dtype, order == "F", bytes(buffer)))
+    return array
+
+
+def _latin1(text, encoding, *, cifar=True):
+    """``_codecs.encode(text, "latin1")``: bytes as Python 3 pickles them at protocols 0-2."""
+    if not (isinstance(text, str) and encoding == "latin1"):
+        raise _PickleRefused("an encoding of text other than Python 3's pickle of bytes")
+    return text.encode("latin1")
+
+
 class _PfllibUnpickler(pickle.Unpickler):
     """Knows numpy's ``_reconstruct``, ``ndarray`` and ``dtype`` as the stand-ins above; any other global is refused."""
     GLOBALS = {("numpy._core.multiarray", "_reconstruct"): _reconstruct, ("numpy", "ndarray"): _NDARRAY,
@@ -733,7 +758,11 @@ class _PfllibUnpickler(pickle.Unpickler):
 
 
 class _CifarUnpickler(_PfllibUnpickler):
-    """The same for CIFAR's batches: also Python 2's (latin1: str for bytes, 0 and 1 for bools); no object arrays."""
+    """The same for CIFAR's batches: also Python 2's (latin1: str for bytes, 0 and 1 for bools), numpy numbers and
+    what Python 3 writes at protocols 2 (``_codecs.encode``) and 5 (``_frombuffer``); no object arrays."""
+    GLOBALS = {**_PfllibUnpickler.GLOBALS, ("_codecs", "encode"): _latin1,
+               **{(f"numpy.{core}.{module}", name): builder for core in ("core", "_core") for module, name, builder in
+                  (("multiarray", "scalar", _scalar), ("numeric", "_frombuffer", _frombuffer))}}
     KIND, HOLDS, KEYWORDS = "CIFAR", "a numpy array, lists and strings in a dict", {"cifar": True}
 
 

@@ -345,6 +345,29 @@ def test_the_publishers_python2_batches_load_as_numpys_own_reconstruction_reads_
     assert xtr.dtype == np.uint8 and ytr.dtype == np.int64 and len(xtr) == sum(len(r[key]) for r in train)
 
 
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+@pytest.mark.parametrize("labels", ["python ints", "numpy int64", "an int64 array", "a big-endian int32 array"])
+def test_python3s_own_pickles_of_cifar_load_as_plain_pickle_reads_them(protocol, labels, tmp_path,
+                                                                       fabricated_publishers_files):
+    """A CIFAR batch pickled again by Python 3 at any protocol (2: bytes as _codecs.encode; 5: numpy's _frombuffer),
+    its labels Python ints, numpy scalars or an array: the same arrays as plain pickle.loads(encoding="latin1")."""
+    rng, folder = np.random.default_rng(protocol), tmp_path / "cifar-10-batches-py"
+    os.makedirs(folder)
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for name in names:
+        y = rng.integers(0, 10, 7)
+        y = {"python ints": y.tolist(), "numpy int64": list(y), "an int64 array": y,
+             "a big-endian int32 array": y.astype(">i4")}[labels]
+        entry = {"batch_label": name, "labels": y, "data": rng.integers(0, 256, (7, 3072), dtype=np.uint8),
+                 "filenames": [b"%d.png" % i for i in range(7)]}
+        (folder / name).write_bytes(pickle.dumps(entry, protocol=protocol))
+    reference = [pickle.loads((folder / name).read_bytes(), encoding="latin1") for name in names]
+    xtr, ytr, xte, yte = datasets.load_arrays("cifar10", str(tmp_path))
+    assert np.array_equal(xtr, np.concatenate([r["data"] for r in reference[:5]]).reshape(-1, 3, 32, 32))
+    assert np.array_equal(xte, reference[5]["data"].reshape(-1, 3, 32, 32))
+    assert ytr.tolist() == [int(v) for r in reference[:5] for v in r["labels"]] and ytr.dtype == np.int64
+    assert yte.tolist() == [int(v) for v in reference[5]["labels"]]
+
 def test_mnist_idx_files_plain_and_gz(tmp_path, fabricated_publishers_files):
     plain = write_mnist(str(tmp_path))
     xtr, ytr, xte, yte = datasets.load_arrays("mnist", str(tmp_path))

@@ -387,6 +387,8 @@ AGNEWS_URL = "https://raw.githubusercontent.com/mhjabreel/CharCnn_Keras/master/d
 AGNEWS_MAX_LEN = 200  # tokens per text: cut, or padded with PAD_ID (PFLlib's max_len for FedALA)
 AGNEWS_MIN_COUNT = 1  # a training word is in the vocabulary if seen this often; no size cap (torchtext default)
 PAD_ID, UNK_ID = 0, 1  # id 0 pads (a zero embedding); UNK_ID: unknown words under --agnews-vocab train
+_BASIC_ENGLISH = [(r"\'", " '  "), (r"\"", ""), (r"\.", " . "), (r"<br \/>", " "), (r",", " , "), (r"\(", " ( "),
+                  (r"\)", " ) "), (r"\!", " ! "), (r"\?", " ? "), (r"\;", " "), (r"\:", " "), (r"\s+", " ")]
 
 
 class ChecksumError(Exception):
@@ -514,10 +516,6 @@ def load_tinyimagenet(data_dir):
     return tuple(arrays[k] for k in TINY_ARRAYS)
 
 
-_BASIC_ENGLISH = [(r"\'", " '  "), (r"\"", ""), (r"\.", " . "), (r"<br \/>", " "), (r",", " , "), (r"\(", " ( "),
-                  (r"\)", " ) "), (r"\!", " ! "), (r"\?", " ? "), (r"\;", " "), (r"\:", " "), (r"\s+", " ")]
-
-
 def basic_english_tokens(text):
     """torchtext's ``basic_english`` tokeniser (PFLlib/FedALA's for AG News), split on whitespace."""
     text = text.lower()
@@ -583,10 +581,9 @@ LOADERS = {"tinyimagenet": load_tinyimagenet, "agnews": load_agnews}
 
 # ----------------------------------------------------------------------------- PFLlib dataset folders
 
-# A folder that PFLlib's generators write (TsingZ0/PFLlib dataset/utils/dataset_utils.py, save_file):
-# config.json, train/<i>.npz and test/<i>.npz for client i, each npz holding one entry, data.npy: a 0-d
-# object array whose pickle holds the dict {'x': samples, 'y': labels}. Pickles are programs; these files
-# are read by a reader that understands exactly that pickle and builds nothing else (_PfllibUnpickler).
+# A folder that PFLlib's generators write (TsingZ0/PFLlib dataset/utils/dataset_utils.py, save_file): config.json,
+# train/<i>.npz and test/<i>.npz for client i, each holding data.npy alone: a 0-d object array whose pickle holds the
+# dict {'x': samples, 'y': labels}. Pickles are programs: _PfllibUnpickler reads that pickle and builds nothing else.
 MAX_FEATURE = 1e10  # the largest magnitude of a feature taken, here and in datasets.check_arrays
 PFLLIB_MAX_CLIENTS = PFLLIB_MAX_CLASSES = 100000
 PFLLIB_CONFIG_MAX_BYTES = 64 * 2 ** 20
@@ -599,6 +596,7 @@ PFLLIB_PARTITION_KEYS = ("partition", "alpha", "balance", "non_iid", "num_client
 PFLLIB_MAX_PICKLE_OPS = 4096
 # bool, integers, floats; O: the 0-d object array around the dict
 _PICKLE_DTYPES = {"b1", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "O4", "O8"}
+_NDARRAY = object()  # what the pickle's numpy.ndarray stands for: a token, never the class (it would allocate)
 
 
 def is_pfllib_folder(name):
@@ -697,9 +695,6 @@ class _PickledDtype:
             self.dtype = self.dtype.newbyteorder(state[1])
 
 
-_NDARRAY = object()  # what the pickle's numpy.ndarray stands for: a token, never the class (it would allocate)
-
-
 def _reconstruct(subtype, shape, typecode, *, cifar=False):
     """numpy's ``_reconstruct(ndarray, (0,), b'b')``, the first step of every pickled array, as a _PickledArray."""
     if subtype is not _NDARRAY or shape != (0,) or typecode != b"b" and not (cifar and typecode == "b"):
@@ -719,8 +714,7 @@ def _dtype(spec, align=False, copy=True, *, cifar=False):
 def _scalar(dtype, raw, *, cifar=True):
     """numpy's ``scalar(dtype, data)``, a pickled numpy number (a label in a list), as that number."""
     raw = raw.encode("latin1") if isinstance(raw, str) else raw  # Python 2's str
-    if not isinstance(dtype, _PickledDtype) or dtype.dtype.kind == "O" or not isinstance(raw, bytes) \
-            or len(raw) != dtype.dtype.itemsize:
+    if not isinstance(dtype, _PickledDtype) or not isinstance(raw, bytes) or len(raw) != dtype.dtype.itemsize:
         raise _PickleRefused("a numpy number that is not one number of its dtype")
     return np.frombuffer(raw, dtype.dtype)[0]
 
@@ -772,8 +766,7 @@ class _Refused(Exception):
 
 @contextlib.contextmanager
 def _pfllib_zip(path):
-    """(the zip, the ZipInfo of its data.npy) of a PFLlib client file, whose one member is data.npy; whatever fails
-    in the block is refused in one line naming ``path``."""
+    """(the zip, its data.npy's ZipInfo) of a PFLlib client file; what fails in the block: one line naming ``path``."""
     check_regular(path, doing="--dataset")
     try:
         with zipfile.ZipFile(path) as z:
@@ -825,8 +818,7 @@ def read_pfllib_npz(path):
         holder = _PfllibUnpickler(io.BytesIO(payload)).load()
     data = holder.value if isinstance(holder, _PickledArray) else None
     if not isinstance(data, dict) or set(data) != {"x", "y"}:
-        what = f"a dict of {first_few(sorted(map(repr, data)), 4)}" if isinstance(data, dict) else \
-            type(data).__name__
+        what = f"a dict of {first_few(sorted(map(repr, data)), 4)}" if isinstance(data, dict) else type(data).__name__
         raise UserError(f"{quoted(path)} holds {what}, not PFLlib's dict of 'x' and 'y'")
     arrays = []
     for key in ("x", "y"):

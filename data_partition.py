@@ -1,8 +1,6 @@
-"""Client partitions of a labelled dataset; see docs/datasets.md.
-
-Every partition takes the label array, the number of clients and a ``numpy.random.Generator`` and returns one sorted
-``int64`` index array per client. They are pure: the same generator state gives the same partition.
-"""
+"""Client partitions of a labelled dataset (docs/datasets.md): each takes the label array, the number of clients and a
+``numpy.random.Generator`` and returns one sorted ``int64`` index array per client. They are pure: the same generator
+state gives the same partition."""
 import numpy as np
 
 
@@ -24,23 +22,18 @@ def iid(labels, num_clients, rng):
 
 
 def pathological(labels, num_clients, rng, classes_per_client, balance=False):
-    """McMahan et al. (2017) shards: each client holds exactly ``classes_per_client`` classes.
-
-    Classes are dealt round-robin over a random class order, so every class goes to (nearly) the same number of
-    clients. Each class's samples are split among its holders in equal shares (``balance``) or random non-empty shares.
-    """
+    """McMahan et al. (2017) shards: each client holds exactly ``classes_per_client`` classes, dealt round-robin over a
+    random class order, so every class goes to (nearly) the same number of clients. Each class's samples are split
+    among its holders in equal shares (``balance``) or random non-empty shares."""
     _check(labels, num_clients)
     classes = np.unique(labels)
     if not 1 <= classes_per_client <= len(classes):
         raise PartitionError(f"--classes-per-client {classes_per_client} must be between 1 and the "
                              f"{len(classes)} classes of the dataset")
-    order = rng.permutation(classes)
-    client_classes = np.resize(order, (num_clients, classes_per_client))  # the order repeated, row by row
+    client_classes = np.resize(rng.permutation(classes), (num_clients, classes_per_client))  # repeated row by row
     parts = [[] for _ in range(num_clients)]
-    for c in classes:
+    for c in np.unique(client_classes):  # the classes some client holds
         holders = [i for i in range(num_clients) if c in client_classes[i]]
-        if not holders:
-            continue
         idx = rng.permutation(np.flatnonzero(labels == c))
         if len(idx) < len(holders):
             raise PartitionError(f"class {c} has {len(idx)} samples for {len(holders)} clients; "
@@ -55,12 +48,10 @@ def pathological(labels, num_clients, rng, classes_per_client, balance=False):
 
 
 def dirichlet(labels, num_clients, rng, beta, min_size=10, max_draws=100):
-    """Label-skew Dir(beta) split (Hsu et al. 2019; the FedALA / PFLlib variant).
-
-    For every class, proportions ~ Dir(beta * 1_N); a client that already holds more than N_total / num_clients
-    samples gets no more of later classes. The whole draw is repeated until every client has ``min_size`` samples, at
-    most ``max_draws`` times, after which a PartitionError names the knobs to turn.
-    """
+    """Label-skew Dir(beta) split (Hsu et al. 2019; the FedALA / PFLlib variant): for every class, proportions
+    ~ Dir(beta * 1_N); a client that already holds more than N_total / num_clients samples gets no more of later
+    classes. The whole draw is repeated until every client has ``min_size`` samples, at most ``max_draws`` times, after
+    which a PartitionError names the knobs to turn."""
     _check(labels, num_clients)
     if not beta > 0:
         raise PartitionError(f"--beta must be > 0, got {beta}")
@@ -70,19 +61,16 @@ def dirichlet(labels, num_clients, rng, beta, min_size=10, max_draws=100):
     classes = np.unique(labels)
     cap = len(labels) / num_clients
     for _ in range(max_draws):
-        parts = [[] for _ in range(num_clients)]
-        sizes = np.zeros(num_clients)
+        chunks, sizes = [], np.zeros(num_clients)  # chunks[k][i]: client i's share of the k-th class
         for c in classes:
             idx = rng.permutation(np.flatnonzero(labels == c))
             p = rng.dirichlet(np.full(num_clients, beta))
             masked = p * (sizes < cap)
             p = masked / masked.sum() if masked.sum() > 0 else p
-            cuts = (np.cumsum(p) * len(idx)).astype(int)[:-1]
-            for i, chunk in enumerate(np.split(idx, cuts)):
-                parts[i].append(chunk)
-                sizes[i] += len(chunk)
+            chunks.append(np.split(idx, (np.cumsum(p) * len(idx)).astype(int)[:-1]))
+            sizes += [len(chunk) for chunk in chunks[-1]]
         if sizes.min() >= min_size:
-            return [np.sort(np.concatenate(p)).astype(np.int64) for p in parts]
+            return [np.sort(np.concatenate(p)).astype(np.int64) for p in zip(*chunks)]
     raise PartitionError(f"Dir({beta}) over {num_clients} clients left a client with fewer than {min_size} "
                          f"samples in {max_draws} draws; use a larger --beta or fewer --num-clients")
 
@@ -109,23 +97,17 @@ def _balanced_class_sets(num_classes, num_clients, per_client, rng):
 def _deal(labels, counts, rng):
     """Client i gets ``counts[i, c]`` samples of each class c: every class some client takes is shuffled, in class
     order, and dealt out in client order."""
-    parts = [[] for _ in counts]
-    for c in np.flatnonzero(counts.sum(0)):
-        idx = rng.permutation(np.flatnonzero(labels == c))
-        for i, chunk in enumerate(np.split(idx, np.cumsum(counts[:, c]))[:-1]):
-            parts[i].append(chunk)
-    return [np.sort(np.concatenate(p)).astype(np.int64) for p in parts]
+    chunks = [np.split(rng.permutation(np.flatnonzero(labels == c)), np.cumsum(counts[:, c]))[:-1]
+              for c in np.flatnonzero(counts.sum(0))]  # chunks[k][i]: client i's share of the k-th class taken
+    return [np.sort(np.concatenate(p)).astype(np.int64) for p in zip(*chunks)]
 
 
 def pfedla1(labels, num_clients, rng, classes_per_client=4, samples_per_client=None):
     """pFedLA non-IID_1: each client gets ``classes_per_client`` random classes, the same number of samples from each,
-    so every client holds the same amount of data.
-
-    Each client's class set is random; the sets are drawn from shuffled decks of all classes, so every class is held by
-    about the same number of clients (our choice: it lets 100 clients share a balanced dataset without running out of
-    any class). The per-class count is ``samples_per_client // classes_per_client``, or (None) the largest that every
-    class can supply to all of its holders.
-    """
+    so every client holds the same amount of data. The class sets are drawn from shuffled decks of all classes, so every
+    class is held by about the same number of clients (our choice: it lets 100 clients share a balanced dataset without
+    running out of any class). The per-class count is ``samples_per_client // classes_per_client``, or (None) the
+    largest that every class can supply to all of its holders."""
     _check(labels, num_clients)
     num_classes = int(labels.max()) + 1
     if not 1 <= classes_per_client <= num_classes:
@@ -149,16 +131,14 @@ def pfedla2(labels, num_clients, rng, dominant_classes=2, dominant_share=0.8, sa
     """pFedLA non-IID_2: every client has all classes; ``dominant_classes`` random classes together hold
     ``dominant_share`` of its samples in equal parts, the other classes share the rest equally. Every client holds the
     same amount of data (our documented choice: the paper gives no ratio): ``samples_per_client`` exactly (the rounding
-    remainder goes to the classes with the largest fractional shares), or (None) the most the dataset allows.
-    """
+    remainder goes to the classes with the largest fractional shares), or (None) the most the dataset allows."""
     _check(labels, num_clients)
     num_classes = int(labels.max()) + 1
     if not 1 <= dominant_classes < num_classes:
         raise PartitionError(f"pfedla2 needs between 1 and {num_classes - 1} dominant classes")
     dominant = _balanced_class_sets(num_classes, num_clients, dominant_classes, rng)
     share = np.full((num_clients, num_classes), (1 - dominant_share) / (num_classes - dominant_classes))
-    for i, s in enumerate(dominant):
-        share[i, s] = dominant_share / dominant_classes
+    np.put_along_axis(share, np.array(dominant), dominant_share / dominant_classes, axis=1)
     available = np.bincount(labels, minlength=num_classes)
     largest = int(np.min(available / share.sum(0)))
     size = largest if samples_per_client is None else samples_per_client
@@ -176,8 +156,7 @@ def pfedla2(labels, num_clients, rng, dominant_classes=2, dominant_share=0.8, sa
 
 
 def train_test_split(client_idx, rng, train_ratio):
-    """Split each client's indices at random into (train, test); both keep at least one sample
-    when the client has two or more."""
+    """Each client's indices split at random into (train, test), both non-empty when the client has two or more."""
     train, test = [], []
     for idx in client_idx:
         idx = rng.permutation(idx)

@@ -1,8 +1,7 @@
 """The data path, top to bottom: a --dataset name, .npz file or PFLlib folder becomes the clients' tensors: FedProx's
 Synthetic(alpha, beta), a user's .npz file, the checks every dataset passes, ``load_arrays`` over the named datasets and
 .npz files, the tensors, the partition over clients (data_partition.py) and ``load_federated_data``, which does it all
-for a script's ``args``. Other people's formats (torchvision's MNIST family and CIFAR, Tiny-ImageNet, AG News, PFLlib's
-folders) are read in data_formats.py. The scripts reach this through common.py (docs/layout.md)."""
+for a script's ``args`` (through common.py, docs/layout.md). Other people's formats are read in data_formats.py."""
 import math
 import os
 from contextlib import suppress
@@ -74,8 +73,7 @@ def load_npz(path):
             keys, declared = [k for k in ("x", "y", "x_test", "y_test") if k in d.files], 0
             for key in keys:  # the bytes the headers declare, read before any array (they may declare terabytes)
                 with d.zip.open(f"{key}.npy") as f:
-                    version = np.lib.format.read_magic(f)
-                    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                    read = np.lib.format.read_array_header_1_0 if np.lib.format.read_magic(f) == (1, 0) else \
                         np.lib.format.read_array_header_2_0
                     shape, _, dtype = read(f, max_header_size=100000)
                 declared += math.prod(shape) * dtype.itemsize
@@ -220,21 +218,16 @@ def partition(labels, args, rng, num_classes, min_size):
     cpc = args.classes_per_client or defaults.get(args.partition, 6 if num_classes >= 100 else 2)  # pfedla2: dominant
     if args.partition in ("pat", "pfedla1") and cpc > num_classes:
         raise UserError(f"--classes-per-client {cpc} is more than the {num_classes} classes of {args.dataset}")
-    if args.partition == "iid":
-        return dp.iid(labels, args.num_clients, rng)
-    if args.partition == "pat":
-        return dp.pathological(labels, args.num_clients, rng, cpc, balance=args.balance)
-    if args.partition == "dir":
-        return dp.dirichlet(labels, args.num_clients, rng, args.beta, min_size=min_size)
-    split = {"pfedla1": lambda n, r, amount: dp.pfedla1(labels, n, r, cpc, amount),
-             "pfedla2": lambda n, r, amount: dp.pfedla2(labels, n, r, min(cpc, num_classes - 1),
-                                                        dominant_share=args.dominant_share,
-                                                        samples_per_client=amount)}[args.partition]
-    if args.samples_per_client != "auto":
+    split = {"iid": lambda n, r, amount: dp.iid(labels, n, r),  # amount: pFedLA's samples per client
+             "pat": lambda n, r, amount: dp.pathological(labels, n, r, cpc, balance=args.balance),
+             "dir": lambda n, r, amount: dp.dirichlet(labels, n, r, args.beta, min_size=min_size),
+             "pfedla1": lambda n, r, amount: dp.pfedla1(labels, n, r, cpc, amount),
+             "pfedla2": lambda n, r, amount: dp.pfedla2(labels, n, r, min(cpc, num_classes - 1), args.dominant_share,
+                                                        amount)}[args.partition]
+    if args.partition not in ("pfedla1", "pfedla2") or args.samples_per_client != "auto":
         return split(args.num_clients, rng, args.samples_per_client)
-    # auto, pFedLA Sec. 4.2: the same amount per client for 10 and 100 clients, what 100 clients get
-    # (a fixed draw, so the amount depends on the labels only); beyond 100 clients or where a
-    # dataset is too small for that, as much as the N clients can have
+    # auto, pFedLA Sec. 4.2: the same amount per client for 10 and 100 clients, what 100 clients get (a fixed draw, so
+    # it depends on the labels only); beyond 100 clients or where a dataset is too small for that, as much as N can have
     try:
         amount = len(split(100, np.random.default_rng(0), None)[0]) if args.num_clients <= 100 else None
         return split(args.num_clients, rng.spawn(1)[0], amount)
@@ -243,9 +236,8 @@ def partition(labels, args, rng, num_classes, min_size):
 
 
 def check_dataset_exists(name, resume=None):
-    """Refuse a --dataset that names a file or folder which is not there, with a line that says so (not that
-    the name is an unknown dataset): one given as a path, or any a run was made on and resumes (--resume
-    ``resume``), whose folder may have moved: then the line says how to give its new place."""
+    """Refuse a missing --dataset file or folder in a line that says so (not that it is an unknown dataset): one given
+    as a path, or under --resume ``resume`` any the run was made on (the line says how to give its new place)."""
     if name in VISION or name in LOADERS or os.path.lexists(name):
         return
     if resume:
@@ -260,16 +252,14 @@ def load_federated_data(args, device):
     """Load the dataset, partition it over clients (docs/datasets.md: partitions, the two evaluation protocols) and
     move it to ``device`` once (common.load_federated_data: after set_determinism, before any GPU work)."""
     rng = np.random.default_rng([args.seed, 0])  # data and partition: independent of training randomness
-    synthetic = synthetic_setting(args.dataset)
-    folder = not synthetic and is_pfllib_folder(args.dataset)
-    if synthetic:
+    if synthetic := synthetic_setting(args.dataset):
         info = {"generated": True}  # no file: the run folder's --resume check names the seed it is generated from
         x, y, client_idx = stack_clients(synthetic_clients(args.num_clients, rng, *synthetic))
         train, test = dp.train_test_split(client_idx, rng, args.train_ratio)
         x, num_classes = to_tensor(x), SYNTHETIC_CLASSES
         # no official test set: under 'global' the union of the clients' test data stands in for it
         global_test = np.concatenate(test) if args.test_split == "global" else None
-    elif folder:  # PFLlib's clients as they are: client i's train and test data are its two files
+    elif is_pfllib_folder(args.dataset):  # PFLlib's clients as they are: client i's data are its train and test files
         x, y, train, test, num_classes = load_pfllib_folder(args.dataset, args.num_clients)
         # the --resume check names the folder, not --data-dir; config.json and compare.py show how its clients were made
         info = {"folder": pfllib_partition(read_pfllib_config(args.dataset))}

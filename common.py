@@ -42,23 +42,20 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return action.help if "default" in (action.help or "") else super()._get_help_string(action)
 
 
-def _auto_or_count(text):
-    """argparse type of --parallel-clients and --samples-per-client: 'auto' or an integer >= 1."""
+def _auto_or_count(text):  # argparse type of --parallel-clients and --samples-per-client
     if text == "auto" or text.isdigit() and int(text) >= 1:
         return text if text == "auto" else int(text)
     raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 1, got {text!r}")
 
 
-def _thread_count(text):
-    """argparse type of --threads: 'auto' or an integer in [1, MAX_THREADS]."""
+def _thread_count(text):  # argparse type of --threads
     if text == "auto" or text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_THREADS:
         return text if text == "auto" else int(text)
     raise argparse.ArgumentTypeError(f"must be 'auto' or an integer in [1, {MAX_THREADS}], got {text!r}")
 
 
 def base_parser(description, script=None, helps=None, **defaults):
-    """The flags every script shares; ``defaults`` are the script ``script``'s paper setting and
-    ``helps`` replaces the help text of flags whose default depends on the data."""
+    """The flags every script shares: ``defaults``, its paper setting; ``helps``, help of data-dependent defaults."""
     p = _Parser(prog=f"{script}.py" if script else None, description=description, formatter_class=_HelpFormatter)
     lr = defaults.get("lr", 0.005)  # a script's lr of None: its helps text says what it depends on
     helps = {**({"lr": f"local learning rate (default: {lr:g} on every dataset and model)"}
@@ -122,7 +119,7 @@ def base_parser(description, script=None, helps=None, **defaults):
 def model_help(images):
     """--help of --model: what ``auto`` picks on each kind of data (build_model), ``images`` on images."""
     return (f"auto (default): {images} on images, mlp on vectors (synthetic, an .npz of vectors), fasttext on token "
-            "ids (agnews); or cnn, pfedlacnn, lenet, simplecnn, resnet18, resnet34, mlp, fasttext")
+            f"ids (agnews); or {', '.join(MODELS)}")
 
 
 def fedala_learning_rate(args):
@@ -134,9 +131,9 @@ def fedala_learning_rate(args):
 
 
 def parse_args(parser, argv=None, resolve=None, checks=()):
-    """Parse and validate every flag before anything is written. ``resolve(args)`` fills the
-    dataset-dependent defaults; ``checks`` are the script's own (ok, message) pairs as a
-    function of args. With ``--resume`` the run's saved settings are used (resumed_args)."""
+    """Parse and validate every flag before anything is written. ``resolve(args)`` fills the dataset-dependent
+    defaults; ``checks``: the script's own (ok, message) pairs, or a function of args giving them. With ``--resume``
+    the run's saved settings are used (resumed_args)."""
     args, given = parser.parse_args(argv), given_flags(parser, argv)
     if args.resume is not None and not args.resume.strip():
         raise UserError("--resume needs the run folder to continue (given: an empty name)")
@@ -195,9 +192,8 @@ def parse_args(parser, argv=None, resolve=None, checks=()):
 
 
 def pfllib_folder_settings(args, given):
-    """--dataset names a PFLlib dataset folder: its clients are taken as they are, so the flags that
-    partition or split data (``given`` on the command line) are refused, --num-clients is the folder's,
-    and each client is tested on its own test file (--test-split client)."""
+    """--dataset names a PFLlib dataset folder: its clients are taken as they are, so the flags that partition or split
+    data (``given`` now) are refused, --num-clients is the folder's and each client is tested on its own test file."""
     resplit = [f"--{dest.replace('_', '-')}" for dest in (*PARTITION_FLAGS, *datasets.PFLLIB_RESPLIT_FLAGS)
                if dest in given]
     if resplit:
@@ -220,18 +216,15 @@ def given_flags(parser, argv):
 
 def fits(default, value):
     """Whether a value read from config.json has the type of the flag's default (a number for a float)."""
-    if default is None or value is None or default == "auto":
-        return True
     kinds = (int, float) if isinstance(default, float) else type(default)
-    return isinstance(value, kinds) and isinstance(value, bool) == isinstance(default, bool)
+    return default is None or value is None or default == "auto" or (
+        isinstance(value, kinds) and isinstance(value, bool) == isinstance(default, bool))
 
 
 def resumed_args(parser, argv):
     """The settings of ``--resume RUN_DIR`` (its config.json) with the flags given now that may change. Another
     value of a flag that changes results is refused in one line, and so is a run folder of an older form."""
-    given = given_flags(parser, argv)
-    if given.get("threads") == "auto":  # auto: the count the run took, which it keeps
-        del given["threads"]
+    given = {k: v for k, v in given_flags(parser, argv).items() if (k, v) != ("threads", "auto")}  # auto: run's count
     folder, defaults, path = given["resume"], vars(parser.parse_args([])), os.path.join(given["resume"], "config.json")
     for name in RUN_FILES:
         check_regular(os.path.join(folder, name))
@@ -264,9 +257,8 @@ def resumed_args(parser, argv):
         raise UserError(f"cannot resume with other settings: {'; '.join(changed)}; only --rounds (to extend the "
                         "run), --device, --parallel-clients, --data-dir, --checkpoint-every, --stop-after, --out and "
                         "the new place of a --dataset file or folder that moved may change")
-    args = argparse.Namespace(**{k: saved.get(k, default) for k, default in defaults.items()})
-    for k in set(given) & (RESUME_MAY_CHANGE | {"dataset"}):
-        setattr(args, k, given[k])
+    args = argparse.Namespace(**{**{k: saved.get(k, default) for k, default in defaults.items()},  # then those given
+                                 **{k: v for k, v in given.items() if k in RESUME_MAY_CHANGE | {"dataset"}}})
     args.resume, args.stop_after = folder, given.get("stop_after")
     if not os.path.exists(os.path.join(folder, "checkpoint.pt")):
         raise UserError(f"cannot resume: {quoted(folder)} has no checkpoint.pt (the run stopped before its first "
@@ -294,8 +286,7 @@ def check_out_folder(out):
 # ----------------------------------------------------------------------------- data, devices and seeds
 
 def load_federated_data(args, device):
-    """The dataset of ``args``, partitioned over its clients, on ``device`` (datasets.py), after
-    set_determinism: before any GPU work."""
+    """datasets.load_federated_data after set_determinism and set_threads: before any GPU work."""
     set_determinism(device, args.deterministic)
     set_threads(args.threads)
     return datasets.load_federated_data(args, device)
@@ -362,8 +353,7 @@ def clients_per_round(args):
 
 
 def check_client_models(model, num_clients):
-    """Refuse, before they are allocated, ``num_clients`` flat copies of ``model`` (every client's own
-    model, kept by the server) that cannot fit in the memory of the model's device (check_fits)."""
+    """Refuse before allocating: the server's ``num_clients`` flat client models that ``model``'s device cannot hold."""
     state = float_state(model)
     params = sum(v.numel() for v in state)
     check_fits(f"{num_clients} client models of {params} parameters", num_clients * params * state[0].element_size(),
@@ -378,8 +368,7 @@ def state_bytes(model):
 
 def sample_clients(rng, num_clients, join_ratio):
     """round(join_ratio * N) clients (at least 1), without replacement, in increasing order."""
-    k = max(1, int(round(join_ratio * num_clients)))
-    return sorted(int(c) for c in rng.choice(num_clients, k, replace=False))
+    return sorted(int(c) for c in rng.choice(num_clients, max(1, int(round(join_ratio * num_clients))), replace=False))
 
 
 def client_seed(seed, round_, client, tag=0):
@@ -417,7 +406,6 @@ def make_optimizer(model, args):
 
 
 def epoch_batches(idx, batch_size, epochs, seed):
-    """Index batches: ``epochs`` passes over ``idx``, reshuffled each epoch (batch_bounds)."""
     shuffle = torch.Generator().manual_seed(seed)
     for _ in range(epochs):
         order = idx[to_device(torch.randperm(len(idx), generator=shuffle), idx.device)]
@@ -426,8 +414,7 @@ def epoch_batches(idx, batch_size, epochs, seed):
 
 
 def local_train(model, data, idx, args, seed):
-    """--local-epochs of minibatch SGD with cross-entropy on the train indices ``idx``. Returns the mean
-    training loss, 0-dim (no host sync inside the loop)."""
+    """--local-epochs of SGD with cross-entropy on the train indices ``idx``: the mean loss, 0-dim (no host sync)."""
     model.train()
     optimizer = make_optimizer(model, args)
     total, steps = torch.zeros((), device=data.x.device), 0
@@ -455,45 +442,34 @@ def check_finite(loss, round_, client):
     return value
 
 
-def as_rows(client_states):
-    """The clients' flat models as one (K x D) tensor: a tensor as it is, a list stacked."""
+def as_rows(client_states):  # the clients' flat models as one (K x D) tensor
     return client_states if torch.is_tensor(client_states) else torch.stack(list(client_states))
 
 
 # the clients of a round trained at once (--parallel-clients)
 
-GPU_PARALLEL_CLIENTS = 4
-
-
-def host_cores():
-    """The CPU cores this process may run on."""
+def host_cores():  # the CPU cores this process may run on
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def parallel_clients(args, device):
-    """How many clients train at once: --parallel-clients, at most the round's clients. auto: one per
-    --threads thread on a CPU; on a GPU 4 (at most one per host core), since a step there is bound by
-    the host's kernel launches, which threads overlap, and the GPU's arithmetic does not depend on the
-    host's threads (docs/speed.md). Above 1, each client trains on one torch thread (ClientPool)."""
-    n = args.parallel_clients
-    if n == "auto":
-        threads = getattr(args, "threads", None)
-        if device.type == "cpu":
-            n = threads if isinstance(threads, int) else torch.get_num_threads()
-        else:
-            n = min(GPU_PARALLEL_CLIENTS, host_cores())
+    """How many clients train at once: --parallel-clients, at most the round's clients. auto: one per --threads thread
+    on a CPU, where a small batch leaves most cores idle; on a GPU 4 (at most one per host core), since a step there is
+    bound by the host's kernel launches, which threads overlap, and the GPU's arithmetic does not depend on the host's
+    threads (docs/speed.md). Above 1, each client trains on one torch thread (ClientPool)."""
+    n, threads = args.parallel_clients, getattr(args, "threads", None)
+    if n == "auto" and device.type == "cpu":
+        n = threads if isinstance(threads, int) else torch.get_num_threads()
+    elif n == "auto":
+        n = min(4, host_cores())
     return max(1, min(n, clients_per_round(args)))
 
 
 class ClientPool:
-    """The reusable models that run a round's client updates: ``map`` and ``train`` over the clients.
-
-    ``--parallel-clients`` models (auto: one per torch thread, --threads, on a CPU, where a small
-    batch leaves most cores idle; up to 4 on a GPU, whose steps wait on the host's launches). With
-    one model the clients run one after another on all --threads torch threads. With several, that
-    many clients run at once on threads, one torch thread each, the largest clients first so the
-    threads finish together; the server's work between rounds runs on all --threads. Client updates
-    are independent, so results do not depend on the schedule, only, on a CPU, on whether each
+    """The reusable models (parallel_clients of them) that run a round's client updates. With one model the clients run
+    one after another on all --threads torch threads. With several, that many clients run at once on threads, one torch
+    thread each, the largest clients first so the threads finish together; the server's work between rounds runs on all
+    --threads. Client updates are independent, so results do not depend on the schedule, only, on a CPU, on whether each
     client ran on one torch thread or on all of them. No model is built or copied per client."""
 
     def __init__(self, models, client_sizes):
@@ -503,7 +479,6 @@ class ClientPool:
 
     @classmethod
     def build(cls, args, build_model, device, data):
-        """A pool of ``--parallel-clients`` models made by ``build_model``, for ``data``'s clients."""
         return cls([build_model().to(device) for _ in range(parallel_clients(args, device))],
                    [len(i) for i in data.train_idx])
 

@@ -2,7 +2,6 @@
 one line, data a model does not take. torch and torchvision only (torchvision for the ResNets), so that a model can
 be copied out; docs/running.md lists them.
 """
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -10,10 +9,8 @@ import torch.nn.functional as F
 from exits import UserError
 
 
-def _pooled_side(size, convs=2):
-    for _ in range(convs):
-        size = (size - 4) // 2  # conv5x5 (no padding) then maxpool 2
-    return size
+def _pooled_side(size):
+    return ((size - 4) // 2 - 4) // 2  # twice conv5x5 (no padding) then maxpool 2
 
 
 class CNN(nn.Module):
@@ -91,10 +88,9 @@ class MLP(nn.Module):
 
 
 class FastText(nn.Module):
-    """Embedding(vocab, 32), the mean embedding, fc(32, 32), fc(32, classes): the authors' fastText
-    (TsingZ0/FedALA system/flcore/trainmodel/models.py @ 7939ca7). The mean is theirs: over all L
-    positions of the (N, L) ids, padding included (id 0 embeds to zeros, so a text of n tokens gets
-    its token sum / L), not over the n tokens."""
+    """Embedding(vocab, 32), the mean embedding, fc(32, 32), fc(32, classes): the authors' fastText (TsingZ0/FedALA
+    system/flcore/trainmodel/models.py @ 7939ca7). The mean is theirs: over all L positions of the (N, L) ids, padding
+    included (id 0 embeds to zeros, so a text of n tokens gets its token sum / L), not over the n tokens."""
 
     def __init__(self, vocab_size, num_classes, embed_dim=32, hidden=32):
         super().__init__()
@@ -110,9 +106,8 @@ MODELS = ["cnn", "pfedlacnn", "lenet", "simplecnn", "resnet18", "resnet34", "mlp
 
 
 def build_model(name, data, auto_image="cnn"):
-    """The model ``name`` for ``data``; ``auto`` picks ``auto_image`` for images, mlp for vectors,
-    fasttext for token ids. The model runs once on one sample (``run_once``), so that data it does
-    not take is refused with one line while the scripts set up, before any run folder exists."""
+    """The model ``name`` for ``data`` (``auto``: ``auto_image`` on images, else mlp or fasttext). It runs once on one
+    sample (``run_once``), so that data it does not take is refused in one line, before any run folder exists."""
     x = data.x
     if name == "auto":
         name = "fasttext" if not x.is_floating_point() else ("mlp" if x.dim() == 2 else auto_image)
@@ -137,30 +132,26 @@ def build_model(name, data, auto_image="cnn"):
 
 
 class GlobalAvgPool(nn.Module):
-    """``nn.AdaptiveAvgPool2d(1)`` as a mean over height and width: the same values, and a backward that
-    torch's deterministic mode admits on CUDA (AdaptiveAvgPool2d's raises there under
-    ``torch.use_deterministic_algorithms``)."""
+    """``nn.AdaptiveAvgPool2d(1)`` as a mean over height and width: the same values, and a backward that CUDA admits
+    under ``torch.use_deterministic_algorithms`` (AdaptiveAvgPool2d's raises there)."""
 
     def forward(self, x):
         return x.mean((2, 3), keepdim=True)
 
 
 def deterministic_pooling(model):
-    """Replace ``model``'s ``AdaptiveAvgPool2d(1)`` modules (torchvision's ResNets end in one) by
-    GlobalAvgPool, in place. build_model does it for data on CUDA only: on a CPU the original kernel
-    is kept, so CPU runs keep their arithmetic."""
+    """Replace ``model``'s ``AdaptiveAvgPool2d(1)`` modules (torchvision's ResNets end in one) by GlobalAvgPool, in
+    place; build_model does it for data on CUDA only, so that CPU runs keep the original kernel and their arithmetic."""
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
-            size = getattr(child, "output_size", None)
-            if isinstance(child, nn.AdaptiveAvgPool2d) and size in (1, (1, 1)):
+            if isinstance(child, nn.AdaptiveAvgPool2d) and child.output_size in (1, (1, 1)):
                 setattr(module, child_name, GlobalAvgPool())
     return model
 
 
 def run_once(model, sample):
-    """One forward pass of ``model`` on ``sample`` on the CPU, which raises if the model does not take
-    the data and changes nothing: eval mode (BatchNorm's running statistics stay as they are, then
-    the train/eval mode is restored), no gradient, and torch's random state restored after."""
+    """One forward pass of ``model`` on ``sample`` on the CPU, which raises if the model does not take the data and
+    changes nothing: eval mode (BatchNorm's statistics stay), no gradient, then the mode and torch's RNG restored."""
     was_training = model.training
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
@@ -180,7 +171,7 @@ def _takes(name, data):
 def _model(name, data):
     x, k = data.x, data.num_classes
     if name == "mlp":
-        return MLP(int(np.prod(x.shape[1:])), k)
+        return MLP(x.shape[1:].numel(), k)
     if name == "fasttext":
         if x.is_floating_point():
             raise UserError("--model fasttext needs token ids: integer (N, length) data, e.g. --dataset agnews")

@@ -1,7 +1,6 @@
-"""How a program ends: the errors and their exit statuses (``UserError`` 2; ``DivergedError`` and ``FileFault`` 1),
-``run_main``, which turns how a script's ``main`` ends into one line and that status, the stop signals (Ctrl-C,
-SIGTERM, SIGHUP: 130, 143, 129), and ``atomic_write``, so that what a program leaves is whole. Every file of ours
-raises these errors; importing it changes nothing in the process (docs/layout.md).
+"""How a program ends: the errors, ``run_main``, which turns how a script's ``main`` ends into one line and an exit
+status, the stop signals, and ``atomic_write``, so that what a program leaves is whole. Every file of ours raises
+these errors; importing it changes nothing in the process (docs/layout.md).
 """
 import contextlib
 import json
@@ -63,15 +62,11 @@ def stop_at_once(signum, frame):
 def handle_stop_signals(handler):
     """Make ``handler`` handle the stop signals; returns those it replaced. One ignored already (nohup) stays so;
     outside the main thread (Flower's server) Python allows none."""
-    previous = {}
-    for signum in STOP_SIGNALS:
-        if signum != signal.SIGINT and signal.getsignal(signum) is signal.SIG_IGN:
-            continue
-        try:
-            previous[signum] = signal.signal(signum, handler)
-        except ValueError:  # not the main thread
-            break
-    return previous
+    try:
+        return {signum: signal.signal(signum, handler) for signum in STOP_SIGNALS
+                if signum == signal.SIGINT or signal.getsignal(signum) is not signal.SIG_IGN}
+    except ValueError:  # not the main thread
+        return {}
 
 
 def restore_signals(previous, ignore=False):
@@ -108,8 +103,8 @@ def run_main(main, argv=None):
             f"{stopped_by(signum)} before the run folder was made; nothing was written")
         code = 128 + signum
     except OSError as e:  # disk full, permissions: the run's own files (FileFault), standard output, or any other
-        where = e.filename or ("standard output" if not isinstance(e, FileFault) and not writable_stdout() else None)
-        say(f"error: {e}" if isinstance(e, FileFault) or not where else f"error: cannot write to {where} ({e.strerror})")
+        where = None if isinstance(e, FileFault) else e.filename or (None if writable_stdout() else "standard output")
+        say(f"error: cannot write to {where} ({e.strerror})" if where else f"error: {e}")
         code = 1
     finally:
         for run in list(OPEN_RUNS):
@@ -128,13 +123,12 @@ def writable_stdout():
     """Whether a line printed now reaches stdout (an empty one is the probe); if not, what is printed goes to
     /dev/null from here on (the flush at exit must not fail a second time)."""
     try:
-        print(flush=True)
+        with contextlib.suppress(AttributeError):  # a stdout replaced by something that is no file
+            print(flush=True)
         return True
     except (OSError, ValueError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return False
-    except AttributeError:  # None: no stdout at all
-        return True
 
 
 def quoted(name):
@@ -188,6 +182,10 @@ def read_json(path, doing="cannot resume"):
         raise UserError(f"{doing}: {quoted(path)} cannot be read ({getattr(e, 'strerror', None) or 'not JSON'})")
 
 
+def dumps(obj):
+    return json.dumps(obj, indent=1, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
+
+
 def is_terminal(stream):
     with contextlib.suppress(AttributeError, ValueError):  # None (no stdout), replaced, or closed
         return stream.isatty()
@@ -202,9 +200,8 @@ def show(line, in_place_width=0):
 
 def detach_from_terminal():
     """After SIGHUP the terminal is gone and a write to it fails (EIO): what is still printed goes to /dev/null."""
-    null = os.open(os.devnull, os.O_WRONLY)
-    for fd in (1, 2):
-        with contextlib.suppress(OSError):
-            if stat.S_ISCHR(os.fstat(fd).st_mode) and os.fstat(fd).st_rdev != os.fstat(null).st_rdev:
-                os.dup2(null, fd)
-    os.close(null)
+    with open(os.devnull, "wb") as null:
+        for fd in (1, 2):
+            with contextlib.suppress(OSError):
+                if stat.S_ISCHR(os.fstat(fd).st_mode) and os.fstat(fd).st_rdev != os.fstat(null.fileno()).st_rdev:
+                    os.dup2(null.fileno(), fd)

@@ -1,13 +1,11 @@
-"""The run folder, around the training loop (no algorithm here): what may change on ``--resume``, where a run ran,
-and ``Run``: the folder ``--out/<algo>-<dataset>-s<seed>-<time>/`` with config.json, partition.json, metrics.csv and
-the round's line, the progress of a long round, checkpoint.pt and an exact ``resume``, summary.json. How a run ends
-(the errors, ``run_main``, the stop signals, ``atomic_write``) is exits.py's. Importing it changes nothing.
+"""The run folder around the training loop, no algorithm: ``Run`` makes ``--out/<algo>-<dataset>-s<seed>-<time>/``
+with config.json, partition.json, metrics.csv, checkpoint.pt (an exact ``resume``) and summary.json, and prints each
+round's line and a long round's progress. How a run ends is exits.py's. Importing it changes nothing in the process.
 """
 import contextlib
 import errno
 import hashlib
 import io
-import json
 import os
 import platform
 import re
@@ -25,8 +23,8 @@ import torch
 
 import data_partition
 from exits import (OPEN_RUNS, DivergedError, FileFault, Stopped, UserError, atomic_write, check_regular,  # noqa: F401
-                   detach_from_terminal, handle_stop_signals, is_terminal, quoted, read_json, restore_signals, run_main,
-                   say, shortened, show, signal_name, stop_at_once, stopped_by)  # the scripts' too
+                   detach_from_terminal, dumps, handle_stop_signals, is_terminal, quoted, read_json, restore_signals,
+                   run_main, say, shortened, show, signal_name, stop_at_once, stopped_by)  # the scripts' too
 
 
 # flags that may differ on --resume: they do not change what is computed (--rounds extends the run)
@@ -58,9 +56,8 @@ def continued_elsewhere(config, round_, device):
     """``config`` with a ``continued_on`` entry from round ``round_ + 1`` if where_it_runs differs from where the
     run ran last; None when nothing changed."""
     here, last = where_it_runs(device), (config.get("continued_on") or [config])[-1]
-    if all(last.get(k, v) == v for k, v in here.items()):
-        return None
-    return {**config, "continued_on": [*config.get("continued_on", []), {"from_round": round_ + 1, **here}]}
+    return None if all(last.get(k, v) == v for k, v in here.items()) else \
+        {**config, "continued_on": [*config.get("continued_on", []), {"from_round": round_ + 1, **here}]}
 
 
 def data_fingerprint(data):
@@ -104,14 +101,9 @@ def summarise(values):
     return {"best": float(values.max()), "final": float(values[-1]), "last10_mean": float(values[-10:].mean())}
 
 
-def dumps(obj):
-    return json.dumps(obj, indent=1, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
-
-
 class Run:
-    """The run folder around the training loop. Building it (set-up done) takes over the stop signals; creates and
-    locks a new folder under --out (or --resume's, whose data must have config.json's fingerprint); writes config.json
-    and partition.json and prints the partition. A run that fails before any result leaves nothing."""
+    """The run folder: building it (set-up done) takes over the stop signals, makes and locks a new folder under --out
+    or locks --resume's (its data must have config.json's fingerprint). Failing before any result, it leaves nothing."""
 
     def __init__(self, algo, args, data, device, headline, headline_metric="test_acc", script=None, extra_config=None,
                  program=None):
@@ -140,9 +132,10 @@ class Run:
             command = with_threads(sys.argv, args.threads)  # the command as run, at the thread count it took
             self.write("config.json", dumps({
                 "algorithm": algo, "script": self.script, "args": {**vars(args), "resume": None, "stop_after": None},
-                "command": command, "command_line": shlex.join(["python", *command]), "headline_metric": headline_metric,
-                "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **where_it_runs(device),
-                "num_classes": data.num_classes, "input_shape": list(data.x.shape[1:]), "data_sha256": self.data_sha256,
+                "command": command, "command_line": shlex.join(["python", *command]),
+                "headline_metric": headline_metric, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                **where_it_runs(device), "num_classes": data.num_classes, "input_shape": list(data.x.shape[1:]),
+                "data_sha256": self.data_sha256,
                 **({"dataset_folder": data.info["folder"]} if isinstance(data.info.get("folder"), dict) else {}),
                 **(extra_config or {})}))
             spc = {"samples_per_client": data.info["samples_per_client"]} if "samples_per_client" in data.info else {}
@@ -236,48 +229,49 @@ class Run:
         return round_ % self.args.eval_every == 0 or round_ > self.args.rounds - 10
 
     def progress(self, round_):
-        """Round ``round_``'s callback for common.ClientPool.train, told as each client starts and ends: past
-        PROGRESS_AFTER s, show_progress on a terminal at each end, in a log at most every PROGRESS_LOG_EVERY s."""
+        """Round ``round_``'s callback for common.ClientPool.train, told as each client starts and ends."""
         t0, running, times, shown = clock(), {}, [], [clock(), 1]  # shown: when, and the most clients at once
 
         def report(client, of, done):
-            now, terminal = clock(), is_terminal(sys.stdout)
+            now = clock()
             with self.progress_lock:
                 if not done:
                     running[client] = now
                     shown[1] = max(shown[1], len(running))
                     return
                 times.append(now - running.pop(client))
-                if now - t0 >= PROGRESS_AFTER and (terminal or now - shown[0] >= PROGRESS_LOG_EVERY):
-                    shown[0] = now
-                    self.show_progress(round_, of, t0, now, times, running.values(), shown[1], terminal)
+                if now - t0 >= PROGRESS_AFTER:
+                    self.show_progress(round_, of, t0, now, times, running.values(), shown)
         return report
 
-    def show_progress(self, round_, of, t0, now, times, starts, at_once, terminal):
-        """The clients done and an ETA: those left at the mean client's time, less what running ones did, over the most
-        run at once, then the rounds after at the run's mean; on a terminal in place, cut to its width (not wrapped)."""
-        mean = sum(times) / len(times)
-        rest = max((of - len(times)) * mean - sum(min(now - start, mean) for start in starts), 0) / at_once
-        before = self.elapsed + t0 - self.t_last  # the rounds before this one
-        eta = rest + (before + now - t0 + rest) / round_ * (self.args.rounds - round_)
-        line = (f"[{self.algo}] round {round_}/{self.args.rounds}: {len(times)}/{of} clients done | "
-                f"{now - t0:.0f} s into this round | ETA {duration(eta)}")
-        if terminal:
-            line = line[:max(shutil.get_terminal_size().columns - 1, 20)]
-            self.progress_width = max(self.progress_width, len(line))
-        show(line, self.progress_width if terminal else 0)
+    def show_progress(self, round_, of, t0, now, times, starts, shown):
+        """The clients done and an ETA: on a terminal at each client's end, in place and cut to its width (not
+        wrapped); in a log at most every PROGRESS_LOG_EVERY s. The ETA: those left at the mean client's time, less
+        what running ones did, over the most run at once, then the rounds after at the run's mean."""
+        terminal = is_terminal(sys.stdout)
+        if terminal or now - shown[0] >= PROGRESS_LOG_EVERY:
+            shown[0] = now
+            mean = sum(times) / len(times)
+            rest = max((of - len(times)) * mean - sum(min(now - start, mean) for start in starts), 0) / shown[1]
+            eta = rest + (self.elapsed + now - self.t_last + rest) / round_ * (self.args.rounds - round_)
+            line = (f"[{self.algo}] round {round_}/{self.args.rounds}: {len(times)}/{of} clients done | "
+                    f"{now - t0:.0f} s into this round | ETA {duration(eta)}")
+            if terminal:
+                line = line[:max(shutil.get_terminal_size().columns - 1, 20)]
+                self.progress_width = max(self.progress_width, len(line))
+            show(line, self.progress_width if terminal else 0)
 
     def log(self, round_, metrics):
         """Record one evaluation: a row of metrics.csv (rewritten atomically) and the round's line."""
         now, rounds, first = clock(), max(round_ - self.last_round, 1), self.last_round + 1
         self.elapsed, per_round, self.t_last, self.last_round = \
             self.elapsed + now - self.t_last, (now - self.t_last) / rounds, now, round_
-        plain = lambda v: int(v) if isinstance(v, (bool, int, np.integer)) else str(v) if isinstance(v, str) else \
-            round(float(v), 6)
+        plain = {k: int(v) if isinstance(v, (bool, int, np.integer)) else str(v) if isinstance(v, str) else
+                 round(float(v), 6) for k, v in metrics.items()}
         host_mb = 0.0  # resident memory now: Linux only
         with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/self/statm") as f:
             host_mb = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
-        self.rows.append({"round": round_, **{k: plain(v) for k, v in metrics.items()}, "seconds": round(self.elapsed, 3),
+        self.rows.append({"round": round_, **plain, "seconds": round(self.elapsed, 3),
                           "sec_per_round": round(per_round, 4), "mb_down": round(self.bytes_down / 2 ** 20, 3),
                           "mb_up": round(self.bytes_up / 2 ** 20, 3), "host_mb": round(host_mb, 1),
                           **({"device_mb": round(torch.cuda.memory_allocated(self.device) / 2 ** 20, 1)}
@@ -285,8 +279,8 @@ class Run:
         self.write_metrics()
         mean, m = self.elapsed / round_, metrics  # the mean: every round, a long first or initial-stage one included
         took = f"{per_round:.3f} " + ("s this round" if rounds == 1 else f"s/round over rounds {first}-{round_}")
-        extra = (f" (client mean {m['test_acc_mean']:.2f} ± {m['test_acc_std']:.2f})" if "test_acc_mean" in m else "") \
-            + (f" | train loss {m['train_loss']:.4f}" if "train_loss" in m else "") \
+        extra = (f" (client mean {m['test_acc_mean']:.2f} ± {m['test_acc_std']:.2f})" if "test_acc_mean" in m
+                 else "") + (f" | train loss {m['train_loss']:.4f}" if "train_loss" in m else "") \
             + (f" | global_acc {m['global_acc']:.2f}%" if "global_acc" in m else "")  # --test-split global
         self.end_progress()
         show(f"[{self.algo}] round {round_}/{self.args.rounds} | test acc {m.get('test_acc', float('nan')):.2f}%"
@@ -378,10 +372,12 @@ class Run:
             raise UserError(f"cannot resume: {quoted(path)} is not a valid checkpoint of this run "
                             f"({shortened((str(e).splitlines() or [type(e).__name__])[0], 150)})") from None
         if round_ > self.args.rounds:
-            raise UserError(f"cannot resume with --rounds {self.args.rounds}: {quoted(self.dir)} already has {round_} rounds")
+            raise UserError(f"cannot resume with --rounds {self.args.rounds}: {quoted(self.dir)} already has "
+                            f"{round_} rounds")
         if self.args.stop_after is not None and round_ >= self.args.stop_after:
             raise UserError(f"cannot resume with --stop-after {self.args.stop_after}: {quoted(self.dir)} has its "
-                            f"checkpoint at round {round_} already; give a later round, or leave --stop-after out to go on to the end")
+                            f"checkpoint at round {round_} already; give a later round, or leave --stop-after out "
+                            "to go on to the end")
         self.rows, self.bytes_down, self.bytes_up, self.last_round = rows, int(down), int(up), round_
         self.checkpoint_round = round_
         config, note = read_json(os.path.join(self.dir, "config.json")), ""
@@ -398,7 +394,7 @@ class Run:
             config["args"]["rounds"] = self.args.rounds
             self.write("config.json", dumps(config))
         self.write_metrics()  # drop rows logged after the checkpoint: they will be recomputed
-        print(f"[{self.algo}] resumed {self.dir} after round {round_}{note}{' (recorded in config.json)' if note else ''}")
+        print(f"[{self.algo}] resumed {self.dir} after round {round_}{note and note + ' (recorded in config.json)'}")
         return round_ + 1
 
     def summary(self, extra=None, status="finished"):
@@ -427,7 +423,8 @@ class Run:
         for key, v in summary.items():
             if isinstance(v, dict) and {"best", "final", "last10_mean"} <= set(v):
                 show(f"  {key:>22s}: best {v['best']:.2f}  final {v['final']:.2f}  {mean_of} {v['last10_mean']:.2f}")
-        show(f"  {self.elapsed:.1f} s, {summary['mb_down']:.1f} MB down, {summary['mb_up']:.1f} MB up; files in {self.dir}")
+        show(f"  {self.elapsed:.1f} s, {summary['mb_down']:.1f} MB down, {summary['mb_up']:.1f} MB up; "
+             f"files in {self.dir}")
         return summary
 
     def close(self, failed=False, diverged=False):

@@ -1,13 +1,12 @@
 """A Ctrl-C, SIGTERM or SIGHUP while a program is still starting ends it with one line.
 
-A program (each algorithm script; tools/reproduce.py and the programs of tools/ that run a script's
-rounds) imports this module first, before numpy and torch, whose import takes seconds, and only when it runs
-as the program (``if __name__ == "__main__"``): a signal that arrives then ends it with one line and exit
-status 128 + the signal's number (130, 143, 129), not with a traceback from inside an import. Importing a
-script (tests, tools, flower/) installs nothing. It must run before those imports begin, so it cannot wait
-for ``main``: hence a module of its own, imported first, that only installs the handlers. Nothing has been
-written at that point, so leaving at once loses nothing. From the start of ``main`` on, run_folder.run_main
-handles these signals (docs/running.md, "Stopping, resuming and clusters").
+Each program (the algorithm scripts, tools/reproduce.py and the programs of tools/ that run a script's rounds)
+imports this module first, under ``if __name__ == "__main__"`` (importing a script, as tests, tools and flower/ do,
+installs nothing), before numpy and torch, whose import takes seconds: a signal then ends it with one line and exit
+status 128 + the signal's number (130, 143, 129), not with a traceback from inside an import. It must run before
+those imports begin, so it cannot wait for ``main``: hence a module of its own that only installs the handlers.
+Nothing is written yet, so leaving at once loses nothing. From the start of ``main`` on, run_folder.run_main handles
+these signals (docs/running.md, "Stopping, resuming and clusters").
 """
 import os
 import signal
@@ -21,7 +20,7 @@ def stop_while_starting(signum, frame):
 
 stop_while_starting.while_starting = True  # run_folder.restore_signals ignores it once main has ended
 
-# A SIGTERM or SIGHUP ignored already (nohup) stays ignored, as in run_folder.
+# A SIGTERM or SIGHUP ignored already (nohup) stays ignored, as in exits.handle_stop_signals.
 for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     if _signum == signal.SIGINT or signal.getsignal(_signum) is not signal.SIG_IGN:
         signal.signal(_signum, stop_while_starting)

@@ -103,6 +103,8 @@ KNOWN_CONTENT = {
 ARRAYS = ("training images", "training labels", "test images", "test labels")
 READ_CHUNK = 1 << 24  # bytes inflated at a time
 CIFAR_MAX_BYTES = 60000 * 4096  # the unpacked files of either CIFAR: 60,000 images of 3072 bytes, labels, names
+CIFAR_MAX_PICKLE_OPS = 10 ** 6  # CIFAR-100's train file, the largest, takes about 200,000. Counted before any is run:
+# an opcode of one byte may build an object of a hundred, and a crafted file would build one per byte of its size
 NPZ_ROUTE = ("; data of your own goes in an .npz with x, y (optional x_test, y_test): --dataset path/to/file.npz "
              "(docs/datasets.md)")
 
@@ -183,7 +185,11 @@ def read_cifar(name, folder):
             path = os.path.join(folder, file)
             try:
                 with open(path, "rb") as f:
-                    entry = _CifarUnpickler(f, encoding="latin1").load()
+                    blob = f.read()
+                if any(n == CIFAR_MAX_PICKLE_OPS for n, _ in enumerate(pickletools.genops(blob))):
+                    raise _PickleRefused(f"its pickle holds more than {CIFAR_MAX_PICKLE_OPS} opcodes; CIFAR's largest "
+                                         "file takes about 200,000 (nothing of it was run)")
+                entry = _CifarUnpickler(io.BytesIO(blob), encoding="latin1").load()
             except _PickleRefused as e:
                 raise UserError(f"{quoted(path)} is refused: {e}")
             label_key = next((k for k in ("labels", "fine_labels") if isinstance(entry, dict) and k in entry), None)

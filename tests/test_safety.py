@@ -439,6 +439,9 @@ DATA_CASES = [  # (case, file maker for --dataset FILE (.npz) or --data-dir DIR,
     ("a CIFAR batch whose text is encoded otherwise", cifar_batch(lambda x, y: pickle.dumps(
         {"data": x, "labels": y, "batch_label": Rot13("abc")}, protocol=2)),
      "cifar10", [], CIFAR_REFUSED + "an encoding of text other than Python 3's pickle of bytes"),
+    ("a CIFAR batch of a million opcodes", cifar_batch(lambda x, y: pickle.dumps(
+        {"data": x, "labels": y, "filenames": [b"x"] * 10 ** 6}, protocol=2)), "cifar10", [], CIFAR_REFUSED
+     + "its pickle holds more than 1000000 opcodes; CIFAR's largest file takes about 200,000 (nothing of it was run)"),
     ("no dataset files offline", lambda d: None, "cifar100", [], "cifar-100-python.tar.gz from https://"),
     ("labels as a scalar", npz(x=rng_x(40, 8), y=np.int64(3)), "FILE", [], "(N, features)"),
     ("samples of no features", npz(x=rng_x(40, 0), y=Y40), "FILE", [], "(N, features)"),

@@ -186,7 +186,7 @@ def read_cifar(name, folder):
             try:
                 with open(path, "rb") as f:
                     blob = f.read()
-                if any(n == CIFAR_MAX_PICKLE_OPS for n, _ in enumerate(pickletools.genops(blob))):
+                if _more_opcodes_than(blob, CIFAR_MAX_PICKLE_OPS):
                     raise _PickleRefused(f"its pickle holds more than {CIFAR_MAX_PICKLE_OPS} opcodes; CIFAR's largest "
                                          "file takes about 200,000 (nothing of it was run)")
                 entry = _CifarUnpickler(io.BytesIO(blob), encoding="latin1").load()
@@ -662,6 +662,10 @@ class _PickleRefused(pickle.UnpicklingError):
     """A step of a pickle that PFLlib's and CIFAR's files never take, refused before it is run."""
 
 
+def _more_opcodes_than(payload, most):  # counted by pickletools, which decodes them and runs none
+    return any(n == most for n, _ in enumerate(pickletools.genops(payload)))
+
+
 class _PickledArray:
     """What the pickle of an ndarray builds here: its state's bytes are checked to be exactly the shape's, so no
     declared shape is ever allocated (numpy's segfaults on an object array whose list is shorter than its shape)."""
@@ -817,10 +821,9 @@ def read_pfllib_npz(path):
             payload = bytearray()
             for chunk in iter(lambda: f.read(1 << 20), b""):  # read(): one inflate of up to 2 GB, whatever the
                 payload += chunk  # header declares; read(n) inflates n at a time, up to the declared size and CRC
-        for count, _ in enumerate(pickletools.genops(payload), 1):
-            if count > PFLLIB_MAX_PICKLE_OPS:
-                raise _Refused(f"its pickle holds more than {PFLLIB_MAX_PICKLE_OPS} opcodes; PFLlib's dict of two "
-                               "arrays takes about 160, so it is not PFLlib's file (nothing of it was run)")
+        if _more_opcodes_than(payload, PFLLIB_MAX_PICKLE_OPS):
+            raise _Refused(f"its pickle holds more than {PFLLIB_MAX_PICKLE_OPS} opcodes; PFLlib's dict of two "
+                           "arrays takes about 160, so it is not PFLlib's file (nothing of it was run)")
         holder = _PfllibUnpickler(io.BytesIO(payload)).load()
     data = holder.value if isinstance(holder, _PickledArray) else None
     if not isinstance(data, dict) or set(data) != {"x", "y"}:

@@ -136,7 +136,7 @@ def test_the_scripts_and_the_shared_modules_stay_within_their_lengths():
     """Upper bounds (lines, wc -l), each a decision to change here, never a layer on top: the scripts as their
     papers' rounds (fedavg.py with Alg. 1's ClientUpdate written out; fedpake.py with its own client update and its
     aggregation form decided once per run); run_folder.py, datasets.py 450 and common.py 720 lines; the shared modules a
-    script imports, together, 2,898 lines (3,795 before the run folder's validators and migrations moved to
+    script imports, together, 2,901 lines (3,795 before the run folder's validators and migrations moved to
     tools/run_records.py): issue 86 asks 2,800, not reached yet."""
     def length(name):
         return sum(1 for _ in open(os.path.join(ROOT, name)))
@@ -145,7 +145,7 @@ def test_the_scripts_and_the_shared_modules_stay_within_their_lengths():
               "common.py": 720, "datasets.py": 450, "run_folder.py": 450}
     over = {name: length(name) for name, limit in limits.items() if length(name) > limit}
     assert not over, over
-    assert sum(length(f"{m}.py") for m in FLOORS) <= 2898
+    assert sum(length(f"{m}.py") for m in FLOORS) <= 2901
 
 
 def test_tools_import_no_private_name_of_a_shared_module():
